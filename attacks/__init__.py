@@ -1,0 +1,1 @@
+"""Reconstruction and inference attacks on what the server sees."""

@@ -1,0 +1,1 @@
+"""Pure defenses over parameter pytrees, plus privacy accounting and bounds."""
