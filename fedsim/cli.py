@@ -1,0 +1,81 @@
+"""``fedsim`` command line.
+
+Commands: ``run`` (this module), plus commands contributed by the other
+packages through the ``fedsim.commands`` entry-point group (``attack`` from
+:mod:`attacks`, ``privacy`` from :mod:`defenses`), so the engine never imports
+the attack package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib import metadata
+
+from fedsim.config import ConfigError, load_config
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser("run", help="run a federated simulation from a YAML config")
+    p.add_argument("config", help="path to a YAML config (e.g. configs/quickstart.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value (dotted path or unique leaf name)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_run)
+
+
+def _cmd_run(args) -> int:
+    from fedsim.run import run_dir_for, run_simulation
+
+    cfg = load_config(args.config, args.overrides)
+    summary = run_simulation(cfg, quiet=args.quiet)
+    summary.pop("final_state", None)
+    print(json.dumps(summary, indent=2))
+    print(f"run directory: {run_dir_for(cfg)}", file=sys.stderr)
+    return 0
+
+
+def _plugin_commands():
+    try:
+        eps = metadata.entry_points(group="fedsim.commands")
+    except Exception:  # pragma: no cover
+        return []
+    return list(eps)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedsim", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    for ep in _plugin_commands():
+        try:
+            ep.load()(sub)
+        except Exception as e:  # a broken plugin must not break `fedsim run`
+            print(f"fedsim: warning: command {ep.name!r} unavailable: {e}", file=sys.stderr)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"fedsim: config error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedsim: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a clear one-line message for known failures
+        from fedsim.data import DatasetError
+        from fedsim.simulation import NonFiniteError
+
+        if isinstance(e, (DatasetError, NonFiniteError, FileNotFoundError)):
+            print(f"fedsim: error: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

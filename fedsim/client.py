@@ -1,0 +1,192 @@
+"""Local training of ONE client on its unbatched, padded data.
+
+The engine decides how a cohort runs this function (vmap, lax.map or a
+Python loop; see :mod:`fedsim.simulation`); nothing here knows about other
+clients. Padding is handled by masks: a padded client takes exactly the same
+optimizer steps as the unpadded one, because
+
+* each epoch's example order is a sort of per-example random scores drawn with
+  ``fold_in(key, example_index)``, which do not depend on the padded length,
+  with padding sorted last;
+* the loss is a masked mean over the real examples of the batch;
+* a batch holding only padding is skipped (``lax.cond``), so it changes
+  neither the parameters nor the optimizer state.
+
+FedSGD is one full-batch step (Δ = −lr·∇L over all the client's examples);
+FedAvg is E epochs of mini-batches of size B with any optax optimizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedsim.hooks import Defense, DefenseContext, identity
+from fedsim.typing import ClientOutput, CohortData, Params, PRNGKey, PyTree
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalTraining:
+    """Static settings of local training.
+
+    Attributes:
+      algorithm: "fedavg" or "fedsgd".
+      local_epochs: E (FedAvg).
+      batch_size: B (FedAvg); FedSGD uses all examples.
+      n_max: padded examples per client (static shape).
+    """
+
+    algorithm: str
+    local_epochs: int
+    batch_size: int
+    n_max: int
+
+    @property
+    def effective_batch(self) -> int:
+        return self.n_max if self.algorithm == "fedsgd" else min(self.batch_size, self.n_max)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(self.n_max / self.effective_batch)
+
+    @property
+    def num_steps(self) -> int:
+        epochs = 1 if self.algorithm == "fedsgd" else self.local_epochs
+        return epochs * self.steps_per_epoch
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-example softmax cross-entropy with integer labels."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def masked_mean_loss(apply_fn, params, x, y, mask):
+    """Mean cross-entropy over the real (mask = 1) examples of a batch."""
+    losses = cross_entropy(apply_fn(params, x), y)
+    return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def epoch_order(key: PRNGKey, mask: jax.Array) -> jax.Array:
+    """A random order of the real examples, padding last, independent of n_max."""
+    n_max = mask.shape[0]
+    scores = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(key, i)))(jnp.arange(n_max))
+    scores = jnp.where(mask > 0, scores, 2.0 + jnp.arange(n_max))
+    return jnp.argsort(scores)
+
+
+def init_client_state(defenses: dict[str, Defense], params: Params) -> PyTree:
+    """The per-client defense state: a dict stage -> state."""
+    return {stage: d.init(params) for stage, d in defenses.items()}
+
+
+def make_client_update(
+    apply_fn: Callable,
+    tx: optax.GradientTransformation,
+    settings: LocalTraining,
+    defenses: dict[str, Defense] | None = None,
+) -> Callable[[Params, CohortData, PyTree, PRNGKey], ClientOutput]:
+    """Build ``client_update(global_params, data, client_state, key)``.
+
+    Args:
+      apply_fn: ``apply_fn(params, x) -> logits``.
+      tx: the client optimizer (plain SGD(lr) for FedSGD).
+      settings: static local-training settings.
+      defenses: at most one Defense per stage ("data", "example", "layer",
+        "upload"); missing stages are no-ops. Chain several with
+        :func:`fedsim.hooks.chain`.
+
+    Returns:
+      A pure function of one client's unbatched data (``data.x`` is
+      [n_max, ...]) returning a :class:`ClientOutput` whose ``update`` is
+      Δ = w_local − w_global after the upload defense.
+    """
+    defenses = dict(defenses or {})
+    for stage, d in defenses.items():
+        if d.stage != stage:
+            raise ValueError(f"defense {d.name!r} acts at stage {d.stage!r}, not {stage!r}")
+    data_def = defenses.get("data", identity("data"))
+    layer_def = defenses.get("layer", identity("layer"))
+    upload_def = defenses.get("upload", identity("upload"))
+    example_def = defenses.get("example")
+    B = settings.effective_batch
+    spe = settings.steps_per_epoch
+
+    def loss_one(params, x, y):
+        return cross_entropy(apply_fn(params, x[None]), y[None])[0]
+
+    def gradient(params, x, y, mask, state, key, ctx):
+        if example_def is None:
+            loss, g = jax.value_and_grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
+            return loss, g, state
+        losses, per_ex = jax.vmap(jax.value_and_grad(loss_one), in_axes=(None, 0, 0))(params, x, y)
+        # Padding rows must not reach the reduction.
+        per_ex = jax.tree_util.tree_map(
+            lambda g: g * mask.reshape((-1,) + (1,) * (g.ndim - 1)), per_ex)
+        g, state = example_def.apply(per_ex, state, key=key, context=ctx)
+        loss = jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+        return loss, g, state
+
+    def client_update(global_params, data: CohortData, client_state, key) -> ClientOutput:
+        client_state = dict(client_state) if client_state else {}
+        k_begin, k_order, k_steps, k_upload = jax.random.split(key, 4)
+        params = global_params
+        if "upload" in defenses and upload_def.begin_round is not None:
+            params, client_state["upload"] = upload_def.begin_round(
+                global_params, client_state["upload"], key=k_begin,
+                context=DefenseContext(global_params=global_params, num_examples=data.n))
+        epochs = settings.num_steps // spe
+        orders = jax.vmap(lambda e: epoch_order(jax.random.fold_in(k_order, e), data.mask))(
+            jnp.arange(epochs))
+        pad = spe * B - settings.n_max
+        orders = jnp.concatenate([orders, jnp.full((epochs, pad), -1, orders.dtype)], axis=1)
+        batches = orders.reshape(epochs * spe, B)
+
+        def step(carry, inputs):
+            params, opt_state, states = carry
+            s, idx = inputs
+            valid = idx >= 0
+            safe = jnp.where(valid, idx, 0)
+            mask = jnp.where(valid, data.mask[safe], 0.0)
+            x, y = data.x[safe], data.y[safe]
+            k_data, k_ex, k_layer = jax.random.split(jax.random.fold_in(k_steps, s), 3)
+
+            def do_step(_):
+                st = dict(states)
+                ctx = DefenseContext(params=params, x=x, y=y, mask=mask, apply_fn=apply_fn,
+                                     global_params=global_params, step=s, num_examples=data.n)
+                xd = x
+                if "data" in defenses:
+                    xd, st["data"] = data_def.apply(x, st["data"], key=k_data, context=ctx)
+                    ctx = ctx._replace(x=xd)
+                loss, g, st_ex = gradient(params, xd, y, mask, st.get("example"), k_ex, ctx)
+                if example_def is not None:
+                    st["example"] = st_ex
+                if "layer" in defenses:
+                    g, st["layer"] = layer_def.apply(g, st["layer"], key=k_layer, context=ctx)
+                updates, new_opt = tx.update(g, opt_state, params)
+                return (optax.apply_updates(params, updates), new_opt, st), (loss, 1.0)
+
+            def skip(_):
+                return (params, opt_state, states), (jnp.zeros((), jnp.float32), 0.0)
+
+            return jax.lax.cond(jnp.any(valid & (mask > 0)), do_step, skip, None)
+
+        opt_state = tx.init(params)
+        steps = jnp.arange(batches.shape[0])
+        (params, _, client_state), (losses, taken) = jax.lax.scan(
+            step, (params, opt_state, client_state), (steps, batches))
+        loss = jnp.sum(losses) / jnp.maximum(jnp.sum(taken), 1.0)
+        delta = jax.tree_util.tree_map(lambda a, b: a - b, params, global_params)
+        if "upload" in defenses:
+            delta, client_state["upload"] = upload_def.apply(
+                delta, client_state["upload"], key=k_upload,
+                context=DefenseContext(params=params, global_params=global_params,
+                                       apply_fn=apply_fn, num_examples=data.n))
+        return ClientOutput(delta, client_state, loss, data.n.astype(jnp.float32))
+
+    return client_update

@@ -1,0 +1,329 @@
+"""Experiment configs: YAML files mapped onto frozen, validated dataclasses.
+
+Unknown keys, wrong types and out-of-range values raise :class:`ConfigError`
+whose message names the key (``training.rounds``) and what is allowed.
+``--set key=value`` overrides accept a dotted path or a bare leaf name
+(``rounds`` = ``training.rounds``; a bare name found in several sections
+means the first of training, data, model, eval, output, observer); values
+are parsed as YAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """An invalid config; the message names the key and the allowed values."""
+
+
+def _f(default, **meta):
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+PARALLELISM = ("auto", "vmap", "map", "chunked", "loop")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    dataset: str = _f("fashion_mnist", doc="dataset name (tfds name, 'fashion_mnist' offline, 'synthetic')")
+    source: str = _f("auto", choices=("auto", "idx", "tfds"))
+    data_dir: str | None = _f(None)
+    image_size: int | None = _f(None, min=4, max=512)
+    num_clients: int = _f(100, min=1)
+    partition: str = _f("iid", choices=("iid", "dirichlet", "shards", "natural"))
+    alpha: float = _f(0.5, gt=0.0)
+    classes_per_client: int = _f(2, min=1)
+    examples_per_client: int | None = _f(None, min=1)
+    max_train: int | None = _f(None, min=1)
+    max_test: int | None = _f(None, min=1)
+    label_key: str | None = _f(None)
+    normalize: bool = _f(False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    name: str = _f("lenet5")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    algorithm: str = _f("fedavg", choices=("fedavg", "fedsgd"))
+    rounds: int = _f(10, min=1)
+    clients_per_round: int = _f(10, min=1)
+    local_epochs: int = _f(1, min=1)
+    batch_size: int = _f(32, min=1)
+    lr: float = _f(0.05, gt=0.0)
+    optimizer: str = _f("sgd", choices=("sgd", "momentum", "adam", "adamw"))
+    momentum: float = _f(0.9, min=0.0, lt=1.0)
+    weight_decay: float = _f(0.0, min=0.0)
+    server_optimizer: str = _f("sgd", choices=("sgd", "momentum", "adam", "yogi", "adagrad"))
+    server_lr: float = _f(1.0, gt=0.0)
+    weighting: str = _f("examples", choices=("examples", "uniform"))
+    client_parallelism: str = _f("auto", choices=PARALLELISM)
+    chunk_size: int = _f(8, min=1)
+    on_nonfinite: str = _f("stop", choices=("stop", "skip_client"))
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    every: int = _f(5, min=1)
+    batch_size: int = _f(1000, min=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ObserverConfig:
+    clients: list[int] = _f([])
+    rounds: list[int] = _f([])
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputConfig:
+    dir: str | None = _f(None)
+    checkpoint_every: int = _f(0, min=0)
+    progress: bool = _f(True)
+    plots: bool = _f(True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    name: str = _f("experiment")
+    seed: int = _f(0, min=0)
+    data: DataConfig = _f(None)
+    model: ModelConfig = _f(None)
+    training: TrainingConfig = _f(None)
+    eval: EvalConfig = _f(None)
+    defenses: list[dict] = _f([])
+    observer: ObserverConfig = _f(None)
+    output: OutputConfig = _f(None)
+    attack: dict | None = _f(None)
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) is None and _is_dataclass_type(_hints(Config)[f.name]):
+                object.__setattr__(self, f.name, _hints(Config)[f.name]())
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --- generic validation ------------------------------------------------------
+
+def _is_dataclass_type(t) -> bool:
+    return isinstance(t, type) and dataclasses.is_dataclass(t)
+
+
+_HINT_CACHE: dict = {}
+
+
+def _hints(cls):
+    if cls not in _HINT_CACHE:
+        _HINT_CACHE[cls] = typing.get_type_hints(cls)
+    return _HINT_CACHE[cls]
+
+
+def _type_name(t) -> str:
+    origin = typing.get_origin(t)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(t))
+    if t is type(None):
+        return "null"
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in typing.get_args(t))}]"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false",
+            dict: "a mapping", list: "a list"}.get(t, getattr(t, "__name__", str(t)))
+
+
+def _coerce(value, t, path):
+    origin = typing.get_origin(t)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(t)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, path)
+            except ConfigError as e:
+                errors.append(e)
+        raise errors[0]
+    if _is_dataclass_type(t):
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{path}': expected a mapping, got {value!r}")
+        return from_dict(t, value, path)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{path}': expected a list, got {value!r}")
+        (item_t,) = typing.get_args(t) or (Any,)
+        return [_coerce(v, item_t, f"{path}[{i}]") for i, v in enumerate(value)]
+    if t is Any:
+        return value
+    if t is bool:
+        if isinstance(value, bool):
+            return value
+    elif t is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif t is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif t is str:
+        if isinstance(value, str):
+            return value
+    elif t is dict:
+        if isinstance(value, dict):
+            return value
+    raise ConfigError(f"config key '{path}': expected {_type_name(t)}, got {value!r}")
+
+
+def _check_range(value, meta, path):
+    if value is None:
+        return
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"config key '{path}': {value!r} is not allowed; "
+                          f"allowed values: {', '.join(map(str, meta['choices']))}")
+    for key, ok, word in (("min", lambda v, b: v >= b, ">="), ("max", lambda v, b: v <= b, "<="),
+                          ("gt", lambda v, b: v > b, ">"), ("lt", lambda v, b: v < b, "<")):
+        if key in meta and not ok(value, meta[key]):
+            raise ConfigError(f"config key '{path}': {value!r} is out of range; must be "
+                              f"{word} {meta[key]}")
+
+
+def from_dict(cls, data: dict, path: str = ""):
+    """Build and validate dataclass ``cls`` from a plain dict."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config section '{path or '<root>'}': expected a mapping, got {data!r}")
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in names:
+            where = f"'{path}.{k}'" if path else f"'{k}'"
+            raise ConfigError(f"unknown config key {where}; allowed keys"
+                              f"{' in ' + repr(path) if path else ''}: {', '.join(names)}")
+    kwargs = {}
+    hints = _hints(cls)
+    for name, f in names.items():
+        key_path = f"{path}.{name}" if path else name
+        if name in data:
+            value = _coerce(data[name], hints[name], key_path)
+            _check_range(value, f.metadata, key_path)
+            kwargs[name] = value
+        elif _is_dataclass_type(hints[name]):
+            kwargs[name] = hints[name]()
+    return cls(**kwargs)
+
+
+def _leaf_paths(cls, prefix="") -> list[str]:
+    out = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        p = f"{prefix}{f.name}"
+        if _is_dataclass_type(t):
+            out.extend(_leaf_paths(t, p + "."))
+        else:
+            out.append(p)
+    return out
+
+
+_BARE_PRIORITY = ("training", "data", "model", "eval", "output", "observer")
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply ``key=value`` overrides (values parsed as YAML) to a raw config dict.
+
+    Raises:
+      ConfigError: for a malformed override, an unknown or ambiguous key.
+    """
+    raw = yaml.safe_load(yaml.safe_dump(raw)) or {}
+    leaves = _leaf_paths(Config)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        key, text = item.split("=", 1)
+        key = key.strip()
+        if key not in leaves and not any(key.startswith(p + ".") for p in ("attack",)):
+            matches = [p for p in leaves if p.split(".")[-1] == key]
+            if len(matches) == 1:
+                key = matches[0]
+            elif len(matches) > 1:
+                # A bare name means the first section in _BARE_PRIORITY that has it.
+                ranked = sorted(matches, key=lambda p: _BARE_PRIORITY.index(p.split(".")[0])
+                                if p.split(".")[0] in _BARE_PRIORITY else len(_BARE_PRIORITY))
+                key = ranked[0]
+            else:
+                raise ConfigError(f"--set {key}: unknown config key; known keys: {', '.join(leaves)}")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        node = raw
+        parts = key.split(".")
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[parts[-1]] = value
+    return raw
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """Load, override and validate a YAML config.
+
+    Raises:
+      ConfigError: for a missing/unparsable file or an invalid config.
+    """
+    raw: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    raw = apply_overrides(raw, overrides or [])
+    cfg = from_dict(Config, raw)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks that a single field's range cannot express."""
+    t, d = cfg.training, cfg.data
+    if t.clients_per_round > d.num_clients:
+        raise ConfigError(f"config key 'training.clients_per_round': {t.clients_per_round} exceeds "
+                          f"data.num_clients = {d.num_clients}")
+    for i, spec in enumerate(cfg.defenses):
+        if not isinstance(spec, dict) or "name" not in spec:
+            raise ConfigError(f"config key 'defenses[{i}]': expected a mapping with a 'name' key")
+    for r in cfg.observer.rounds:
+        if not 0 <= r < t.rounds:
+            raise ConfigError(f"config key 'observer.rounds': round {r} is outside 0..{t.rounds - 1}")
+    for c in cfg.observer.clients:
+        if not 0 <= c < d.num_clients:
+            raise ConfigError(f"config key 'observer.clients': client {c} is outside "
+                              f"0..{d.num_clients - 1}")
+    if len(cfg.observer.clients) > t.clients_per_round:
+        raise ConfigError("config key 'observer.clients': more observed clients than "
+                          "training.clients_per_round")
+    from fedsim.models import MODEL_REGISTRY
+    if cfg.model.name not in MODEL_REGISTRY:
+        raise ConfigError(f"config key 'model.name': {cfg.model.name!r} is not allowed; allowed "
+                          f"values: {', '.join(sorted(MODEL_REGISTRY))}")
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,174 @@
+"""The interface through which the engine runs defenses.
+
+A defense is an optax-style pair of pure functions built by a factory that
+closes over its hyper-parameters (DESIGN.md, "Defenses"):
+
+* ``init(params) -> state``: the per-client state (``()`` when stateless).
+* ``apply(value, state, *, key, context) -> (value', state')``.
+
+and a ``stage`` telling the engine where it acts:
+
+* ``"data"``: ``value`` is a batch of inputs x [B, ...]; returns x̃.
+* ``"example"``: ``value`` is the per-example gradients (leaves [B, ...]);
+  returns ONE gradient (the reduction, e.g. clip + sum + noise / B).
+* ``"layer"``: ``value`` is the batch gradient; returns it with one or more
+  layers' gradient replaced (e.g. Soteria).
+* ``"upload"``: ``value`` is the client update Δ; returns the update sent.
+
+Optionally ``begin_round(global_params, state, *, key, context) ->
+(start_params, state)`` lets a defense choose the local model a client starts
+from (Pseudo-Pruning composes withheld weights back in). The engine imports
+the :mod:`defenses` package only through this module's registry.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+
+from fedsim.typing import PyTree
+
+STAGES = ("data", "example", "layer", "upload")
+
+
+class DefenseContext(NamedTuple):
+    """What the engine tells a defense about the step it runs in.
+
+    Fields a stage has no use for are ``None``.
+
+    Attributes:
+      params: the current local parameters (before this step's update).
+      x: float32 [B, ...] the batch inputs.
+      y: int32 [B] the batch labels.
+      mask: float32 [B] 1 for real examples, 0 for padding.
+      apply_fn: ``apply_fn(params, x) -> logits``.
+      global_params: the global parameters this round started from.
+      step: int32 scalar, local step index.
+      num_examples: float32 scalar, the client's real example count.
+    """
+
+    params: PyTree = None
+    x: jax.Array | None = None
+    y: jax.Array | None = None
+    mask: jax.Array | None = None
+    apply_fn: Callable | None = None
+    global_params: PyTree = None
+    step: jax.Array | None = None
+    num_examples: jax.Array | None = None
+
+
+class Defense(NamedTuple):
+    """A pure defense: ``init``/``apply`` closed over its hyper-parameters.
+
+    Attributes:
+      init: ``init(params) -> state``.
+      apply: ``apply(value, state, *, key, context) -> (value, state)``.
+      stage: one of :data:`STAGES`.
+      name: a short human-readable name (used in logs and results).
+      begin_round: optional ``begin_round(global_params, state, *, key,
+        context) -> (start_params, state)``.
+    """
+
+    init: Callable[[PyTree], PyTree]
+    apply: Callable[..., tuple[Any, PyTree]]
+    stage: str
+    name: str = "defense"
+    begin_round: Callable[..., tuple[PyTree, PyTree]] | None = None
+
+
+def identity(stage: str) -> Defense:
+    """A defense that does nothing at ``stage`` (the engine's default)."""
+    _check_stage(stage)
+
+    def apply(value, state, *, key=None, context=None):
+        del key, context
+        return value, state
+
+    return Defense(init=lambda params: (), apply=apply, stage=stage, name="identity")
+
+
+def chain(*defenses: Defense) -> Defense:
+    """Compose defenses of one stage, applied left to right.
+
+    Each defense gets its own key: the chain folds the defense's index into the
+    key it receives, so two chained defenses never share randomness.
+
+    Raises:
+      ValueError: if the defenses act at different stages.
+    """
+    if not defenses:
+        raise ValueError("chain() needs at least one defense")
+    stages = {d.stage for d in defenses}
+    if len(stages) != 1:
+        raise ValueError(f"chain(): defenses act at different stages {sorted(stages)}")
+    (stage,) = stages
+
+    def init(params):
+        return tuple(d.init(params) for d in defenses)
+
+    def apply(value, state, *, key, context=None):
+        new_states = []
+        for i, (d, s) in enumerate(zip(defenses, state)):
+            value, s = d.apply(value, s, key=jax.random.fold_in(key, i), context=context)
+            new_states.append(s)
+        return value, tuple(new_states)
+
+    begin = None
+    if any(d.begin_round is not None for d in defenses):
+
+        def begin(global_params, state, *, key, context=None):
+            params = global_params
+            new_states = []
+            for i, (d, s) in enumerate(zip(defenses, state)):
+                if d.begin_round is not None:
+                    params, s = d.begin_round(
+                        params, s, key=jax.random.fold_in(key, i), context=context
+                    )
+                new_states.append(s)
+            return params, tuple(new_states)
+
+    name = "+".join(d.name for d in defenses)
+    return Defense(init=init, apply=apply, stage=stage, name=name, begin_round=begin)
+
+
+def _check_stage(stage: str) -> None:
+    if stage not in STAGES:
+        raise ValueError(f"unknown defense stage {stage!r}; allowed: {', '.join(STAGES)}")
+
+
+# --- registry -------------------------------------------------------------
+# Factories register themselves here (``defenses`` does it on import) so that a
+# config can name a defense without the engine importing every module.
+DEFENSE_REGISTRY: dict[str, Callable[..., Defense]] = {}
+
+
+def register_defense(name: str):
+    """Decorator registering a defense factory under ``name``."""
+
+    def deco(factory):
+        if name in DEFENSE_REGISTRY and DEFENSE_REGISTRY[name] is not factory:
+            raise ValueError(f"defense {name!r} registered twice")
+        DEFENSE_REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def build_defense(name: str, **kwargs) -> Defense:
+    """Build a registered defense by name.
+
+    Raises:
+      ValueError: for an unknown name (listing the known ones) or bad arguments.
+    """
+    try:
+        import defenses  # noqa: F401  (populates the registry)
+    except ImportError:  # pragma: no cover - defenses ships with fedsim
+        pass
+    if name not in DEFENSE_REGISTRY:
+        known = ", ".join(sorted(DEFENSE_REGISTRY)) or "(none registered)"
+        raise ValueError(f"unknown defense {name!r}; known defenses: {known}")
+    try:
+        return DEFENSE_REGISTRY[name](**kwargs)
+    except TypeError as e:
+        raise ValueError(f"defense {name!r}: bad arguments {kwargs}: {e}") from None

@@ -1,0 +1,114 @@
+"""Seeded, pure partitions of a dataset's training split over clients.
+
+Each function returns a list of int64 index arrays, one per client, covering
+every training example at most once (exactly once for ``iid``, ``dirichlet``,
+``shards`` without a per-client cap, and ``natural``). :func:`pad_indices`
+turns them into the padded index matrix the engine gathers from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _check(num_clients: int, n: int) -> None:
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if num_clients > n:
+        raise ValueError(f"num_clients={num_clients} exceeds the {n} training examples")
+
+
+def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
+    """Shuffle all examples, then split them into near-equal parts."""
+    _check(num_clients, len(labels))
+    perm = np.random.default_rng(seed).permutation(len(labels))
+    return [np.sort(p) for p in np.array_split(perm, num_clients)]
+
+
+def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int,
+              min_size: int = 1, max_tries: int = 100) -> list[np.ndarray]:
+    """Label-skewed split: each class is divided over clients by Dir(α) shares.
+
+    Resamples (up to ``max_tries`` times) until every client has at least
+    ``min_size`` examples.
+
+    Raises:
+      ValueError: if α ≤ 0 or no draw gives every client ``min_size`` examples.
+    """
+    if alpha <= 0:
+        raise ValueError(f"dirichlet alpha must be > 0, got {alpha}")
+    _check(num_clients, len(labels))
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    for _ in range(max_tries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for c in classes:
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            shares = rng.dirichlet(np.full(num_clients, alpha))
+            cuts = (np.cumsum(shares)[:-1] * len(idx)).astype(int)
+            for k, chunk in enumerate(np.split(idx, cuts)):
+                parts[k].append(chunk)
+        out = [np.sort(np.concatenate(p)) for p in parts]
+        if min(len(p) for p in out) >= min_size:
+            return out
+    raise ValueError(f"dirichlet(alpha={alpha}): could not give each of {num_clients} clients "
+                     f"{min_size} examples in {max_tries} draws; raise alpha or lower num_clients")
+
+
+def shards(labels: np.ndarray, num_clients: int, classes_per_client: int, seed: int,
+           examples_per_client: int | None = None) -> list[np.ndarray]:
+    """McMahan et al. shards: sort by label, cut into ``num_clients × k`` shards.
+
+    Each client gets ``classes_per_client`` shards, so it sees about that many
+    classes (exactly, when shards do not straddle class boundaries). With
+    ``examples_per_client`` each client keeps only that many examples, split
+    evenly over its shards (Soteria: 100 clients × 2 classes × 100 samples).
+    """
+    _check(num_clients, len(labels))
+    if classes_per_client < 1:
+        raise ValueError(f"classes_per_client must be >= 1, got {classes_per_client}")
+    rng = np.random.default_rng(seed)
+    # Stable sort after a shuffle: random order inside each class.
+    perm = rng.permutation(len(labels))
+    order = perm[np.argsort(labels[perm], kind="stable")]
+    num_shards = num_clients * classes_per_client
+    pieces = np.array_split(order, num_shards)
+    assign = rng.permutation(num_shards).reshape(num_clients, classes_per_client)
+    out = []
+    for row in assign:
+        if examples_per_client is None:
+            out.append(np.sort(np.concatenate([pieces[s] for s in row])))
+        else:
+            per = np.array_split(np.arange(examples_per_client), classes_per_client)
+            out.append(np.sort(np.concatenate([pieces[s][: len(q)] for s, q in zip(row, per)])))
+    return out
+
+
+def natural(groups: np.ndarray, num_clients: int | None = None, seed: int = 0) -> list[np.ndarray]:
+    """One client per natural id (writer, identity); a seeded subset if asked.
+
+    Raises:
+      ValueError: if the dataset has no natural ids.
+    """
+    if groups is None:
+        raise ValueError("partition 'natural' needs a dataset with writer/identity ids "
+                         "(this dataset has none); use iid, dirichlet or shards")
+    ids = np.unique(groups)
+    if num_clients is not None:
+        if num_clients > len(ids):
+            raise ValueError(f"num_clients={num_clients} exceeds the {len(ids)} natural ids")
+        ids = np.sort(np.random.default_rng(seed).choice(ids, num_clients, replace=False))
+    return [np.flatnonzero(groups == i) for i in ids]
+
+
+def pad_indices(parts: list[np.ndarray], n_max: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Padded index matrix int32 [N, n_max] (−1 = padding) and counts int32 [N].
+
+    Clients with more than ``n_max`` examples keep their first ``n_max``.
+    """
+    counts = np.array([len(p) for p in parts])
+    n_max = int(counts.max()) if n_max is None else int(n_max)
+    idx = np.full((len(parts), n_max), -1, dtype=np.int32)
+    for i, p in enumerate(parts):
+        idx[i, : min(len(p), n_max)] = p[:n_max]
+    return idx, np.minimum(counts, n_max).astype(np.int32)

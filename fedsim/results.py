@@ -1,0 +1,106 @@
+"""Run outputs: config.yaml, metrics.jsonl, summary.json and figures.
+
+Every file is written atomically (temporary file + rename) so a killed run
+never leaves a half-written summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old or the new file, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n")
+
+
+def _jsonable(o):
+    try:
+        import numpy as np
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    return str(o)
+
+
+def read_metrics(path) -> list[dict]:
+    """The rows of a metrics.jsonl file (a torn last line is ignored)."""
+    rows = []
+    p = Path(path)
+    if not p.exists():
+        return rows
+    for line in p.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+class MetricsLog:
+    """Append-only metrics.jsonl, one JSON object per round."""
+
+    def __init__(self, path, keep_rounds_below: int | None = None):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        rows = read_metrics(self.path)
+        if keep_rounds_below is not None:
+            rows = [r for r in rows if r.get("round", 0) < keep_rounds_below]
+        else:
+            rows = []
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+        self.rows = rows
+
+    def append(self, row: dict) -> None:
+        self.rows.append(row)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row, default=_jsonable) + "\n")
+            f.flush()
+
+
+def plot_learning_curve(rows: list[dict], path) -> None:
+    """Train loss and test accuracy per round as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax1 = plt.subplots(figsize=(6, 4))
+    r = [row["round"] for row in rows]
+    ax1.plot(r, [row["train_loss"] for row in rows], color="tab:blue", label="train loss")
+    ax1.set_xlabel("round")
+    ax1.set_ylabel("train loss", color="tab:blue")
+    ev = [row for row in rows if row.get("test_accuracy") is not None]
+    if ev:
+        ax2 = ax1.twinx()
+        ax2.plot([row["round"] for row in ev], [row["test_accuracy"] for row in ev],
+                 color="tab:red", marker="o", label="test accuracy")
+        ax2.set_ylabel("test accuracy", color="tab:red")
+        ax2.set_ylim(0, 1)
+    ax1.set_title("learning curve")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

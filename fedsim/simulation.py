@@ -1,0 +1,374 @@
+"""The simulation: sample a cohort, train it, aggregate, evaluate; repeat.
+
+Cohort strategies (``training.client_parallelism``), all computing the same
+numbers (tested):
+
+* ``vmap``: all cohort clients vectorised in one jit (accelerators).
+* ``map``: ``lax.scan`` over clients in one jit, accumulating the weighted sum
+  of updates in the carry, so memory stays at one client's update.
+* ``chunked``: ``lax.scan`` over chunks of ``chunk_size`` vmapped clients,
+  accumulating likewise.
+* ``loop``: a Python loop over one jitted client function (on XLA:CPU the
+  fastest measured for conv nets: vmapped per-client weights become slow
+  grouped convolutions; see ``benchmarks/engine_throughput.py``).
+* ``auto``: ``loop`` on CPU, ``vmap`` on accelerators.
+
+Randomness: ``key = jax.random.key(seed)``; the model is initialised from
+``fold_in(key, 0)``; round r uses ``fold_in(fold_in(key, 1), r)``, split into a
+sampling key and a client key, and client c trains with
+``fold_in(client_key, c)``. A round's randomness therefore depends only on
+(seed, round, client), which makes strategies comparable and runs resumable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedsim import partition as partition_lib
+from fedsim.client import LocalTraining, init_client_state, make_client_update
+from fedsim.config import Config, ConfigError
+from fedsim.data import Dataset, load_dataset
+from fedsim.hooks import Defense, build_defense, chain
+from fedsim.models import build_model, init_params, make_apply_fn
+from fedsim.observer import ObservedUpload
+from fedsim.server import aggregate, make_server_optimizer, sample_cohort, server_update, weighted_sum
+from fedsim.typing import ClientOutput, CohortData, Observation, ServerState
+
+
+class NonFiniteError(RuntimeError):
+    """A client's loss or update was NaN/Inf; the message names round and client."""
+
+
+@dataclasses.dataclass
+class RoundResult:
+    """Host-side summary of one round."""
+
+    round: int
+    cohort: np.ndarray
+    train_loss: float
+    seconds: float
+    skipped_clients: list[int]
+    observed: list[ObservedUpload]
+
+
+def make_client_optimizer(t) -> optax.GradientTransformation:
+    """The client optimizer named by a :class:`~fedsim.config.TrainingConfig`."""
+    if t.optimizer == "sgd":
+        tx = optax.sgd(t.lr)
+    elif t.optimizer == "momentum":
+        tx = optax.sgd(t.lr, momentum=t.momentum)
+    elif t.optimizer == "adam":
+        tx = optax.adam(t.lr)
+    elif t.optimizer == "adamw":
+        return optax.adamw(t.lr, weight_decay=t.weight_decay)
+    else:  # validated by the config
+        raise ConfigError(f"unknown training.optimizer {t.optimizer!r}")
+    if t.weight_decay > 0:
+        tx = optax.chain(optax.add_decayed_weights(t.weight_decay), tx)
+    return tx
+
+
+def build_defenses(specs: list[dict]) -> dict[str, Defense]:
+    """Build the config's defenses, chained per stage in config order."""
+    by_stage: dict[str, list[Defense]] = {}
+    for i, spec in enumerate(specs):
+        spec = dict(spec)
+        name = spec.pop("name")
+        try:
+            d = build_defense(name, **spec)
+        except ValueError as e:
+            raise ConfigError(f"config key 'defenses[{i}]': {e}") from None
+        by_stage.setdefault(d.stage, []).append(d)
+    return {s: (ds[0] if len(ds) == 1 else chain(*ds)) for s, ds in by_stage.items()}
+
+
+def partition_dataset(cfg: Config, ds: Dataset) -> list[np.ndarray]:
+    d = cfg.data
+    if d.partition == "iid":
+        return partition_lib.iid(ds.y_train, d.num_clients, cfg.seed)
+    if d.partition == "dirichlet":
+        return partition_lib.dirichlet(ds.y_train, d.num_clients, d.alpha, cfg.seed)
+    if d.partition == "shards":
+        return partition_lib.shards(ds.y_train, d.num_clients, d.classes_per_client, cfg.seed,
+                                    d.examples_per_client)
+    return partition_lib.natural(ds.groups, d.num_clients, cfg.seed)
+
+
+class Simulation:
+    """A federated simulation built from a :class:`~fedsim.config.Config`.
+
+    Args:
+      cfg: the validated config.
+      dataset: a preloaded dataset (else loaded from ``cfg.data``).
+      defenses: stage -> Defense (else built from ``cfg.defenses``).
+      strategy: overrides ``cfg.training.client_parallelism``.
+      donate: donate the server state's buffers to the round step (saves a
+        copy of the model per round; the ``state`` passed to
+        :meth:`run_round` is then invalid afterwards).
+    """
+
+    def __init__(self, cfg: Config, dataset: Dataset | None = None,
+                 defenses: dict[str, Defense] | None = None, strategy: str | None = None,
+                 donate: bool = False):
+        self.cfg = cfg
+        self.donate = donate
+        d, t = cfg.data, cfg.training
+        ds = dataset if dataset is not None else load_dataset(
+            d.dataset, image_size=d.image_size, source=d.source, data_dir=d.data_dir,
+            max_train=d.max_train, max_test=d.max_test, label_key=d.label_key, seed=cfg.seed)
+        if d.normalize:
+            ds = dataclasses.replace(ds, x_train=(ds.x_train - ds.mean) / ds.std,
+                                     x_test=(ds.x_test - ds.mean) / ds.std)
+        self.dataset = ds
+        try:
+            parts = partition_dataset(cfg, ds)
+        except ValueError as e:
+            raise ConfigError(f"config key 'data.partition' ({d.partition}): {e}") from None
+        if d.examples_per_client is not None and d.partition != "shards":
+            parts = [p[: d.examples_per_client] for p in parts]
+        idx, counts = partition_lib.pad_indices(parts)
+        self.partitions = parts
+        self.num_clients = len(parts)
+        self.n_max = idx.shape[1]
+        self.client_counts = counts
+        self.model = build_model(cfg.model.name, ds.num_classes)
+        self.apply_fn = make_apply_fn(self.model)
+        self.key = jax.random.key(cfg.seed)
+        self.defenses = build_defenses(cfg.defenses) if defenses is None else dict(defenses)
+        self.settings = LocalTraining(t.algorithm, t.local_epochs, t.batch_size, self.n_max)
+        self.client_tx = make_client_optimizer(t) if t.algorithm == "fedavg" else optax.sgd(t.lr)
+        self.server_tx = make_server_optimizer(t.server_optimizer, t.server_lr)
+        self.client_update = make_client_update(self.apply_fn, self.client_tx, self.settings,
+                                                self.defenses)
+        self.strategy = self._resolve_strategy(strategy or t.client_parallelism)
+        # Device-resident data; the engine gathers client slices inside jit.
+        self._x = jnp.asarray(ds.x_train)
+        self._y = jnp.asarray(ds.y_train)
+        self._idx = jnp.asarray(idx)
+        self._x_test = jnp.asarray(ds.x_test)
+        self._y_test = jnp.asarray(ds.y_test)
+        self.round_callbacks: list[Callable[[int, dict], dict]] = []
+        self._compile()
+
+    # --- setup -------------------------------------------------------------
+
+    @staticmethod
+    def _resolve_strategy(name: str) -> str:
+        if name == "auto":
+            return "loop" if jax.default_backend() == "cpu" else "vmap"
+        return name
+
+    def init_state(self) -> ServerState:
+        """The initial server state: fresh model, optimizer, per-client states."""
+        params = init_params(self.model, self.dataset.input_shape, jax.random.fold_in(self.key, 0))
+        one = init_client_state(self.defenses, params)
+        client_states = jax.tree_util.tree_map(
+            lambda s: jnp.broadcast_to(s, (self.num_clients,) + jnp.shape(s)).copy(), one)
+        return ServerState(params, self.server_tx.init(params), jnp.zeros((), jnp.int32),
+                           client_states)
+
+    def round_keys(self, round_idx: int):
+        rk = jax.random.fold_in(jax.random.fold_in(self.key, 1), round_idx)
+        return jax.random.split(rk)
+
+    def cohort(self, round_idx: int) -> np.ndarray:
+        """The clients of round ``round_idx`` (observed clients forced in)."""
+        sample_key, _ = self.round_keys(round_idx)
+        ids = np.asarray(sample_cohort(sample_key, self.num_clients,
+                                       self.cfg.training.clients_per_round))
+        obs = self.cfg.observer
+        if round_idx in obs.rounds and obs.clients:
+            targets = [c for c in obs.clients]
+            rest = [c for c in ids if c not in targets]
+            ids = np.sort(np.array(targets + rest[: len(ids) - len(targets)], dtype=np.int32))
+        return ids
+
+    def client_data(self, cid) -> CohortData:
+        """One client's padded data (jit-friendly gather)."""
+        return _gather(self._x, self._y, self._idx, cid)
+
+    # --- compiled pieces ---------------------------------------------------
+
+    def _compile(self):
+        client_update = self.client_update
+        weighting = self.cfg.training.weighting
+
+        def run_client(params, x_all, y_all, idx_all, cid, cstate, ckey):
+            data = _gather(x_all, y_all, idx_all, cid)
+            out = client_update(params, data, cstate, jax.random.fold_in(ckey, cid))
+            finite = _all_finite(out.update) & jnp.isfinite(out.loss)
+            weight = out.num_examples if weighting == "examples" else jnp.ones_like(out.num_examples)
+            weight = jnp.where(finite, weight, 0.0)
+            update = jax.tree_util.tree_map(lambda u: jnp.where(finite, u, 0.0), out.update)
+            return out._replace(update=update, num_examples=weight), finite
+
+        self._run_client = jax.jit(run_client)
+
+        def finish(state, wsum, wtot, ids, new_cstates):
+            mean = jax.tree_util.tree_map(lambda s: s / jnp.maximum(wtot, 1e-12), wsum)
+            params, opt_state = server_update(self.server_tx, state.params, state.opt_state, mean)
+            cs = jax.tree_util.tree_map(lambda a, n: a.at[ids].set(n), state.client_states,
+                                        new_cstates)
+            return ServerState(params, opt_state, state.round + 1, cs)
+
+        def cohort_step(state, x_all, y_all, idx_all, ids, ckey):
+            cstates = jax.tree_util.tree_map(lambda s: s[ids], state.client_states)
+            one = lambda cid, cs: run_client(state.params, x_all, y_all, idx_all, cid, cs, ckey)
+            if self.strategy == "vmap":
+                outs, finite = jax.vmap(one)(ids, cstates)
+                wsum = weighted_sum(outs.update, outs.num_examples)
+                wtot = jnp.sum(outs.num_examples)
+            else:
+                zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+                k = 1 if self.strategy == "map" else self.cfg.training.chunk_size
+                C = ids.shape[0]
+                pad = (-C) % k
+                ids_p = jnp.concatenate([ids, jnp.repeat(ids[:1], pad)])
+                valid = jnp.arange(C + pad) < C
+                cs_p = jax.tree_util.tree_map(
+                    lambda s: jnp.concatenate([s, jnp.repeat(s[:1], pad, axis=0)]), cstates)
+                chunks = (ids_p.reshape(-1, k), valid.reshape(-1, k),
+                          jax.tree_util.tree_map(lambda s: s.reshape((-1, k) + s.shape[1:]), cs_p))
+
+                def body(carry, chunk):
+                    wsum, wtot = carry
+                    cids, ok, cs = chunk
+                    outs, fin = jax.vmap(one)(cids, cs)
+                    w = outs.num_examples * ok
+                    wsum = jax.tree_util.tree_map(jnp.add, wsum, weighted_sum(outs.update, w))
+                    return (wsum, wtot + jnp.sum(w)), (outs._replace(update=None), fin)
+
+                (wsum, wtot), (outs, finite) = jax.lax.scan(body, (zeros, jnp.zeros(())), chunks)
+                flat = lambda a: a.reshape((-1,) + a.shape[2:])[:C]
+                outs = jax.tree_util.tree_map(flat, outs)
+                finite = flat(finite)
+            new_state = finish(state, wsum, wtot, ids, outs.client_state)
+            return new_state, outs.loss, outs.num_examples, finite
+
+        if self.strategy != "loop":
+            self._cohort_step = jax.jit(cohort_step, donate_argnums=(0,) if self.donate else ())
+        self._accumulate = jax.jit(lambda wsum, u, w: jax.tree_util.tree_map(
+            lambda s, x: s + w * x, wsum, u))
+        self._finish = jax.jit(finish, donate_argnums=(0,) if self.donate else ())
+
+        eval_bs = min(self.cfg.eval.batch_size, len(self.dataset.y_test))
+
+        def evaluate(params, x, y):
+            n = x.shape[0]
+            pad = (-n) % eval_bs
+            xp = jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)])
+            yp = jnp.concatenate([y, jnp.zeros((pad,), y.dtype)])
+            mask = (jnp.arange(n + pad) < n).astype(jnp.float32)
+
+            def batch(args):
+                xb, yb, mb = args
+                logits = self.apply_fn(params, xb)
+                correct = (jnp.argmax(logits, -1) == yb) * mb
+                loss = optax.softmax_cross_entropy_with_integer_labels(logits, yb) * mb
+                return jnp.sum(correct), jnp.sum(loss)
+
+            shape = lambda a: a.reshape((-1, eval_bs) + a.shape[1:])
+            correct, loss = jax.lax.map(batch, (shape(xp), shape(yp), shape(mask)))
+            return jnp.sum(correct) / n, jnp.sum(loss) / n
+
+        self._evaluate = jax.jit(evaluate)
+
+    # --- running -----------------------------------------------------------
+
+    def evaluate(self, params) -> tuple[float, float]:
+        """(test accuracy, test loss) of ``params`` on the test split."""
+        acc, loss = self._evaluate(params, self._x_test, self._y_test)
+        return float(acc), float(loss)
+
+    def run_round(self, state: ServerState, round_idx: int) -> tuple[ServerState, RoundResult]:
+        """One round: cohort, local training, defenses, aggregation, server step.
+
+        Raises:
+          NonFiniteError: if a client's loss/update is NaN/Inf and
+            ``training.on_nonfinite`` is "stop" (the state is left unchanged).
+        """
+        t0 = time.perf_counter()
+        ids = self.cohort(round_idx)
+        _, ckey = self.round_keys(round_idx)
+        observed_ids = (set(self.cfg.observer.clients)
+                        if round_idx in self.cfg.observer.rounds else set())
+        global_params = state.params
+        observed: list[ObservedUpload] = []
+        if self.strategy == "loop" or observed_ids:
+            wsum = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+            wtot, losses, weights, finite, new_cs = 0.0, [], [], [], []
+            for cid in ids:
+                cs = jax.tree_util.tree_map(lambda s: s[cid], state.client_states)
+                out, fin = self._run_client(state.params, self._x, self._y, self._idx,
+                                            jnp.int32(cid), cs, ckey)
+                wsum = self._accumulate(wsum, out.update, out.num_examples)
+                wtot += out.num_examples
+                losses.append(out.loss)
+                weights.append(out.num_examples)
+                finite.append(fin)
+                new_cs.append(out.client_state)
+                if int(cid) in observed_ids:
+                    observed.append(self._observation(out, state.params, int(cid), round_idx))
+            losses, weights, finite = map(lambda v: np.asarray(jnp.stack(v)), (losses, weights, finite))
+            stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *new_cs)
+            bad = [int(c) for c, f in zip(ids, finite) if not f]
+            if bad and self.cfg.training.on_nonfinite == "stop":
+                raise NonFiniteError(f"round {round_idx}: client {bad[0]} produced a NaN/Inf "
+                                     f"loss or update (clients {bad}); lower training.lr or set "
+                                     "training.on_nonfinite=skip_client")
+            new_state = self._finish(state, wsum, wtot, jnp.asarray(ids), stacked)
+        else:
+            # Check finiteness before committing: keep the input state alive.
+            backup = state if self.cfg.training.on_nonfinite == "stop" else None
+            if backup is not None and self.donate:
+                state = jax.tree_util.tree_map(jnp.copy, state)
+            new_state, losses, weights, finite = self._cohort_step(
+                state, self._x, self._y, self._idx, jnp.asarray(ids), ckey)
+            losses, weights, finite = np.asarray(losses), np.asarray(weights), np.asarray(finite)
+            bad = [int(c) for c, f in zip(ids, finite) if not f]
+            if bad and backup is not None:
+                raise NonFiniteError(f"round {round_idx}: client {bad[0]} produced a NaN/Inf "
+                                     f"loss or update (clients {bad}); lower training.lr or set "
+                                     "training.on_nonfinite=skip_client")
+        del global_params
+        ok = weights > 0
+        train_loss = float(np.sum(losses[ok] * weights[ok]) / max(np.sum(weights[ok]), 1e-12))
+        jax.block_until_ready(new_state.params)
+        return new_state, RoundResult(round_idx, ids, train_loss, time.perf_counter() - t0,
+                                      bad, observed)
+
+    def _observation(self, out: ClientOutput, params, cid: int, round_idx: int) -> ObservedUpload:
+        t = self.cfg.training
+        n = int(self.client_counts[cid])
+        sel = np.asarray(self.partitions[cid][:n])
+        x, y = self.dataset.x_train[sel], self.dataset.y_train[sel]
+        B = n if t.algorithm == "fedsgd" else min(t.batch_size, n)
+        steps = (1 if t.algorithm == "fedsgd" else t.local_epochs) * -(-n // B)
+        obs = Observation(
+            update=out.update, params=params, apply_fn=self.apply_fn, algorithm=t.algorithm,
+            lr=t.lr, local_steps=steps, batch_size=B, num_examples=n, labels=jnp.asarray(y),
+            input_shape=self.dataset.input_shape, num_classes=self.dataset.num_classes,
+            client_id=cid, round=round_idx)
+        return ObservedUpload(obs, x, y)
+
+
+def _gather(x_all, y_all, idx_all, cid) -> CohortData:
+    idx = idx_all[cid]
+    valid = idx >= 0
+    safe = jnp.where(valid, idx, 0)
+    mask = valid.astype(jnp.float32)
+    x = x_all[safe] * mask.reshape((-1,) + (1,) * (x_all.ndim - 1))
+    y = jnp.where(valid, y_all[safe], 0)
+    return CohortData(x, y, mask, jnp.sum(valid).astype(jnp.int32))
+
+
+def _all_finite(tree) -> jax.Array:
+    leaves = jax.tree_util.tree_leaves(tree)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(l)) for l in leaves]))

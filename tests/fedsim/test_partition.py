@@ -1,0 +1,76 @@
+import numpy as np
+import pytest
+
+from fedsim import partition
+
+
+@pytest.fixture
+def labels():
+    return np.random.default_rng(0).integers(0, 10, 5000)
+
+
+def _assert_disjoint_cover(parts, n, exact=True):
+    allidx = np.concatenate(parts)
+    assert len(np.unique(allidx)) == len(allidx), "an example was assigned twice"
+    if exact:
+        assert len(allidx) == n and set(allidx) == set(range(n))
+
+
+def test_iid_assigns_every_example_once_and_is_shuffled(labels):
+    parts = partition.iid(labels, 10, seed=1)
+    _assert_disjoint_cover(parts, len(labels))
+    # Not contiguous blocks: client 0 holds examples from across the dataset.
+    assert parts[0].max() - parts[0].min() > len(labels) // 2
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_partitions_are_seeded(labels):
+    for fn in (lambda s: partition.iid(labels, 7, s),
+               lambda s: partition.dirichlet(labels, 7, 0.3, s),
+               lambda s: partition.shards(labels, 7, 2, s)):
+        a, b, c = fn(3), fn(3), fn(4)
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+        assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_dirichlet_skew_grows_as_alpha_shrinks(labels):
+    def mean_max_share(alpha):
+        parts = partition.dirichlet(labels, 20, alpha, seed=0)
+        _assert_disjoint_cover(parts, len(labels))
+        return np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts])
+
+    skewed, mild, flat = mean_max_share(0.1), mean_max_share(1.0), mean_max_share(1000.0)
+    assert skewed > mild > flat
+    assert flat < 0.2  # near-uniform label mix at large alpha
+
+
+def test_shards_give_k_classes_per_client():
+    labels = np.repeat(np.arange(10), 100)  # balanced: shards never straddle classes
+    parts = partition.shards(labels, 100 // 2, 2, seed=0)
+    _assert_disjoint_cover(parts, len(labels))
+    assert all(len(np.unique(labels[p])) <= 2 for p in parts)
+    capped = partition.shards(labels, 10, 2, seed=0, examples_per_client=40)
+    assert all(len(p) == 40 for p in capped)
+    _assert_disjoint_cover(capped, len(labels), exact=False)
+
+
+def test_natural_groups_and_missing_ids():
+    groups = np.array([5, 5, 7, 9, 7, 5])
+    parts = partition.natural(groups)
+    assert [sorted(p.tolist()) for p in parts] == [[0, 1, 5], [2, 4], [3]]
+    with pytest.raises(ValueError, match="natural"):
+        partition.natural(None)
+
+
+def test_pad_indices():
+    idx, n = partition.pad_indices([np.array([3, 1]), np.array([0, 2, 4])])
+    assert idx.tolist() == [[3, 1, -1], [0, 2, 4]]
+    assert n.tolist() == [2, 3]
+
+
+def test_bad_arguments_are_named(labels):
+    with pytest.raises(ValueError, match="alpha"):
+        partition.dirichlet(labels, 5, 0.0, 0)
+    with pytest.raises(ValueError, match="num_clients"):
+        partition.iid(labels[:3], 5, 0)

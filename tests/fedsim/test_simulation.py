@@ -1,0 +1,145 @@
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedsim.client import LocalTraining, make_client_update
+from fedsim.hooks import Defense
+from fedsim.server import aggregate, server_update
+from fedsim.simulation import NonFiniteError, Simulation
+from fedsim.typing import CohortData
+
+from .helpers import small_config, small_dataset
+
+
+def test_fedavg_weighting_two_clients_by_hand():
+    # Two clients with 1 and 3 examples; FedSGD, lr 1, a linear "model" whose
+    # per-client update we can write down: Δ_c = -∇L_c.
+    updates = {"w": jnp.array([[1.0, 2.0], [5.0, -2.0]])}
+    weights = jnp.array([1.0, 3.0])
+    mean = aggregate(updates, weights)
+    np.testing.assert_allclose(mean["w"], [(1 * 1 + 3 * 5) / 4, (1 * 2 + 3 * -2) / 4])
+    params = {"w": jnp.array([10.0, 10.0])}
+    tx = optax.sgd(1.0)
+    new, _ = server_update(tx, params, tx.init(params), mean)
+    np.testing.assert_allclose(new["w"], [14.0, 9.0])
+
+
+def test_fedavg_weighting_end_to_end_matches_hand_computation():
+    # Full engine on 2 clients of sizes 1 and 3 (synthetic), FedSGD, server SGD lr 1.
+    ds = small_dataset(n=4)
+    cfg = small_config(**{"data.num_clients": 2, "data.partition": "iid", "training.rounds": 1,
+                          "training.clients_per_round": 2, "training.algorithm": "fedsgd",
+                          "training.lr": 0.1})
+    sim = Simulation(cfg, dataset=ds)
+    # Force sizes 1 and 3 by hand-building the index matrix.
+    sim.partitions = [np.array([0]), np.array([1, 2, 3])]
+    sim._idx = jnp.array([[0, -1, -1], [1, 2, 3]], jnp.int32)
+    sim.client_counts = np.array([1, 3])
+    sim.n_max = 3
+    sim.settings = LocalTraining("fedsgd", 1, 16, 3)
+    sim.client_update = make_client_update(sim.apply_fn, optax.sgd(0.1), sim.settings)
+    sim._compile()
+    state = sim.init_state()
+    p0 = state.params
+    new_state, _ = sim.run_round(state, 0)
+
+    def grad(idx):
+        x, y = jnp.asarray(ds.x_train[idx]), jnp.asarray(ds.y_train[idx])
+        return jax.grad(lambda p: jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
+            sim.apply_fn(p, x), y)))(p0)
+
+    g1, g2 = grad([0]), grad([1, 2, 3])
+    expected = jax.tree_util.tree_map(lambda p, a, b: p - 0.1 * (1 * a + 3 * b) / 4, p0, g1, g2)
+    chex.assert_trees_all_close(new_state.params, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("model", ["mlp", "lenet"])
+def test_strategies_agree(model):
+    ds = small_dataset()
+    results = {}
+    for strategy in ("loop", "vmap", "map", "chunked"):
+        cfg = small_config(**{"model.name": model, "training.client_parallelism": strategy,
+                              "training.chunk_size": 2})
+        sim = Simulation(cfg, dataset=ds)
+        state = sim.init_state()
+        for r in range(2):
+            state, res = sim.run_round(state, r)
+        results[strategy] = (state.params, res.train_loss)
+    for s in ("vmap", "map", "chunked"):
+        chex.assert_trees_all_close(results[s][0], results["loop"][0], atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(results[s][1], results["loop"][1], rtol=1e-4)
+
+
+def test_same_seed_same_numbers_other_seed_other_numbers():
+    ds = small_dataset()
+
+    def final(seed):
+        sim = Simulation(small_config(seed=seed), dataset=ds)
+        state = sim.init_state()
+        for r in range(2):
+            state, _ = sim.run_round(state, r)
+        return sim.evaluate(state.params), jax.tree_util.tree_leaves(state.params)[0]
+
+    (a_eval, a_p), (b_eval, b_p), (c_eval, c_p) = final(3), final(3), final(4)
+    assert a_eval == b_eval
+    np.testing.assert_array_equal(a_p, b_p)
+    assert not np.allclose(a_p, c_p)
+
+
+def test_training_improves_accuracy():
+    ds = small_dataset(n=1200)
+    sim = Simulation(small_config(**{"training.rounds": 8, "training.lr": 2.0}), dataset=ds)
+    state = sim.init_state()
+    acc0, _ = sim.evaluate(state.params)
+    for r in range(8):
+        state, _ = sim.run_round(state, r)
+    acc1, _ = sim.evaluate(state.params)
+    assert acc1 > max(acc0 + 0.3, 0.6)
+
+
+def _nan_upload():
+    def apply(delta, state, *, key, context):
+        return jax.tree_util.tree_map(lambda d: d * jnp.nan, delta), state
+    return Defense(init=lambda p: (), apply=apply, stage="upload", name="nan")
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap"])
+def test_nonfinite_update_stops_with_round_and_client(strategy):
+    cfg = small_config(**{"training.client_parallelism": strategy})
+    sim = Simulation(cfg, dataset=small_dataset(), defenses={"upload": _nan_upload()})
+    with pytest.raises(NonFiniteError, match=r"round 0: client \d+"):
+        sim.run_round(sim.init_state(), 0)
+
+
+def test_nonfinite_clients_can_be_skipped():
+    cfg = small_config(**{"training.on_nonfinite": "skip_client"})
+    sim = Simulation(cfg, dataset=small_dataset(), defenses={"upload": _nan_upload()})
+    state = sim.init_state()
+    p0 = state.params
+    state, res = sim.run_round(state, 0)
+    assert len(res.skipped_clients) == 3
+    chex.assert_tree_all_finite(state.params)
+    chex.assert_trees_all_close(state.params, p0)  # nothing aggregated
+
+
+def test_observer_sees_the_upload_of_chosen_clients():
+    cfg = small_config(**{"observer.clients": [4], "observer.rounds": [1],
+                          "training.client_parallelism": "vmap"})
+    sim = Simulation(cfg, dataset=small_dataset())
+    state = sim.init_state()
+    state, res0 = sim.run_round(state, 0)
+    assert res0.observed == []
+    params_round1 = state.params
+    state, res1 = sim.run_round(state, 1)
+    assert 4 in res1.cohort
+    (obs,) = res1.observed
+    assert obs.observation.client_id == 4 and obs.observation.round == 1
+    chex.assert_trees_all_close(obs.observation.params, params_round1)
+    # The recorded upload is what client 4 computes from the round's inputs.
+    _, ckey = sim.round_keys(1)
+    out = sim.client_update(params_round1, sim.client_data(4), {}, jax.random.fold_in(ckey, 4))
+    chex.assert_trees_all_close(obs.observation.update, out.update, atol=1e-6)
+    assert len(obs.y) == sim.client_counts[4]
