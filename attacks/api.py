@@ -1,0 +1,59 @@
+"""The attack interface: ``run(observation, config, key) -> Reconstruction``.
+
+An attack is a pure function of exactly what its threat model gives the
+server (a :class:`fedsim.typing.Observation`, stripped with
+:func:`fedsim.observer.restrict`), a config mapping of hyper-parameters, and a
+key. Attacks live in :data:`ATTACK_REGISTRY`, looked up by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+
+from fedsim.typing import Observation, PRNGKey
+
+
+class Reconstruction(NamedTuple):
+    """An attack's output for one victim.
+
+    Attributes:
+      x: float32 [B, ...] reconstructed inputs (best restart).
+      labels: int32 [B] reconstructed/inferred labels.
+      loss: float32 scalar, the attack objective of the returned restart.
+      extras: attack-specific outputs (e.g. all restarts' losses).
+    """
+
+    x: jax.Array
+    labels: jax.Array
+    loss: jax.Array
+    extras: Any = None
+
+
+AttackFn = Callable[[Observation, Mapping[str, Any], PRNGKey], Reconstruction]
+ATTACK_REGISTRY: dict[str, AttackFn] = {}
+
+
+def register_attack(name: str):
+    """Decorator registering an attack ``run`` function under ``name``."""
+
+    def deco(fn: AttackFn) -> AttackFn:
+        if name in ATTACK_REGISTRY and ATTACK_REGISTRY[name] is not fn:
+            raise ValueError(f"attack {name!r} registered twice")
+        ATTACK_REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def run_attack(name: str, observation: Observation, config: Mapping[str, Any] | None,
+               key: PRNGKey) -> Reconstruction:
+    """Run the registered attack ``name``.
+
+    Raises:
+      ValueError: for an unknown attack name (listing the known ones).
+    """
+    if name not in ATTACK_REGISTRY:
+        raise ValueError(f"unknown attack {name!r}; known attacks: {', '.join(sorted(ATTACK_REGISTRY))}")
+    return ATTACK_REGISTRY[name](observation, dict(config or {}), key)
