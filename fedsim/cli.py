@@ -36,6 +36,34 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="summarise a finished run directory")
+    p.add_argument("run_dir", help="a directory written by `fedsim run`")
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args) -> int:
+    from pathlib import Path
+
+    from fedsim.results import plot_learning_curve, read_metrics
+
+    run_dir = Path(args.run_dir)
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise FileNotFoundError(f"{summary_path} not found: is {run_dir} a finished fedsim run?")
+    summary = json.loads(summary_path.read_text())
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    print(json.dumps(summary, indent=2))
+    print(f"{'round':>6} {'train_loss':>11} {'test_acc':>9} {'seconds':>8}")
+    for r in rows:
+        acc = r.get("test_accuracy")
+        print(f"{r['round']:>6} {r['train_loss']:>11.4f} {'' if acc is None else f'{acc:.4f}':>9} "
+              f"{r.get('seconds', 0):>8.2f}")
+    if rows:
+        plot_learning_curve(rows, run_dir / "learning_curve.png")
+    return 0
+
+
 def _plugin_commands():
     try:
         eps = metadata.entry_points(group="fedsim.commands")
@@ -48,9 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedsim", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
+    _add_report(sub)
     for ep in _plugin_commands():
         try:
             ep.load()(sub)
+        except ModuleNotFoundError:
+            continue  # the package providing this command is not installed
         except Exception as e:  # a broken plugin must not break `fedsim run`
             print(f"fedsim: warning: command {ep.name!r} unavailable: {e}", file=sys.stderr)
     return parser

@@ -1,0 +1,88 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsim.cli import main
+from fedsim.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+
+@pytest.mark.parametrize("override,pattern", [
+    ("rounds=abc", r"'training.rounds': expected an integer, got 'abc'"),
+    ("training.lr=-1", r"'training.lr'.*must be > 0"),
+    ("data.partition=blocks", r"'data.partition'.*allowed values: iid, dirichlet, shards, natural"),
+    ("nonsense=1", r"unknown config key"),
+    ("model.name=resnet99", r"'model.name'.*allowed values:.*lenet5"),
+    ("clients_per_round=1000", r"clients_per_round"),
+])
+def test_bad_overrides_name_the_key(override, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(QUICKSTART, [override])
+
+
+def test_unknown_key_in_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({"training": {"rounds": 2, "roundz": 3}}))
+    with pytest.raises(ConfigError, match=r"unknown config key 'training.roundz'.*allowed keys"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_cli_bad_value_is_one_line_not_a_traceback(capsys):
+    assert main(["run", str(QUICKSTART), "--set", "rounds=abc"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("fedsim: config error: config key 'training.rounds'")
+    assert not any("Traceback" in line for line in err)
+
+
+def test_cli_subprocess_unknown_key_exit_code():
+    proc = subprocess.run([sys.executable, "-m", "fedsim", "run", str(QUICKSTART), "--set", "foo=1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "unknown config key" in proc.stderr
+
+
+def _run(tmp_path, name):
+    out = tmp_path / name
+    args = ["run", str(QUICKSTART), "--quiet", "--set", "dataset=synthetic", "--set", "model.name=mlp",
+            "--set", "image_size=16", "--set", "num_clients=8", "--set", "clients_per_round=3",
+            "--set", "rounds=3", "--set", "eval.every=1", "--set", "lr=0.5",
+            "--set", "optimizer=sgd", "--set", f"output.dir={out}"]
+    assert main(args) == 0
+    return out
+
+
+def test_run_writes_files_and_is_deterministic(tmp_path):
+    a, b = _run(tmp_path, "a"), _run(tmp_path, "b")
+    for f in ("config.yaml", "metrics.jsonl", "summary.json", "learning_curve.png"):
+        assert (a / f).exists(), f
+    rows = [json.loads(l) for l in (a / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert all("train_loss" in r and "test_accuracy" in r and "seconds" in r for r in rows)
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+    for k in ("test_accuracy", "rounds", "num_clients", "seconds"):
+        assert k in sa
+    timing = {"seconds", "peak_rss_mb"}
+    assert {k: v for k, v in sa.items() if k not in timing} == \
+           {k: v for k, v in sb.items() if k not in timing}
+    ra = [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+    rb = [{k: v for k, v in json.loads(l).items() if k != "seconds"}
+          for l in (b / "metrics.jsonl").read_text().splitlines()]
+    assert ra == rb
+
+
+def test_report_command(tmp_path, capsys):
+    a = _run(tmp_path, "a")
+    capsys.readouterr()
+    assert main(["report", str(a)]) == 0
+    out = capsys.readouterr().out
+    assert "test_accuracy" in out and "round" in out
+    assert main(["report", str(tmp_path / "missing")]) == 1
