@@ -214,11 +214,23 @@ def _load_tfds(name: str, data_dir: str | None, label_key: str | None) -> Datase
     return Dataset(name, x_tr, y_tr, x_te, y_te, nc, np.zeros(1), np.ones(1), g_tr)
 
 
+# Default label feature per dataset; celeb_a has attributes (binary) and
+# identities: ``label_key: identity`` or any attribute name (e.g. Smiling).
+_DEFAULT_LABEL = {"celeb_a": "Male"}
+
+
+def _scalar(v):
+    """A feature value as a scalar (tfds nests some, e.g. celeb_a identity)."""
+    while isinstance(v, dict):
+        v = next(iter(v.values()))
+    return v
+
+
 def _source_to_numpy(src, name, label_key, tfds):
     features = src.dataset_info.features
     image_key = "image"
     if label_key is None:
-        label_key = "label"
+        label_key = _DEFAULT_LABEL.get(name, "label")
     n = len(src)
     xs, ys, gs = [], [], []
     for i in range(n):
@@ -226,11 +238,13 @@ def _source_to_numpy(src, name, label_key, tfds):
         xs.append(ex[image_key])
         lab = ex[label_key] if label_key in ex else ex.get("attributes", {}).get(label_key)
         if lab is None:
-            raise DatasetError(f"dataset {name!r} has no label feature {label_key!r}")
-        ys.append(lab)
+            attrs = sorted(ex.get("attributes", {}))
+            raise DatasetError(f"dataset {name!r} has no label feature {label_key!r} (data.label_key); "
+                               f"features: {sorted(ex)}" + (f", attributes: {attrs}" if attrs else ""))
+        ys.append(_scalar(lab))
         for gk in ("writer_id", "identity", "user_id"):
             if gk in ex:
-                gs.append(ex[gk])
+                gs.append(_scalar(ex[gk]))
     x = np.stack(xs).astype(np.float32) / 255.0
     if x.ndim == 3:
         x = x[..., None]

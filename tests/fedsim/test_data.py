@@ -64,6 +64,12 @@ def test_tfds_source_under_mock_data():
         assert ds.mean.shape == (1,) and ds.std.shape == (1,)
         c = load_dataset("cifar10", max_train=5)
         assert c.x_train.shape == (5, 32, 32, 3)
+        faces = load_dataset("celeb_a", image_size=16)  # default label: the Male attribute
+        assert set(np.unique(faces.y_train)) <= {0, 1} and faces.groups is not None
+        ids = load_dataset("celeb_a", image_size=16, label_key="identity")
+        np.testing.assert_array_equal(ids.y_train, ids.groups)
+        with pytest.raises(DatasetError, match="label_key"):
+            load_dataset("celeb_a", label_key="Nope")
 
 
 def test_synthetic_is_seeded():
