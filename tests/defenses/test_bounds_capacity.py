@@ -44,7 +44,6 @@ def test_gaussian_capacity_monte_carlo_p2():
     t = np.linspace(0, 2 * np.pi, 64, endpoint=False)
     rad = np.linspace(0, radius, 24)
     xs = np.stack([np.outer(rad, np.cos(t)).ravel(), np.outer(rad, np.sin(t)).ravel()], 1)
-    d2 = np.min(((y[:, None, :] - xs[None, :1, :]) ** 2).sum(-1), axis=1)  # placeholder shape
     norms = np.linalg.norm(y, axis=1)
     d2 = np.maximum(norms - radius, 0) ** 2
     # cross-check the projection claim on a subset against the brute-force sup
