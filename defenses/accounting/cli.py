@@ -182,5 +182,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return args.func(args)
 
 
+# ``fedsim privacy ...``: entry point of the ``fedsim.commands`` group.
+register = add_privacy_parser
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

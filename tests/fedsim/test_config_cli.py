@@ -86,3 +86,11 @@ def test_report_command(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "test_accuracy" in out and "round" in out
     assert main(["report", str(tmp_path / "missing")]) == 1
+
+
+def test_privacy_command_is_available_through_fedsim(capsys):
+    code = main(["privacy", "vmf", "--kappa", "75", "--dim", "13700", "--sample-rate",
+                 str(128 / 60000), "--compositions", "3", "--delta", str(1 / 60000), "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert abs(out["epsilon"] - 0.49) / 0.49 < 0.05 and out["approach"] == "1"
