@@ -11,7 +11,10 @@ Defaults follow paper 003's GS setting (Adam lr 0.1) with 1000 iterations;
 paper 001 runs 10,000 iterations (set ``iterations: 10000``). Stated deviations:
 dummies start uniform on [0, 1] (Geiping starts from N(0,1) in normalised
 space: same role, our data are unnormalised [0,1] images); the TV weight
-default 1e-4 is ours (Geiping tunes it per dataset).
+default 1e-6 is ours (Geiping tunes it per dataset): near convergence the
+cosine loss of a small untrained network is ~1e-7, and with TV 1e-4 the prior
+dominates — measured on untrained LeNet, 16×16 Fashion-MNIST, B = 1, 1000
+iterations: PSNR ≈ 13–15 dB with TV 1e-4, 23–33 dB with 1e-6, > 80 dB with 0.
 
 Guarantee: none (a heuristic attack); quality is measured with
 :mod:`attacks.metrics`.
@@ -25,7 +28,7 @@ from attacks.api import Reconstruction, register_attack
 from attacks.gradient_inversion import run_inversion
 from fedsim.typing import Observation
 
-DEFAULTS = {"loss": "cosine", "tv": 1e-4, "optimizer": "adam", "lr": 0.1, "iterations": 1000,
+DEFAULTS = {"loss": "cosine", "tv": 1e-6, "optimizer": "adam", "lr": 0.1, "iterations": 1000,
             "restarts": 1, "signed": True, "decay": True, "box": True, "init": "uniform",
             "label_mode": "infer"}
 

@@ -24,6 +24,7 @@ Two rules, chosen by batch size:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -86,6 +87,7 @@ def idlg_label(grad: Params, num_classes: int, name: str | None = None) -> jax.A
     return jnp.argmin(class_signal(grad, num_classes, name)).astype(jnp.int32)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 2, 3, 5, 6))
 def _impacts(apply_fn, params, input_shape, num_classes, key, num_dummy, name):
     """Mean signal of one example of class c (a_c) / of another class (b_c)."""
     x = jax.random.uniform(key, (num_dummy, *input_shape))
