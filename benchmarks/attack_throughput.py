@@ -101,7 +101,7 @@ def time_torch(victims: int, iterations: int, repeats: int) -> dict | None:
         w.requires_grad_(True)
     tgt = [[torch.tensor(np.asarray(targets[f"Dense_{i}"]["kernel"][v]).T.copy()) for i in range(3)]
            for v in range(victims)]
-    lab = torch.tensor(np.asarray(labels))
+    lab = torch.tensor(np.asarray(labels), dtype=torch.long)
 
     def attack_one(v):
         gen = torch.Generator().manual_seed(v)
