@@ -124,7 +124,7 @@ def time_torch(victims: int, iterations: int, repeats: int) -> dict | None:
             sched.step()
             with torch.no_grad():
                 x.clamp_(0, 1)
-        return float(loss)
+        return float(loss.detach())
 
     times, final = [], []
     for _ in range(repeats):
