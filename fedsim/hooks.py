@@ -172,18 +172,3 @@ def build_defense(name: str, **kwargs) -> Defense:
         return DEFENSE_REGISTRY[name](**kwargs)
     except TypeError as e:
         raise ValueError(f"defense {name!r}: bad arguments {kwargs}: {e}") from None
-
-
-# --- round-callback factories ---------------------------------------------
-# A defense area may register ``factory(sim) -> callback | None``; every
-# Simulation calls each factory once and appends the callbacks it returns to
-# ``sim.round_callbacks`` (e.g. the channel leakage ledger for configs that
-# name a channel defense). Registered on import of ``defenses``.
-ROUND_CALLBACK_FACTORIES: list[Callable[[Any], Any]] = []
-
-
-def register_round_callback(factory: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Register ``factory(sim) -> fn(round, row) -> dict | None`` (idempotent)."""
-    if factory not in ROUND_CALLBACK_FACTORIES:
-        ROUND_CALLBACK_FACTORIES.append(factory)
-    return factory

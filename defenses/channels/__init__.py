@@ -52,6 +52,12 @@ __all__ = [
     "imp_mia", "imp_dra", "gdc",
 ]
 
-from fedsim.hooks import register_round_callback as _register_round_callback
+from fedsim.hooks import register_simulation_plugin as _register_simulation_plugin
 
-_register_round_callback(ledger_from_config)
+
+@_register_simulation_plugin
+def _attach_ledger_plugin(sim) -> None:
+    """Every Simulation whose config names a channel defense gets a leakage ledger."""
+    ledger = ledger_from_config(sim)
+    if ledger is not None:
+        sim.round_callbacks.append(ledger)
