@@ -27,3 +27,7 @@ __all__ = [
     "dp_gaussian", "dp_psac", "psac_weights", "client_level_dp", "update_gaussian",
     "update_laplace", "dp_vmf", "sample_vmf", "sample_vmf_cosine", "wood_constants",
 ]
+
+from defenses.dp.accountant_hook import attach_accountant  # noqa: E402  (registers the plugin)
+
+__all__.append("attach_accountant")
