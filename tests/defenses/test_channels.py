@@ -205,3 +205,18 @@ def test_paper_prior():
     assert np.sum(beta == 50) == 8 * 16 * 3
     assert beta[12, 8, 0] == 50 and beta[19, 23, 2] == 50
     assert beta[11, 8, 0] == 1 and beta[12, 24, 0] == 1 and beta[20, 8, 0] == 1
+
+
+def test_personalized_large_kappa_matches_bounds_solver(stats):
+    from defenses.bounds import personalized_channel_sigma
+    beta = beta_prior()
+    for kappa in (3.0, 30.0):  # where the bounds' solver is in range: same root
+        ours = personalized_noise_scale(stats, kappa, beta)
+        ref = personalized_channel_sigma(stats.covariance, beta.ravel(), kappa)
+        assert abs(np.log(ours) - np.log(ref)) < 1e-6
+    # κ = 1500 (Fig 15): U(σ) = κ still solved, exact capacity ≤ κ.
+    big = data_statistics(np.random.default_rng(1).normal(size=(3000, 4, 4, 1)) * 1e3)
+    sigma = personalized_noise_scale(big, 1500.0, np.ones(SHAPE))
+    terms = personalized_channel_terms(big.covariance, np.ones(D))
+    assert abs(personalized_channel_bound(sigma, terms) - 1500.0) < 1e-6
+    assert personalized_exact_capacity(big, sigma, np.ones(SHAPE)) <= 1500.0 + 1e-6
