@@ -33,7 +33,7 @@ classes); IMP_DRA of a training row uses the IG MSE of a one-step, one-image
 upload under the same mechanism and parameters.
 
 Usage:
-  python benchmarks/reproduce_tan2024.py --quick   # ~20 min on 2 shared CPU cores (LeNet only)
+  python benchmarks/reproduce_tan2024.py --quick   # ~30 min on 2 shared CPU cores (LeNet only; measured 1734 s)
   python benchmarks/reproduce_tan2024.py           # default budget
   python benchmarks/reproduce_tan2024.py --full    # + AlexNet training, VGG16/ResNet10 IG
 """
