@@ -600,7 +600,7 @@ def acceptance_checks(rows, timing):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--quick", action="store_true", help="small budgets (~15 min on 2 CPU cores)")
+    g.add_argument("--quick", action="store_true", help="small budgets, LeNet only (~30 min on 2 shared CPU cores)")
     g.add_argument("--full", action="store_true", help="paper-size victim counts, more models")
     g.add_argument("--smoke", action="store_true", help="tiny budgets to check the script runs")
     ap.add_argument("--seed", type=int, default=0)
