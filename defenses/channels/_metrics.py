@@ -1,0 +1,31 @@
+"""Defense-capability metrics of Tan et al. (000, §6.1): IMP_MIA, IMP_DRA, GDC."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["imp_mia", "imp_dra", "gdc"]
+
+
+def _pos(name, v):
+    v = float(v)
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+    return v
+
+
+def imp_mia(auc: float, auc_without_defense: float) -> float:
+    """IMP_MIA = (AUC_without_def − AUC) / AUC_without_def (000 §6.1)."""
+    base = _pos("auc_without_defense", auc_without_defense)
+    return (base - _pos("auc", auc)) / base
+
+
+def imp_dra(mse: float, mse_without_defense: float) -> float:
+    """IMP_DRA = (1/MSE_without_def − 1/MSE) / (1/MSE_without_def) = 1 − MSE_w/o / MSE."""
+    base = _pos("mse_without_defense", mse_without_defense)
+    return 1.0 - base / _pos("mse", mse)
+
+
+def gdc(imp_mia_value: float, imp_dra_value: float) -> float:
+    """General defense capability GDC = (IMP_MIA + IMP_DRA) / 2 (000 §6.1)."""
+    return 0.5 * (float(imp_mia_value) + float(imp_dra_value))

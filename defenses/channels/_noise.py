@@ -1,0 +1,49 @@
+"""Shared plumbing of the additive-noise data channels D̃ = D + ξ (000 §5.2)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedsim.hooks import Defense
+
+__all__ = ["additive_data_channel", "check_kappa"]
+
+
+def check_kappa(kappa, who: str) -> float:
+    try:
+        k = float(kappa)
+    except (TypeError, ValueError):
+        raise ValueError(f"{who}: kappa must be a number > 0 (nats per step), got {kappa!r}") from None
+    if not np.isfinite(k) or k <= 0:
+        raise ValueError(f"{who}: kappa must be a finite number > 0 (nats per step), got {kappa!r}")
+    return k
+
+
+def additive_data_channel(name: str, shape: tuple[int, ...],
+                          sample: Callable[[jax.Array, int], jax.Array]) -> Defense:
+    """A stateless stage-"data" defense adding ξ = sample(key, B) [B, d] to x [B, *shape].
+
+    Fresh noise every call (every local step: the engine passes a new key).
+    Padding rows (``context.mask == 0``) get no noise, so they stay exactly 0.
+    """
+    d = int(np.prod(shape))
+
+    def init(params):
+        del params
+        return ()
+
+    def apply(x, state, *, key, context=None):
+        if tuple(x.shape[1:]) != tuple(shape):
+            raise ValueError(f"{name}: inputs have example shape {tuple(x.shape[1:])}, but the "
+                             f"channel was calibrated for {tuple(shape)} (d = {d})")
+        b = x.shape[0]
+        xi = sample(key, b).astype(x.dtype).reshape(x.shape)
+        if context is not None and context.mask is not None:
+            xi = xi * context.mask.reshape((-1,) + (1,) * (x.ndim - 1)).astype(x.dtype)
+        return x + xi, state
+
+    return Defense(init=init, apply=apply, stage="data", name=name)

@@ -1,0 +1,146 @@
+"""Personalized channel (Tan et al. 000, §5.2): Σ_ξ = σ diag(β), U(σ) = κ (Thm 3)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import math
+
+from defenses.bounds import personalized_channel_bound, personalized_channel_terms
+from defenses.channels._noise import additive_data_channel, check_kappa
+from defenses.channels._statistics import DataStatistics, resolve_statistics
+from fedsim.hooks import Defense, register_defense
+
+__all__ = ["personalized_channel", "paper_prior_beta", "personalized_noise_scale",
+           "personalized_exact_capacity"]
+
+
+def paper_prior_beta(shape: tuple[int, ...]) -> np.ndarray:
+    """The prior of 000 App. C (Fig. 17): 50 on rows 12–19 × cols 8–23, 1 elsewhere.
+
+    Same for every image channel ("position-based prior"). Rows/columns are
+    0-based and inclusive (8 rows × 16 columns around the eyes of a 32×32
+    CelebA face).
+
+    Args:
+      shape: one example's shape (32, 32, C).
+
+    Raises:
+      ValueError: for any other image size (the paper's mask is 32×32; pass
+        an explicit ``beta`` for other sizes).
+    """
+    if len(shape) != 3 or tuple(shape[:2]) != (32, 32):
+        raise ValueError(f"the paper's default prior beta is for 32x32xC images, got example "
+                         f"shape {tuple(shape)}; pass beta= explicitly")
+    beta = np.ones(shape, np.float64)
+    beta[12:20, 8:24, :] = 50.0
+    return beta
+
+
+def _jitter_for(stats: DataStatistics) -> float:
+    # Thm 3's terms need a Cholesky factor; a singular Σ_D (constant pixels)
+    # gets a tiny ridge. Adding variance can only raise the bound U, so the σ
+    # solved with the ridge still satisfies I(D; D̃) ≤ κ.
+    if stats.eigenvalues[-1] > 1e-9 * stats.eigenvalues[0]:
+        return 0.0
+    return 1e-6 * float(np.mean(np.diag(stats.covariance)))
+
+
+def personalized_noise_scale(statistics: DataStatistics, kappa: float, beta, *,
+                             tol: float = 1e-9) -> float:
+    """σ solving U(σ) = κ, U the Thm 3 upper bound of the capacity of D + N(0, σ diag β).
+
+    The Thm 3 terms come from :func:`defenses.bounds.personalized_channel_terms`
+    and U from :func:`defenses.bounds.personalized_channel_bound`; the root is
+    bracketed here from above — each of the d terms of U is at most
+    ½ ln(1 + r_max/σ), r_max = max(c_ii/β_i, u_i/k_i), so σ* ≤ r_max/(e^{2κ/d} − 1)
+    — and stepped down, then bisected on log σ. (``personalized_channel_sigma``
+    of :mod:`defenses.bounds` brackets from below at log r_min − 2κ, which
+    underflows to σ = 0 for κ ≳ 370; the paper's Fig 15 uses κ up to 1500.)
+    """
+    kappa = check_kappa(kappa, "personalized_channel")
+    terms = personalized_channel_terms(statistics.covariance, np.asarray(beta).ravel(),
+                                       jitter=_jitter_for(statistics))
+    d = terms.beta.size
+
+    def u_of(log_s: float) -> float:
+        return personalized_channel_bound(math.exp(log_s), terms)
+
+    ratio = np.concatenate([terms.diag / terms.beta, terms.u / terms.k])
+    hi = math.log(float(ratio.max())) - math.log(math.expm1(2.0 * kappa / d)) + 1.0
+    lo = hi - 1.0
+    while u_of(lo) < kappa:
+        lo -= 1.0
+        if lo < -700:
+            raise ValueError(f"personalized_channel: no noise scale reaches kappa={kappa} "
+                             "(the data covariance is degenerate)")
+    mid = 0.5 * (lo + hi)
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        val = u_of(mid)
+        if abs(val - kappa) <= tol:
+            break
+        if val > kappa:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(mid)
+
+
+def personalized_exact_capacity(statistics: DataStatistics, sigma: float, beta) -> float:
+    """f(σ) = ½ [ln det(Σ_D + σ diag β) − Σ ln(σ β_i)], computed directly (for checks)."""
+    b = np.asarray(beta, np.float64).ravel()
+    _, logdet = np.linalg.slogdet(statistics.covariance + np.diag(sigma * b))
+    return float(0.5 * (logdet - np.sum(np.log(sigma * b))))
+
+
+@register_defense("personalized_channel")
+def personalized_channel(kappa: float, *, beta=None, statistics: DataStatistics | None = None,
+                         data=None, dataset: str | None = None, image_size: int | None = None,
+                         max_examples: int | None = None, normalize: bool = False) -> Defense:
+    """Personalized channel: more noise where the prior β says the data is sensitive.
+
+    Implements Tan et al. (000) §5.2 "Personalized Channel", steps 1–4: the
+    Thm 3 terms u_i, k_i from Σ_D, σ from U(σ) = κ by bisection, Σ_ξ =
+    σ diag(β), D̃ = D + ξ (see :func:`personalized_noise_scale`).
+
+    Guarantee: I(D; D̃) ≤ f(σ) ≤ U(σ) = κ per channel use; n·κ over n steps.
+
+    Deviation: U(σ) is the *difference* ½[min(...) − Σ ln σβ_i] (from the
+    proof of Thm 2), not the ratio printed in Eq. 20 (see
+    :mod:`defenses.bounds._personalized`); a singular Σ_D gets a 1e-6·mean-
+    variance ridge (conservative).
+
+    Args:
+      kappa: channel capacity threshold κ > 0, in nats.
+      beta: noise weights β_i > 0 of the example's shape (or flat, d entries);
+        default: :func:`paper_prior_beta` (32×32 images only).
+      statistics / data / dataset / image_size / max_examples / normalize:
+        the source of Σ_D, as for :func:`natural_channel`.
+
+    Returns:
+      A stage-"data" :class:`~fedsim.hooks.Defense` named "personalized_channel".
+
+    Raises:
+      ValueError: kappa ≤ 0, bad beta (size, sign), missing/ambiguous data.
+    """
+    kappa = check_kappa(kappa, "personalized_channel")
+    stats = resolve_statistics(statistics=statistics, data=data, dataset=dataset,
+                               image_size=image_size, max_examples=max_examples,
+                               normalize=normalize, who="personalized_channel")
+    beta = paper_prior_beta(stats.shape) if beta is None else np.asarray(beta, np.float64)
+    if beta.size != stats.dim:
+        raise ValueError(f"personalized_channel: beta has {beta.size} entries, the data "
+                         f"{stats.shape} has d = {stats.dim}")
+    if not (np.all(np.isfinite(beta)) and np.all(beta > 0)):
+        raise ValueError("personalized_channel: beta must be finite and > 0 everywhere")
+    sigma = personalized_noise_scale(stats, kappa, beta)
+    std = jnp.asarray(np.sqrt(sigma * beta.ravel()), jnp.float32)
+    d = stats.dim
+
+    def sample(key, b):
+        return jax.random.normal(key, (b, d), jnp.float32) * std
+
+    return additive_data_channel("personalized_channel", stats.shape, sample)
