@@ -65,6 +65,8 @@ class InversionConfig:
       label_mode: "given" (labels fixed) or "joint" (optimise label logits, DLG).
       simulate: "gradient" or "fedavg".
       local_steps, local_batch, local_lr: the unrolled FedAvg training.
+      masked: compare only the coordinates where the target is non-zero
+        (SGI, paper 002 Alg. 2: the pruning mask is read off the update's zeros).
     """
 
     loss: str = "cosine"
@@ -82,6 +84,7 @@ class InversionConfig:
     local_steps: int = 1
     local_batch: int = 1
     local_lr: float = 0.1
+    masked: bool = False
 
 
 _CHOICES = {"loss": ("cosine", "l2"), "optimizer": ("adam", "lbfgs"),
@@ -196,7 +199,10 @@ def make_inverter(apply_fn, cfg: InversionConfig, batch_size: int,
     def objective(z, params, target, labels):
         x = z["x"]
         y = jax.nn.softmax(z["y"]) if joint else jax.nn.one_hot(labels, num_classes)
-        loss = matching_loss(simulate(params, x, y), target, cfg.loss)
+        sim = simulate(params, x, y)
+        if cfg.masked:
+            sim = jax.tree_util.tree_map(lambda a, t: jnp.where(t != 0, a, 0.0), sim, target)
+        loss = matching_loss(sim, target, cfg.loss)
         return loss + cfg.tv * total_variation(x) if cfg.tv > 0 else loss
 
     def one_restart(params, target, labels, key):

@@ -130,3 +130,23 @@ def test_dlg_joint_labels_runs(mlp):
     obs, _, _ = _obs(f, p, 5, batch_size=1)
     rec = run_attack("dlg", obs, {"iterations": 5, "label_mode": "joint"}, jax.random.key(0))
     assert rec.labels.shape == (1,) and np.isfinite(float(rec.loss))
+
+
+def test_sgi_masked_loss_ignores_pruned_coordinates(mlp):
+    f, p = mlp
+    obs, x, _ = _obs(f, p, 6, batch_size=1)
+    # Prune half of the first layer: SGI must still drive its masked loss to ~0
+    # at the true input, where the plain cosine loss is not 0.
+    mask = jax.random.bernoulli(jax.random.key(3), 0.5, obs.update["Dense_0"]["kernel"].shape)
+    upd = {**obs.update, "Dense_0": {"kernel": obs.update["Dense_0"]["kernel"] * mask}}
+    pruned = obs._replace(update=upd)
+    target = observed_gradient(pruned)
+    y = jnp.asarray(np.asarray(run_attack("sgi", pruned, {"iterations": 1}, jax.random.key(0)).labels))
+    onehot = jax.nn.one_hot(y, 10)
+    for masked, expect_zero in ((True, True), (False, False)):
+        cfg = GI.InversionConfig(masked=masked)
+        sim = GI.make_simulate(f, cfg)(p, x, onehot)
+        if masked:
+            sim = jax.tree_util.tree_map(lambda a, t: jnp.where(t != 0, a, 0.0), sim, target)
+        loss = float(GI.matching_loss(sim, target, "cosine"))
+        assert (loss < 1e-5) == expect_zero, (masked, loss)
