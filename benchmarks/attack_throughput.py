@@ -126,6 +126,7 @@ def time_torch(victims: int, iterations: int, repeats: int) -> dict | None:
                 x.clamp_(0, 1)
         return float(loss.detach())
 
+    attack_one(0)  # warm-up (allocator, autograd graph caches), not timed
     times, final = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
