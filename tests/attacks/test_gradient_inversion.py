@@ -49,6 +49,8 @@ def test_vmap_over_victims_equals_one_by_one(mlp, signed, atol):
     keys = jax.random.split(jax.random.key(5), 3)
     kw = dict(batch_size=1, input_shape=SHAPE, num_classes=10)
     together = GI.invert_victims(f, cfg, params, targets, labels, keys, **kw)
+    shared = GI.invert_victims(f, cfg, p, targets, labels, keys, shared_params=True, **kw)
+    np.testing.assert_allclose(shared["x"], together["x"], atol=atol)
     for i in range(3):
         sl = lambda t: jax.tree_util.tree_map(lambda a: a[i:i + 1], t)
         alone = GI.invert_victims(f, cfg, sl(params), sl(targets), labels[i:i + 1], keys[i:i + 1], **kw)
