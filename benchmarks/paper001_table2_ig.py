@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("--infer-labels", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--name", default="paper001_table2_ig", help="output file stem")
     args = ap.parse_args(argv)
     iters = args.iterations or (1000 if args.quick else 10000)
     victims = args.victims or (2 if args.quick else 4)
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
     print(json.dumps({k: v for k, v in row.items() if k != "per_victim"}, indent=1))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "paper001_table2_ig.json").write_text(json.dumps({"paper": PAPER, "ours": row}, indent=2))
+    (out / f"{args.name}.json").write_text(json.dumps({"paper": PAPER, "ours": row}, indent=2))
     md = ["# Paper 001 Table II (no defense, FMNIST): IG vs the 13,700-param MLP, batch 128\n",
           f"Mode {row['mode']}: {iters} iterations (paper: 10,000), {victims} victims (batches of 128), "
           f"{args.restarts} restart(s), TV {args.tv}, labels {row['labels']}, untrained model, seed {args.seed}, "
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
           f"| ours | {row['ssim']:.4f} | {row['mse_normalised']:.4f} | {row['mse_01']:.4f} | {row['psnr']:.2f} | "
           f"{row['label_acc']:.2f} |",
           "\nThe paper's MSE scale is our inference (values > 1 rule out [0,1] images)."]
-    (out / "paper001_table2_ig.md").write_text("\n".join(md) + "\n")
+    (out / f"{args.name}.md").write_text("\n".join(md) + "\n")
     return 0
 
 

@@ -15,6 +15,7 @@ BASE = ["data.dataset=synthetic", "data.image_size=16", "data.num_clients=8",
         "output.plots=false", "output.progress=false"]
 
 
+@pytest.mark.slow
 def test_cli_writes_summary_and_grid(tmp_path):
     rc = main(["configs/attack_quickstart.yaml", "--quiet", "--set", f"output.dir={tmp_path}"]
               + sum((["--set", s] for s in BASE), []))

@@ -22,6 +22,7 @@ def test_auc_matches_pairwise_count():
         MIA.auc([np.nan], [0.0])
 
 
+@pytest.mark.slow
 def test_attacks_beat_chance_on_overfit_model():
     ds = synthetic_dataset(seed=1, image_size=16, num_train=400, num_test=10)
     x, y = jnp.asarray(ds.x_train), jnp.asarray(ds.y_train)
