@@ -1,0 +1,132 @@
+"""The gradient-matching core: vmap == loop, config errors, observation hygiene."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attacks import ATTACK_REGISTRY, run_attack
+from attacks import gradient_inversion as GI
+from attacks import inverting_gradients as IG
+from attacks.api import observation_from_gradient
+from attacks.labels import observed_gradient
+from fedsim.client import masked_mean_loss
+from fedsim.models import build_model, init_params, make_apply_fn
+from fedsim.observer import restrict
+
+SHAPE = (16, 16, 1)
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    m = build_model("mlp")
+    return make_apply_fn(m), init_params(m, SHAPE, jax.random.key(0))
+
+
+def _obs(f, p, seed, b=1, **kw):
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.random((b, *SHAPE)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, 10, b), jnp.int32)
+    g = jax.grad(masked_mean_loss, argnums=1)(f, p, x, y, jnp.ones(b))
+    return observation_from_gradient(g, p, f, input_shape=SHAPE, num_classes=10, lr=0.1, **kw), x, y
+
+
+def test_registry_has_dlg_and_ig():
+    assert {"dlg", "inverting_gradients"} <= set(ATTACK_REGISTRY)
+
+
+@pytest.mark.parametrize("signed,atol", [(False, 1e-5), (True, 1e-3)])
+def test_vmap_over_victims_equals_one_by_one(mlp, signed, atol):
+    # Signed Adam turns float reassociation noise in a near-zero gradient
+    # entry into a full ±lr step, so the signed variant gets a wider tolerance.
+    f, p = mlp
+    cfg = GI.InversionConfig(iterations=25, restarts=2, signed=signed)
+    obs = [_obs(f, p, s)[0] for s in range(3)]
+    stack = lambda ts: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *ts)
+    params = stack([o.params for o in obs])
+    targets = stack([observed_gradient(o) for o in obs])
+    labels = jnp.zeros((3, 1), jnp.int32)
+    keys = jax.random.split(jax.random.key(5), 3)
+    kw = dict(batch_size=1, input_shape=SHAPE, num_classes=10)
+    together = GI.invert_victims(f, cfg, params, targets, labels, keys, **kw)
+    for i in range(3):
+        sl = lambda t: jax.tree_util.tree_map(lambda a: a[i:i + 1], t)
+        alone = GI.invert_victims(f, cfg, sl(params), sl(targets), labels[i:i + 1], keys[i:i + 1], **kw)
+        np.testing.assert_allclose(alone["x"][0], together["x"][i], atol=atol)
+        np.testing.assert_allclose(alone["restart_losses"][0], together["restart_losses"][i],
+                                   rtol=1e-4, atol=atol * 1e-3)
+
+
+def test_best_restart_is_lowest_loss(mlp):
+    f, p = mlp
+    obs, _, _ = _obs(f, p, 0, batch_size=1)
+    rec = run_attack("inverting_gradients", obs, {"iterations": 20, "restarts": 3}, jax.random.key(0))
+    assert float(rec.loss) == pytest.approx(float(np.min(rec.extras["restart_losses"])))
+
+
+def test_same_key_same_result_different_key_different(mlp):
+    f, p = mlp
+    obs, _, _ = _obs(f, p, 1, batch_size=1)
+    cfg = {"iterations": 10}
+    a = run_attack("inverting_gradients", obs, cfg, jax.random.key(0))
+    b = run_attack("inverting_gradients", obs, cfg, jax.random.key(0))
+    c = run_attack("inverting_gradients", obs, cfg, jax.random.key(1))
+    np.testing.assert_array_equal(np.asarray(a.x), np.asarray(b.x))
+    assert not np.allclose(np.asarray(a.x), np.asarray(c.x))
+
+
+def test_ig_improves_loss_quickly(mlp):
+    f, p = mlp
+    obs, x, _ = _obs(f, p, 2, batch_size=1)
+    short = run_attack("inverting_gradients", obs, {"iterations": 2}, jax.random.key(0))
+    longer = run_attack("inverting_gradients", obs, {"iterations": 150}, jax.random.key(0))
+    assert float(longer.loss) < 0.5 * float(short.loss)
+    err = lambda r: float(jnp.mean((r.x - x) ** 2))
+    assert err(longer) < err(short)
+
+
+def test_unknown_config_key_and_bad_value(mlp):
+    f, p = mlp
+    obs, _, _ = _obs(f, p, 0, batch_size=1)
+    with pytest.raises(GI.AttackConfigError, match="iteratons"):
+        run_attack("dlg", obs, {"iteratons": 3}, jax.random.key(0))
+    with pytest.raises(GI.AttackConfigError, match="attack.loss"):
+        run_attack("dlg", obs, {"loss": "l3"}, jax.random.key(0))
+    with pytest.raises(GI.AttackConfigError, match="attack.iterations"):
+        run_attack("dlg", obs, {"iterations": 0}, jax.random.key(0))
+
+
+def test_hygiene_labels_only_when_granted(mlp):
+    f, p = mlp
+    full, _, y = _obs(f, p, 3, b=1, batch_size=1)
+    wrong = (y + 1) % 10
+    full = full._replace(labels=wrong, algorithm="fedsgd")
+    # Granted: the attack uses the (deliberately wrong) granted labels.
+    granted = restrict(full, {"labels": True, "batch_size": True, "num_examples": True})
+    rec = run_attack("inverting_gradients", granted, {"iterations": 2}, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(rec.labels), np.asarray(wrong))
+    assert rec.extras["labels_inferred"] is False
+    # Not granted: the labels field is gone, so the attack must infer (and iDLG finds the truth).
+    hidden = restrict(full, {"batch_size": True})
+    assert hidden.labels is None and hidden.num_examples is None
+    rec = run_attack("inverting_gradients", hidden, {"iterations": 2}, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(rec.labels), np.asarray(y))
+    assert rec.extras["labels_inferred"] is True
+
+
+def test_hygiene_unknown_batch_size_is_a_clear_error(mlp):
+    f, p = mlp
+    full, _, _ = _obs(f, p, 4, batch_size=1)
+    bare = restrict(full._replace(algorithm="fedavg", local_steps=3), {})
+    with pytest.raises(GI.AttackConfigError, match="batch size is unknown"):
+        run_attack("inverting_gradients", bare, {"iterations": 2}, jax.random.key(0))
+    # The attacker may assume a batch size instead.
+    rec = run_attack("inverting_gradients", bare, {"iterations": 2, "batch_size": 1}, jax.random.key(0))
+    assert rec.x.shape == (1, *SHAPE)
+
+
+def test_dlg_joint_labels_runs(mlp):
+    f, p = mlp
+    obs, _, _ = _obs(f, p, 5, batch_size=1)
+    rec = run_attack("dlg", obs, {"iterations": 5, "label_mode": "joint"}, jax.random.key(0))
+    assert rec.labels.shape == (1,) and np.isfinite(float(rec.loss))
