@@ -171,7 +171,7 @@ def run_ig(obs, x_true, iterations, key):
     from attacks import metrics
 
     rec = attacks.run_attack("inverting_gradients", obs,
-                             {"iterations": iterations, "labels": "known"}, key)
+                             {"iterations": iterations, "label_mode": "given"}, key)
     score = metrics.score_batch(np.asarray(rec.x), np.asarray(x_true))
     return float(np.mean(score.mse)), float(np.mean(score.ssim))
 
