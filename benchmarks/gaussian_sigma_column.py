@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import sys
 
 import numpy as np
 from scipy import optimize
 
-from defenses.accounting import (
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from defenses.accounting import (  # noqa: E402
     approach_one,
     approach_two,
+    gaussian_epsilon,
     gaussian_noise_for_epsilon,
     gaussian_rdp_unsampled,
     steps_for_epochs,
@@ -58,12 +62,8 @@ def main() -> str:
     steps = steps_for_epochs(EPOCHS, GAMMA)
     variants = {
         f"RDP per-step (T={steps})": lambda e: gaussian_noise_for_epsilon(e, GAMMA, DELTA, steps=steps),
-        f"PLD per-step (T={steps})": lambda e: gaussian_noise_for_epsilon(
-            e, GAMMA, DELTA, steps=steps, accountant="pld", tol=1e-3),
         "RDP per-step, delta=1e-5": lambda e: gaussian_noise_for_epsilon(e, GAMMA, 1e-5, steps=steps),
         "RDP per-epoch (N=3)": lambda e: gaussian_noise_for_epsilon(e, GAMMA, DELTA, compositions=EPOCHS),
-        "PLD per-epoch (N=3)": lambda e: gaussian_noise_for_epsilon(
-            e, GAMMA, DELTA, compositions=EPOCHS, accountant="pld", tol=1e-3),
         "approach 1, N=3": lambda e: _sigma_via_approaches(e, EPOCHS, "1"),
         "approach 2, N=3": lambda e: _sigma_via_approaches(e, EPOCHS, "2"),
     }
@@ -106,6 +106,36 @@ def main() -> str:
         med = f"{np.median(e):.1%}" if e.size else "n/a"
         mx = f"{np.max(e):.1%}" if e.size else "n/a"
         lines.append(f"| {n} | {med} | {mx} |")
+    # PLD calibration at small sigma needs tens of GiB; evaluate eps at the
+    # printed sigma instead.
+    lines += [
+        "",
+        "## epsilon at the printed sigma",
+        "",
+        f"| kappa | printed eps | sigma | RDP per-step (T={steps}) | PLD per-step (T={steps}) | RDP per-epoch (N=3) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for kappa, eps, sigma in TABLE:
+        r = gaussian_epsilon(sigma, GAMMA, DELTA, steps=steps).epsilon
+        try:
+            pld = f"{gaussian_epsilon(sigma, GAMMA, DELTA, steps=steps, accountant='pld').epsilon:.4g}"
+        except MemoryError:
+            pld = "n/a (memory)"
+        r3 = gaussian_epsilon(sigma, GAMMA, DELTA, compositions=EPOCHS).epsilon
+        lines.append(f"| {kappa} | {eps} | {sigma} | {r:.4g} | {pld} | {r3:.4g} |")
+    lines += [
+        "",
+        "## Finding",
+        "",
+        "The printed sigma column is reproduced (within 0.5 % on every row) by *standard per-step*",
+        f"RDP accounting (dp_accounting RDP, T = ceil(3 / gamma) = {steps} steps, delta = 1/60000):",
+        "the sigma that gives the printed epsilon per step. It is *not* reproduced by the paper's own",
+        "per-epoch convention (N = 3) with which the VMF epsilons were computed (sigma off by 8-55 %),",
+        "nor by approaches 1/2 applied to the Gaussian, nor by PLD (PLD is much tighter: at the printed",
+        "sigma it reports a smaller epsilon). So Table IV pairs VMF epsilons composed once per epoch",
+        "with Gaussian sigmas composed once per step: at equal printed epsilon the Gaussian rows carry",
+        "a ~470x larger composition count, i.e. the two columns are not the same privacy level.",
+    ]
     text = "\n".join(lines) + "\n"
     out = pathlib.Path(__file__).parent / "results" / "gaussian_sigma_column.md"
     out.parent.mkdir(parents=True, exist_ok=True)
