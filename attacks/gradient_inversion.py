@@ -65,6 +65,8 @@ class InversionConfig:
       label_mode: "given" (labels fixed) or "joint" (optimise label logits, DLG).
       simulate: "gradient" or "fedavg".
       local_steps, local_batch, local_lr: the unrolled FedAvg training.
+      masked: compare only the coordinates where the target is non-zero
+        (SGI, paper 002 Alg. 2: the pruning mask is read off the update's zeros).
     """
 
     loss: str = "cosine"
@@ -82,6 +84,7 @@ class InversionConfig:
     local_steps: int = 1
     local_batch: int = 1
     local_lr: float = 0.1
+    masked: bool = False
 
 
 _CHOICES = {"loss": ("cosine", "l2"), "optimizer": ("adam", "lbfgs"),
@@ -196,7 +199,10 @@ def make_inverter(apply_fn, cfg: InversionConfig, batch_size: int,
     def objective(z, params, target, labels):
         x = z["x"]
         y = jax.nn.softmax(z["y"]) if joint else jax.nn.one_hot(labels, num_classes)
-        loss = matching_loss(simulate(params, x, y), target, cfg.loss)
+        sim = simulate(params, x, y)
+        if cfg.masked:
+            sim = jax.tree_util.tree_map(lambda a, t: jnp.where(t != 0, a, 0.0), sim, target)
+        loss = matching_loss(sim, target, cfg.loss)
         return loss + cfg.tv * total_variation(x) if cfg.tv > 0 else loss
 
     def one_restart(params, target, labels, key):
@@ -246,18 +252,23 @@ def make_inverter(apply_fn, cfg: InversionConfig, batch_size: int,
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(apply_fn, cfg, batch_size, input_shape, num_classes):
+def _compiled(apply_fn, cfg, batch_size, input_shape, num_classes, shared_params=False):
     invert = make_inverter(apply_fn, cfg, batch_size, input_shape, num_classes)
-    return jax.jit(jax.vmap(invert))
+    # Shared params (victims of one round) stay unbatched: a [V]-batched weight
+    # turns every matmul into a batched one, measured slower on CPU.
+    return jax.jit(jax.vmap(invert, in_axes=(None if shared_params else 0, 0, 0, 0)))
 
 
 def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Params,
                    labels: jax.Array, keys: jax.Array, *, batch_size: int,
-                   input_shape: tuple[int, ...], num_classes: int) -> dict[str, np.ndarray]:
+                   input_shape: tuple[int, ...], num_classes: int,
+                   shared_params: bool = False) -> dict[str, np.ndarray]:
     """Run the attack on V victims at once (vmap over victims × restarts).
 
     Args:
-      params, targets: pytrees with a leading victim axis [V, ...].
+      params, targets: pytrees with a leading victim axis [V, ...] (``params``
+        without it when ``shared_params``: every victim started from the same
+        global model).
       labels: int32 [V, B] (ignored in joint label mode).
       keys: [V] typed keys, one per victim.
 
@@ -268,7 +279,8 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
     Raises:
       FloatingPointError: if every restart of some victim ended non-finite.
     """
-    fn = _compiled(apply_fn, cfg, int(batch_size), tuple(input_shape), int(num_classes))
+    fn = _compiled(apply_fn, cfg, int(batch_size), tuple(input_shape), int(num_classes),
+                   bool(shared_params))
     x_all, y_all, losses = jax.block_until_ready(fn(params, targets, labels, keys))
     x_all, y_all, losses = np.asarray(x_all), np.asarray(y_all), np.asarray(losses)
     if not np.all(np.isfinite(losses).any(axis=1)):
@@ -321,10 +333,17 @@ def prepare_victims(observations: Sequence[Observation], config: Mapping[str, An
             labels.append(infer_labels(obs, bs, k, name=config.get("last_layer")))
             inferred = True
     stack = lambda trees: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees)
-    params = stack([o.params for o in observations])
+    shared = all(_same_tree(o.params, first.params) for o in observations[1:])
+    params = first.params if shared else stack([o.params for o in observations])
     targets = stack([target_fn(o) for o in observations])
     attack_keys = jax.random.split(jax.random.fold_in(key, 2), len(observations))
-    return bs, params, targets, jnp.stack(labels), attack_keys, inferred
+    return bs, params, targets, jnp.stack(labels), attack_keys, inferred, shared
+
+
+def _same_tree(a, b) -> bool:
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    return len(la) == len(lb) and all(x is y or (x.shape == y.shape and bool(jnp.array_equal(x, y)))
+                                      for x, y in zip(la, lb))
 
 
 def run_inversion(observations: Sequence[Observation], config: Mapping[str, Any], key,
@@ -339,11 +358,12 @@ def run_inversion(observations: Sequence[Observation], config: Mapping[str, Any]
         settings["label_mode"] = "given"
     cfg = InversionConfig(**settings)
     first = observations[0]
-    bs, params, targets, labels, keys, inferred = prepare_victims(
+    bs, params, targets, labels, keys, inferred, shared = prepare_victims(
         observations, merged, cfg, key, target_fn)
     t0 = time.perf_counter()
     out = invert_victims(first.apply_fn, cfg, params, targets, labels, keys, batch_size=bs,
-                         input_shape=tuple(first.input_shape), num_classes=first.num_classes)
+                         input_shape=tuple(first.input_shape), num_classes=first.num_classes,
+                         shared_params=shared)
     seconds = time.perf_counter() - t0
     return [Reconstruction(jnp.asarray(out["x"][i]), jnp.asarray(out["labels"][i]),
                            jnp.asarray(out["loss"][i]),

@@ -1,0 +1,113 @@
+"""Class-wise representation inference from FC-layer updates (paper 003 App. A).
+
+Implements Sun et al. (Soteria, CVPR 2021) §3.2 and Appendix A:
+
+* **Alg. 3** (last layer): the per-class row norms ‖∇W_i‖₂ of the last FC
+  layer's update peak at the classes the client trained on; the class-i
+  representation entering that layer is, up to a scale γ, the row ∇W_i.
+  "Peaks" is not made precise in the paper; our rule: classes whose row norm
+  is ≥ ``peak_ratio`` × the largest row norm (default 0.3), or the
+  ``num_classes_present`` largest if the caller knows how many.
+* **Alg. 4** (previous FC layers): given the class representation b′ inferred
+  at the *next* layer's input, take the M entries of b′ with the largest
+  magnitude and sum those rows of this layer's update: r̂ = Σ_{k∈M} ∇W_k.
+
+Layout note: flax kernels are [in, out], so the paper's row ``∇W_i`` (PyTorch
+[out, in]) is our column ``kernel[:, i]``. Works equally on a gradient or on
+an update Δ (a scale change).
+
+Metric (paper 003 §3.2 "cor"): the correlation coefficient between the true
+class representation (the mean of the class's inputs to the layer) and the
+inferred one. We use |Pearson correlation|: the scale γ is unknown and its
+sign is negative for a gradient's label row, so the sign carries no
+information about the attack's success (stated choice; the paper reports
+positive values).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def row_norms(kernel_update) -> np.ndarray:
+    """‖∇W_i‖₂ per output unit i of a flax kernel update [in, out]."""
+    k = np.asarray(kernel_update, np.float64)
+    if k.ndim != 2:
+        raise ValueError(f"expected a 2-D FC kernel [in, out], got shape {k.shape}")
+    return np.linalg.norm(k, axis=0)
+
+
+def infer_classes(last_kernel_update, peak_ratio: float = 0.3,
+                  num_classes_present: int | None = None) -> np.ndarray:
+    """Alg. 3 steps 1–2: the classes whose row norms peak (ascending order)."""
+    norms = row_norms(last_kernel_update)
+    if num_classes_present is not None:
+        return np.sort(np.argsort(-norms)[:num_classes_present])
+    if not 0.0 < peak_ratio <= 1.0:
+        raise ValueError(f"peak_ratio must be in (0, 1], got {peak_ratio}")
+    return np.flatnonzero(norms >= peak_ratio * norms.max())
+
+
+def previous_layer_representation(kernel_update, next_representation, num_top: int) -> np.ndarray:
+    """Alg. 4: r̂ = Σ over the ``num_top`` largest-|b′| entries k of row ∇W_k."""
+    k = np.asarray(kernel_update, np.float64)
+    b = np.asarray(next_representation, np.float64).ravel()
+    if k.ndim != 2 or k.shape[1] != b.size:
+        raise ValueError(f"kernel update {k.shape} does not feed a representation of size {b.size}")
+    idx = np.argsort(-np.abs(b))[:max(1, int(num_top))]
+    return k[:, idx].sum(axis=1)
+
+
+def infer_representations(fc_kernel_updates: Sequence, *, num_top: int = 10,
+                          peak_ratio: float = 0.3, num_classes_present: int | None = None,
+                          classes: Sequence[int] | None = None) -> dict[int, list[np.ndarray]]:
+    """Infer every class's representation at the input of every FC layer.
+
+    Args:
+      fc_kernel_updates: the FC layers' kernel updates (or gradients), first to
+        last; consecutive layers must chain (out of layer l = in of layer l+1).
+      num_top: M of Alg. 4.
+      peak_ratio, num_classes_present: the class-peak rule of Alg. 3.
+      classes: the classes to infer for (skips Alg. 3's detection).
+
+    Returns:
+      ``{class: [r̂ at the input of layer 0, ..., r̂ at the input of the last layer]}``.
+    """
+    if not fc_kernel_updates:
+        raise ValueError("fc_kernel_updates is empty")
+    layers = [np.asarray(k, np.float64) for k in fc_kernel_updates]
+    for a, b in zip(layers, layers[1:]):
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+            raise ValueError(f"FC kernels do not chain: {a.shape} then {b.shape}")
+    last = layers[-1]
+    cls = np.asarray(classes) if classes is not None else infer_classes(
+        last, peak_ratio, num_classes_present)
+    out = {}
+    for c in cls.tolist():
+        reps = [last[:, c]]
+        for k in reversed(layers[:-1]):
+            reps.insert(0, previous_layer_representation(k, reps[0], num_top))
+        out[int(c)] = reps
+    return out
+
+
+def representation_correlation(true_representation, inferred_representation) -> float:
+    """paper 003's ``cor``: |Pearson correlation| of two representation vectors."""
+    a = np.asarray(true_representation, np.float64).ravel()
+    b = np.asarray(inferred_representation, np.float64).ravel()
+    if a.shape != b.shape:
+        raise ValueError(f"representation shapes differ: {a.shape} vs {b.shape}")
+    a, b = a - a.mean(), b - b.mean()
+    den = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(abs(a @ b) / den) if den > 0 else 0.0
+
+
+def fc_kernels(tree, names: Sequence[str]) -> list:
+    """Pick ``tree[name]["kernel"]`` for each FC module name (params or an update)."""
+    missing = [n for n in names if n not in tree or "kernel" not in tree[n]]
+    if missing:
+        raise ValueError(f"FC modules {missing} not found; modules: {list(tree)}")
+    return [jnp.asarray(tree[n]["kernel"]) for n in names]

@@ -1,0 +1,39 @@
+"""The attack harness on a tiny synthetic federation."""
+
+import json
+
+import pytest
+
+from attacks.cli import main, validate_attack_section
+from fedsim.config import ConfigError, load_config
+
+BASE = ["data.dataset=synthetic", "data.image_size=16", "data.num_clients=8",
+        "data.examples_per_client=1", "model.name=mlp", "training.algorithm=fedsgd",
+        "training.rounds=1", "training.clients_per_round=2", "training.client_parallelism=loop",
+        "observer.clients=[0, 1]", "observer.rounds=[0]", "attack.name=inverting_gradients",
+        "attack.grants={batch_size: true}", "attack.config={iterations: 30}",
+        "output.plots=false", "output.progress=false"]
+
+
+@pytest.mark.slow
+def test_cli_writes_summary_and_grid(tmp_path):
+    rc = main(["configs/attack_quickstart.yaml", "--quiet", "--set", f"output.dir={tmp_path}"]
+              + sum((["--set", s] for s in BASE), []))
+    assert rc == 0
+    summary = json.loads((tmp_path / "attack_summary.json").read_text())
+    assert len(summary["victims"]) == 2
+    assert set(summary["mean"]) == {"mse", "psnr", "ssim", "label_acc"}
+    assert summary["mean"]["label_acc"] == 1.0  # iDLG on batch 1
+    assert (tmp_path / "attack_grid.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("override,match", [
+    ("attack.name=nope", "attack.name"),
+    ("attack.grants={labelz: true}", "attack.grants"),
+    ("attack.foo=1", "unknown key"),
+    ("observer.clients=[]", "observer.clients"),
+])
+def test_bad_attack_sections_name_the_key(override, match):
+    cfg = load_config("configs/attack_quickstart.yaml", BASE + [override])
+    with pytest.raises(ConfigError, match=match):
+        validate_attack_section(cfg)
