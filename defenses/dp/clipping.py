@@ -43,7 +43,7 @@ def clip_rows_per_layer(matrix: jax.Array, segments: jax.Array, num_layers: int,
     Returns:
       (clipped [B, P], per-layer norms [B, R]).
     """
-    sq = jax.vmap(lambda row: jax.ops.segment_sum(row * row, segments, num_layers))(matrix)
+    sq = jax.ops.segment_sum((matrix * matrix).T, segments, num_layers).T  # [B, R]
     norms = jnp.sqrt(sq)
     scale = 1.0 / jnp.maximum(1.0, norms / clip_norm)  # [B, R]
     return matrix * scale[:, segments], norms

@@ -29,6 +29,7 @@ the total number of model parameters (the flattened gradient).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -66,6 +67,12 @@ def sample_vmf_cosine(key: jax.Array, kappa: float, dim: int, num: int, *,
     kappa = check_positive("kappa", kappa)
     if int(dim) < 2:
         raise ValueError(f"dim must be >= 2 for a sphere S^(dim-1), got {dim}")
+    return _cosine_sampler(kappa, int(dim), int(num), int(candidates), int(max_rounds))(key)
+
+
+@functools.lru_cache(maxsize=128)
+def _cosine_sampler(kappa: float, dim: int, num: int, candidates: int, max_rounds: int):
+    """A jitted ``key -> W`` sampler, cached so eager calls compile once."""
     b, x0 = wood_constants(kappa, dim)
     m1 = float(dim - 1)
     half = m1 / 2.0
@@ -87,15 +94,19 @@ def sample_vmf_cosine(key: jax.Array, kappa: float, dim: int, num: int, *,
         i, _, accepted = carry
         return (i < max_rounds) & ~jnp.all(accepted)
 
-    def body(carry):
-        i, w, accepted = carry
-        w_new, ok = propose(jax.random.fold_in(key, i))
-        take = ~accepted & ok
-        return i + 1, jnp.where(take, w_new, w), accepted | ok
+    @jax.jit
+    def sample(key):
+        def body(carry):
+            i, w, accepted = carry
+            w_new, ok = propose(jax.random.fold_in(key, i))
+            take = ~accepted & ok
+            return i + 1, jnp.where(take, w_new, w), accepted | ok
 
-    init = (jnp.int32(0), jnp.full((num,), jnp.nan, f32), jnp.zeros((num,), bool))
-    _, w, _ = jax.lax.while_loop(cond, body, init)
-    return jnp.clip(w, -1.0, 1.0)
+        init = (jnp.int32(0), jnp.full((num,), jnp.nan, f32), jnp.zeros((num,), bool))
+        _, w, _ = jax.lax.while_loop(cond, body, init)
+        return jnp.clip(w, -1.0, 1.0)
+
+    return sample
 
 
 def sample_vmf(key: jax.Array, mu: jax.Array, kappa: float, num: int | None = None,

@@ -1,0 +1,100 @@
+"""DP-SGD Gaussian (001 Alg 1): clipping, reduction, noise statistics, contract."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from defenses.dp import clip_rows, clip_rows_per_layer, dp_clip, dp_gaussian, dp_parameters
+from fedsim.hooks import build_defense
+from tests.defenses.dp_helpers import context, flat_rows, per_example_tree
+
+
+def test_flat_clipping_bounds_every_norm_and_keeps_small_rows():
+    m = jnp.concatenate([10 * jax.random.normal(jax.random.key(0), (20, 50)),
+                         0.01 * jnp.ones((3, 50))])
+    clipped, norms = clip_rows(m, 1.5)
+    out = np.linalg.norm(np.asarray(clipped), axis=1)
+    assert np.all(out <= 1.5 * (1 + 1e-6))
+    np.testing.assert_allclose(out[:20], 1.5, rtol=1e-5)  # big rows land on the sphere
+    chex.assert_trees_all_close(clipped[20:], m[20:])     # small rows untouched
+    np.testing.assert_allclose(norms, np.linalg.norm(np.asarray(m), axis=1), rtol=1e-5)
+
+
+def test_per_layer_clipping_bounds_each_layer():
+    tree = per_example_tree(jax.random.key(1))
+    m = flat_rows(tree)
+    seg = jnp.asarray(np.repeat([0, 1], [7, 30]))
+    clipped, _ = clip_rows_per_layer(m, seg, 2, 0.7)
+    c = np.asarray(clipped)
+    for lo, hi in ((0, 7), (7, 37)):
+        assert np.all(np.linalg.norm(c[:, lo:hi], axis=1) <= 0.7 * (1 + 1e-6))
+
+
+def test_reduction_matches_numpy_without_noise_and_ignores_padding():
+    tree = per_example_tree(jax.random.key(2))
+    mask = np.array([1, 1, 1, 1, 1, 0, 0, 0], np.float32)
+    d = dp_gaussian(0.0, clip_norm=2.0)
+    g, _ = d.apply(tree, (), key=jax.random.key(0), context=context(mask))
+    # independent computation in numpy
+    rows = np.asarray(flat_rows(tree))[:5]
+    clipped = rows / np.maximum(1, np.linalg.norm(rows, axis=1, keepdims=True) / 2.0)
+    expect = clipped.sum(0) / 5
+    got = np.concatenate([np.asarray(g["v"]).ravel(), np.asarray(g["w"]).ravel()])
+    np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("factor,should_pass", [(1.0, True), (2 / 3, False), (1.5, False)])
+def test_noise_is_gaussian_with_std_sigma_c_over_batch(factor, should_pass):
+    batch, sigma, clip = 4, 1.3, 0.5
+    tree = {"w": jnp.zeros((batch, 40, 50)), "v": jnp.zeros((batch, 100))}
+    g, _ = dp_gaussian(sigma, clip_norm=clip).apply(tree, (), key=jax.random.key(3),
+                                                    context=context(np.ones(batch)))
+    noise = np.concatenate([np.asarray(l).ravel() for l in jax.tree_util.tree_leaves(g)])
+    p = stats.kstest(noise, "norm", args=(0.0, factor * sigma * clip / batch)).pvalue
+    assert (p > 0.01) == should_pass, p
+
+
+def test_per_layer_noise_scale_is_sigma_c_sqrt_layers():
+    tree = {"w": jnp.zeros((2, 60, 50)), "v": jnp.zeros((2, 100))}
+    g, _ = dp_gaussian(1.0, clip_norm=1.0, clipping="per_layer").apply(
+        tree, (), key=jax.random.key(4), context=context(np.ones(2)))
+    noise = np.concatenate([np.asarray(l).ravel() for l in jax.tree_util.tree_leaves(g)])
+    assert stats.kstest(noise, "norm", args=(0.0, np.sqrt(2) / 2)).pvalue > 0.01
+
+
+def test_contract_pure_keys_shapes_jit():
+    tree = per_example_tree(jax.random.key(5))
+    d = dp_gaussian(1.0)
+    ctx = context(np.ones(8))
+    a, sa = d.apply(tree, d.init(None), key=jax.random.key(1), context=ctx)
+    b, _ = d.apply(tree, d.init(None), key=jax.random.key(1), context=ctx)
+    c, _ = d.apply(tree, d.init(None), key=jax.random.key(2), context=ctx)
+    j, _ = jax.jit(lambda t, k: d.apply(t, (), key=k, context=ctx))(tree, jax.random.key(1))
+    chex.assert_trees_all_close(a, b)
+    chex.assert_trees_all_close(a, j, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(a["w"], c["w"])
+    chex.assert_shape(a["w"], (6, 5))
+    chex.assert_shape(a["v"], (7,))
+    assert a["w"].dtype == tree["w"].dtype and sa == ()
+    chex.assert_tree_all_finite(a)
+
+
+def test_registry_config_and_errors():
+    d = build_defense("dp_gaussian", noise_multiplier=0.5, clip_norm=2.0)
+    assert d.stage == "example"
+    assert dp_parameters(d).noise_multiplier == 0.5
+    assert dp_parameters(dp_clip()).mechanism == "clip"
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        dp_gaussian(-1.0)
+    with pytest.raises(ValueError, match="clip_norm"):
+        dp_gaussian(1.0, clip_norm=0.0)
+    with pytest.raises(ValueError, match="clipping"):
+        dp_gaussian(1.0, clipping="layer")
+    with pytest.raises(ValueError, match="bad arguments"):
+        build_defense("dp_gaussian", sigma=1.0)
+    with pytest.raises(ValueError, match="batch dimension"):
+        dp_gaussian(1.0).apply({"a": jnp.zeros((3, 2)), "b": jnp.zeros((4,))}, (),
+                               key=jax.random.key(0))

@@ -1,0 +1,59 @@
+"""Upload-stage noise: Soteria's DP-Gaussian / DP-Laplace, client-level DP."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from defenses.dp import client_level_dp, update_gaussian, update_laplace
+
+
+def _upload():
+    return {"w": jnp.zeros((60, 50)), "b": jnp.zeros((500,))}
+
+
+def _flat(tree):
+    return np.concatenate([np.asarray(l).ravel() for l in jax.tree_util.tree_leaves(tree)])
+
+
+@pytest.mark.parametrize("factor,should_pass", [(1.0, True), (2 / 3, False), (1.5, False)])
+def test_gaussian_update_noise_ks(factor, should_pass):
+    out, _ = update_gaussian(0.01).apply(_upload(), (), key=jax.random.key(0))
+    p = stats.kstest(_flat(out), "norm", args=(0, factor * 0.01)).pvalue
+    assert (p > 0.01) == should_pass, p
+
+
+@pytest.mark.parametrize("factor,should_pass", [(1.0, True), (2 / 3, False), (1.5, False)])
+def test_laplace_update_noise_ks(factor, should_pass):
+    out, _ = update_laplace(0.05).apply(_upload(), (), key=jax.random.key(1))
+    p = stats.kstest(_flat(out), "laplace", args=(0, factor * 0.05)).pvalue
+    assert (p > 0.01) == should_pass, p
+
+
+def test_client_level_dp_clips_and_shares_noise():
+    big = {"w": 100 * jnp.ones((60, 50)), "b": jnp.zeros((500,))}
+    d = client_level_dp(clip_norm=1.0, noise_multiplier=1e-6, clients_per_round=4)
+    out, _ = d.apply(big, (), key=jax.random.key(2))
+    assert abs(np.linalg.norm(_flat(out)) - 1.0) < 1e-3
+    zero_out, _ = client_level_dp(2.0, 1.5, 9).apply(_upload(), (), key=jax.random.key(3))
+    assert stats.kstest(_flat(zero_out), "norm", args=(0, 1.5 * 2.0 / 3)).pvalue > 0.01
+
+
+def test_contract_and_errors():
+    d = update_laplace(0.1, clip_norm=5.0)
+    u = {"w": jnp.ones((4, 3)), "b": jnp.ones((3,))}
+    a, _ = d.apply(u, (), key=jax.random.key(1))
+    b, _ = d.apply(u, (), key=jax.random.key(1))
+    c, _ = d.apply(u, (), key=jax.random.key(2))
+    j, _ = jax.jit(lambda x, k: d.apply(x, (), key=k))(u, jax.random.key(1))
+    chex.assert_trees_all_close(a, b)
+    chex.assert_trees_all_close(a, j, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(a["w"], c["w"])
+    chex.assert_shape(a["w"], (4, 3))
+    assert d.stage == "upload"
+    with pytest.raises(ValueError, match="sigma"):
+        update_gaussian(0.0)
+    with pytest.raises(ValueError, match="clients_per_round"):
+        client_level_dp(1.0, 1.0, 0)
