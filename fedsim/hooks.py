@@ -172,3 +172,18 @@ def build_defense(name: str, **kwargs) -> Defense:
         return DEFENSE_REGISTRY[name](**kwargs)
     except TypeError as e:
         raise ValueError(f"defense {name!r}: bad arguments {kwargs}: {e}") from None
+
+
+# --- simulation plugins ------------------------------------------------------
+# Functions ``plugin(sim) -> None`` run at the end of ``Simulation.__init__``;
+# a defense area uses them to attach per-round metrics (e.g. the DP accountant
+# adds ``epsilon``/``delta`` through ``sim.round_callbacks``) without the
+# engine importing it.
+SIMULATION_PLUGINS: list[Callable[[Any], None]] = []
+
+
+def register_simulation_plugin(plugin: Callable[[Any], None]) -> Callable[[Any], None]:
+    """Register ``plugin(sim)`` to run on every new Simulation (idempotent)."""
+    if plugin not in SIMULATION_PLUGINS:
+        SIMULATION_PLUGINS.append(plugin)
+    return plugin

@@ -35,7 +35,7 @@ from fedsim import partition as partition_lib
 from fedsim.client import LocalTraining, init_client_state, make_client_update
 from fedsim.config import Config, ConfigError
 from fedsim.data import Dataset, load_dataset
-from fedsim.hooks import Defense, build_defense, chain
+from fedsim.hooks import SIMULATION_PLUGINS, Defense, build_defense, chain
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.observer import ObservedUpload
 from fedsim.server import aggregate, make_server_optimizer, sample_cohort, server_update, weighted_sum
@@ -156,6 +156,8 @@ class Simulation:
         self._y_test = jnp.asarray(ds.y_test)
         self.round_callbacks: list[Callable[[int, dict], dict]] = []
         self._compile()
+        for plugin in SIMULATION_PLUGINS:
+            plugin(self)
 
     # --- setup -------------------------------------------------------------
 

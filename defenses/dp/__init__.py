@@ -1,0 +1,33 @@
+"""Differential-privacy defenses (issue 5).
+
+Example stage (per-example gradients [B, ...] -> one gradient):
+  dp_gaussian(noise_multiplier, clip_norm=1.0, clipping="flat"|"per_layer")  # 001 Alg 1
+  dp_clip(clip_norm=1.0, clipping="per_layer")            # 001 Table II "clip"
+  dp_vmf(kappa, clip_norm=1.0, clipping="flat")           # 001 Alg 2
+  dp_psac(noise_multiplier, clip_norm=1.0, r=0.1)         # Xia et al. 2023
+Upload stage (client update):
+  update_gaussian(sigma), update_laplace(scale)           # Soteria baselines (003 §6.1)
+  client_level_dp(clip_norm, noise_multiplier, clients_per_round)   # DP-FedAvg
+Sampler:
+  sample_vmf(key, mu, kappa, num=None), sample_vmf_cosine(key, kappa, dim, num)
+Accounting:
+  attach_accountant(sim, delta=None) -> per-round ``epsilon``/``delta`` metrics
+  dp_parameters(defense) -> DPParameters | None
+"""
+
+from defenses.dp._params import DPParameters, dp_parameters
+from defenses.dp.clipping import clip_rows, clip_rows_per_layer
+from defenses.dp.gaussian import dp_clip, dp_gaussian
+from defenses.dp.psac import dp_psac, psac_weights
+from defenses.dp.update_noise import client_level_dp, update_gaussian, update_laplace
+from defenses.dp.vmf import dp_vmf, sample_vmf, sample_vmf_cosine, wood_constants
+
+__all__ = [
+    "DPParameters", "dp_parameters", "clip_rows", "clip_rows_per_layer", "dp_clip",
+    "dp_gaussian", "dp_psac", "psac_weights", "client_level_dp", "update_gaussian",
+    "update_laplace", "dp_vmf", "sample_vmf", "sample_vmf_cosine", "wood_constants",
+]
+
+from defenses.dp.accountant_hook import attach_accountant  # noqa: E402  (registers the plugin)
+
+__all__.append("attach_accountant")
