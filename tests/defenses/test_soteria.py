@@ -197,3 +197,23 @@ def test_bad_layer_path_is_named():
     d = build_defense("soteria", p_fc=0.1, layer="Conv_0")
     with pytest.raises(ValueError, match="not a fully connected"):
         d.apply(grad, (), key=jax.random.key(0), context=_ctx(params, apply_fn, x, y, mask))
+
+
+@pytest.mark.slow
+def test_soteria_runs_inside_the_engine_from_a_config():
+    from fedsim.simulation import Simulation
+    from tests.fedsim.helpers import small_config, small_dataset
+
+    ds = small_dataset(n=120)
+    results = {}
+    for name, defenses in (("none", "[]"), ("soteria", "[{name: soteria, p_fc: 0.5}]")):
+        cfg = small_config(**{"model.name": "lenet", "training.rounds": 1,
+                              "training.clients_per_round": 2, "defenses": defenses})
+        sim = Simulation(cfg, dataset=ds)
+        assert ("layer" in sim.defenses) == (name == "soteria")
+        state, _ = sim.run_round(sim.init_state(), 0)
+        results[name] = state.params
+    chex.assert_tree_all_finite(results["soteria"])
+    # The defended layer's kernel is trained on ∂l/∂b·r′ᵀ, so it must differ.
+    assert not np.allclose(results["soteria"]["Dense_0"]["kernel"],
+                           results["none"]["Dense_0"]["kernel"])
