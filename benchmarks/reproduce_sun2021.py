@@ -85,14 +85,14 @@ def convnet_factory(width):
     return name
 
 
-def make_cfg(args, model, rounds, *, partition="shards", E=1, B=32, name="sun2021"):
+def make_cfg(args, model, rounds, *, partition="shards", E=1, B=32, name="sun2021", lr=None):
     overrides = {
         "name": name, "seed": args.seed, "data.dataset": "fashion_mnist",
         "data.image_size": args.image_size, "data.num_clients": 100,
         "data.partition": partition, "data.classes_per_client": 2,
         "data.examples_per_client": 100, "model.name": model,
         "training.rounds": rounds, "training.clients_per_round": 10,
-        "training.local_epochs": E, "training.batch_size": B, "training.lr": args.lr,
+        "training.local_epochs": E, "training.batch_size": B, "training.lr": lr or args.lr,
         "training.optimizer": "sgd", "training.client_parallelism": "loop",
         "eval.every": 1, "output.progress": False, "output.plots": False,
         "output.dir": "/tmp/sun2021_runs",
@@ -238,12 +238,17 @@ def attack_grid(args, attack, model, log):
              for k, v in out.items()}, images, truth_imgs, [int(v) for v in victims])
 
 
-def accuracy_grid(args, attack, model, log):
-    """Final test accuracy of FedAvg trained with each grid point's defense."""
+def accuracy_grid(args, attack, model, log, on_result):
+    """Final test accuracy of FedAvg trained with each grid point's defense.
+
+    The cheap defenses run first; ``on_result((defense, param), acc)`` is
+    called after each, so partial results are saved as they come.
+    """
     accs = {}
-    for defense, param in defense_grid(args, attack):
+    grid = sorted(defense_grid(args, attack), key=lambda k: k[0] == "soteria")
+    for defense, param in grid:
         t0 = time.perf_counter()
-        cfg = make_cfg(args, model, args.rounds)
+        cfg = make_cfg(args, model, args.rounds, lr=args.train_lr)
         built = build(defense, param)
         sim = Simulation(cfg, defenses={} if built is None else {built[0]: built[1]})
         state = sim.init_state()
@@ -251,6 +256,7 @@ def accuracy_grid(args, attack, model, log):
             state, _ = sim.run_round(state, rnd)
         acc, _ = sim.evaluate(state.params)
         accs[(defense, param)] = acc
+        on_result((defense, param), acc)
         log(f"accuracy {model} {defense} {param}: {acc:.4f} ({time.perf_counter() - t0:.0f}s)")
     return accs
 
@@ -260,7 +266,7 @@ def accuracy_grid(args, attack, model, log):
 def convergence(args, log):
     curves = {}
     for p in args.logreg_p:
-        cfg = make_cfg(args, "logreg", args.logreg_rounds)
+        cfg = make_cfg(args, "logreg", args.logreg_rounds, lr=args.train_lr)
         sim = Simulation(cfg, defenses={} if p == 0 else {"layer": soteria(p)})
         state = sim.init_state()
         losses, accs = [], []
@@ -285,20 +291,24 @@ def main(argv=None):
     a = ap.parse_args(argv)
     q = a.quick
     a.image_size = 16 if q else 28
-    a.lr = 0.01
-    a.rounds = 15 if q else 200
-    a.cor_rounds = 2 if q else 20
+    a.lr = 0.01  # paper: SGD lr 0.01 (cor table, and the attacked single-step upload)
+    # Quick mode trains the accuracy/convergence models with lr 0.1 for 10
+    # rounds (at lr 0.01 the sigmoid LeNet stays at chance, 10 %, in 15
+    # rounds: measured), a stated deviation; full mode uses the paper's 0.01.
+    a.train_lr = 0.1 if q else 0.01
+    a.rounds = 10 if q else 200
+    a.cor_rounds = 1 if q else 20
     a.cor_clients = 5 if q else 10
     a.alg4_m = 5
-    a.victims = 2 if q else 8
+    a.victims = 1 if q else 8
     a.dlg_iters, a.gs_iters = 300, 120
-    a.soteria_dlg = [0.1, 0.2, 0.4] if q else [0.01, 0.05, 0.1, 0.2, 0.3, 0.4]
-    a.soteria_gs = [0.2, 0.4, 0.8] if q else [0.01, 0.1, 0.2, 0.4, 0.6, 0.8]
-    a.gc_dlg = [0.1, 0.5, 0.8] if q else [0.01, 0.1, 0.3, 0.5, 0.7, 0.8]
-    a.gc_gs = [0.1, 0.5, 0.9] if q else [0.01, 0.1, 0.3, 0.5, 0.7, 0.9]
-    a.sigmas = [1e-4, 1e-3, 1e-2] if q else [1e-4, 1e-3, 1e-2, 1e-1]
-    a.logreg_p = [0.0, 0.2, 0.5] if q else [0.0, 0.1, 0.2, 0.4, 0.6]
-    a.logreg_rounds = 15 if q else 100
+    a.soteria_dlg = [0.2, 0.4] if q else [0.01, 0.05, 0.1, 0.2, 0.3, 0.4]
+    a.soteria_gs = [0.4, 0.8] if q else [0.01, 0.1, 0.2, 0.4, 0.6, 0.8]
+    a.gc_dlg = [0.5, 0.8] if q else [0.01, 0.1, 0.3, 0.5, 0.7, 0.8]
+    a.gc_gs = [0.5, 0.9] if q else [0.01, 0.1, 0.3, 0.5, 0.7, 0.9]
+    a.sigmas = [1e-3, 1e-2] if q else [1e-4, 1e-3, 1e-2, 1e-1]
+    a.logreg_p = [0.0, 0.5] if q else [0.0, 0.1, 0.2, 0.4, 0.6]
+    a.logreg_rounds = 10 if q else 100
     a.gs_width = 16 if q else 32
     parts = set(a.parts.split(","))
     out_dir = Path(a.out)
@@ -313,33 +323,57 @@ def main(argv=None):
               "image_size": a.image_size, "device": f"{jax.default_backend()} "
               f"({platform.processor() or platform.machine()}, {os.cpu_count()} cpus)",
               "settings": {k: v for k, v in vars(a).items() if k not in ("out", "parts")},
-              "rows": [], "cor": [], "paper": PAPER}
-    if "cor" in parts:
-        result["cor"] = cor_table(a, log)
+              "rows": [], "cor": [], "paper": PAPER, "complete": False}
     grids = {}
-    for attack, model in (("dlg", "lenet"), ("gs", convnet_factory(a.gs_width))):
+
+    def save():
+        # Written after every part, so an interrupted run keeps what it measured.
+        result["seconds"] = time.perf_counter() - t_start
+        (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
+        write_markdown(result, out_dir / f"{stem}.md")
+        plot(result, grids, out_dir, stem)
+        log(f"saved {out_dir / stem}.json/.md/png")
+
+    models = {"dlg": "lenet", "gs": convnet_factory(a.gs_width)}
+    for attack in ("dlg", "gs"):
         if attack not in parts:
             continue
-        metrics, images, truth, victims = attack_grid(a, attack, model, log)
-        accs = accuracy_grid(a, attack, model, log) if (attack == "dlg" or not q) else {}
+        metrics, images, truth, victims = attack_grid(a, attack, models[attack], log)
         for (defense, param), (m, p) in metrics.items():
             result["rows"].append({
-                "dataset": "fashion_mnist", "model": model, "defense": defense, "param": param,
-                "attack": attack, "accuracy": accs.get((defense, param)), "mse": m, "psnr": p,
+                "dataset": "fashion_mnist", "model": models[attack], "defense": defense,
+                "param": param, "attack": attack, "accuracy": None, "mse": m, "psnr": p,
                 "victims": victims, "seed": a.seed})
         grids[attack] = (images, truth)
+        save()
+    if "cor" in parts:
+        result["cor"] = cor_table(a, log)
+        save()
     if "logreg" in parts:
         result["convergence_logreg"] = convergence(a, log)
-    result["seconds"] = time.perf_counter() - t_start
-    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    write_markdown(result, out_dir / f"{stem}.md")
-    plot(result, grids, out_dir, stem)
-    log(f"wrote {out_dir / stem}.json/.md/png")
+        save()
+    for attack in ("dlg", "gs"):
+        if attack not in parts or (q and attack == "gs"):
+            continue  # quick mode: ConvNet training with Soteria does not fit on CPU
+        for row in result["rows"]:
+            if row["attack"] == attack:
+                row["accuracy"] = "pending"
+        def on_acc(key, acc, attack=attack):
+            for row in result["rows"]:
+                if row["attack"] == attack and (row["defense"], row["param"]) == key:
+                    row["accuracy"] = acc
+            save()
+        accuracy_grid(a, attack, models[attack], log, on_acc)
+    for row in result["rows"]:
+        if row["accuracy"] == "pending":
+            row["accuracy"] = None
+    result["complete"] = True
+    save()
 
 
 def comparison(rows, attack, tol=0.01):
     """Soteria vs baselines at accuracy within ``tol`` of no defense: MSE ratios."""
-    rs = [r for r in rows if r["attack"] == attack and r["accuracy"] is not None]
+    rs = [r for r in rows if r["attack"] == attack and isinstance(r["accuracy"], float)]
     base = [r for r in rs if r["defense"] == "none"]
     if not base:
         return None
@@ -374,7 +408,8 @@ def write_markdown(res, path):
         lines += [f"## {attack.upper()} on {rs[0]['model']} (batch 1)", "",
                   "| defense | param | test accuracy | MSE | PSNR (dB) |", "|---|---|---|---|---|"]
         for r in rs:
-            acc = "n/a" if r["accuracy"] is None else f"{r['accuracy']:.4f}"
+            acc = f"{r['accuracy']:.4f}" if isinstance(r["accuracy"], float) else \
+                "not measured" if r["accuracy"] is None else str(r["accuracy"])
             lines.append(f"| {r['defense']} | {r['param']:g} | {acc} | {r['mse']:.4g} | "
                          f"{r['psnr']:.2f} |")
         cmp_ = comparison(res["rows"], attack)
@@ -417,7 +452,7 @@ def plot(res, grids, out_dir, stem):
                 rs = [r for r in res["rows"] if r["attack"] == attack and r["defense"] == d]
                 if not rs:
                     continue
-                xs = [r["accuracy"] if r["accuracy"] is not None else float("nan") for r in rs]
+                xs = [r["accuracy"] if isinstance(r["accuracy"], float) else float("nan") for r in rs]
                 ax.plot(xs, [r["mse"] for r in rs], "o-", label=d)
             ax.set_yscale("log")
             ax.set_xlabel("test accuracy")
