@@ -33,7 +33,8 @@ def test_two_class_update_reveals_classes_and_last_layer_representation():
     apply_fn = make_apply_fn(model)
     x = jax.random.uniform(jax.random.key(1), (16, 16, 16, 1))
     y = jnp.array([3] * 8 + [7] * 8)
-    g = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, jnp.ones(16))
+    g = jax.jit(jax.grad(masked_mean_loss, argnums=1), static_argnums=0)(
+        apply_fn, params, x, y, jnp.ones(16))
     update = jax.tree_util.tree_map(lambda v: -0.01 * v, g)
     np.testing.assert_array_equal(infer_classes(update["Dense_2"]["kernel"]), [3, 7])
     # True class-3 representation entering the last layer: recompute LeNet-5's
