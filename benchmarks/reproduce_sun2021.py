@@ -456,8 +456,24 @@ def write_markdown(res, path):
                 "not measured" if r["accuracy"] is None else str(r["accuracy"])
             lines.append(f"| {r['defense']} | {r['param']:g} | {acc} | {r['mse']:.4g} | "
                          f"{r['psnr']:.2f} |")
+        sot_rows = [r for r in rs if r["defense"] == "soteria"]
+        if sot_rows:
+            weakest = {}
+            for r in rs:
+                if r["defense"] in ("gc", "dp_gaussian", "dp_laplace") and (
+                        r["defense"] not in weakest or r["param"] < weakest[r["defense"]]["param"]):
+                    weakest[r["defense"]] = r
+            lines += ["", "MSE ratio of Soteria (each p_fc) to each baseline at its smallest "
+                      "parameter in the grid (the baselines' least accuracy-costly setting):", ""]
+            for srow in sot_rows:
+                parts_ = [f"{d} {w['param']:g}: {srow['mse'] / max(w['mse'], 1e-12):.1f}×"
+                          for d, w in weakest.items()]
+                lines.append(f"- soteria {srow['param']:g}: " + ", ".join(parts_))
         cmp_ = comparison(res["rows"], attack)
-        if cmp_:
+        if cmp_ and cmp_[0] <= 0.15:
+            lines += ["", f"No-defense test accuracy is {cmp_[0]:.4f} (chance level): the "
+                      "equal-accuracy comparison is vacuous in this run and is not reported."]
+        elif cmp_:
             acc0, best = cmp_
             lines += ["", f"At accuracy within 1 point of no defense ({acc0:.4f}), the largest "
                       "attack MSE per defense:", ""]
