@@ -41,11 +41,26 @@ def row_norms(kernel_update) -> np.ndarray:
 
 
 def infer_classes(last_kernel_update, peak_ratio: float = 0.3,
-                  num_classes_present: int | None = None) -> np.ndarray:
-    """Alg. 3 steps 1–2: the classes whose row norms peak (ascending order)."""
+                  num_classes_present: int | None = None, rule: str = "ratio") -> np.ndarray:
+    """Alg. 3 steps 1–2: the classes whose row norms peak (ascending order).
+
+    Args:
+      last_kernel_update: the last FC layer's kernel update [in, out].
+      peak_ratio: ``rule="ratio"``: keep classes with norm ≥ peak_ratio × max.
+      num_classes_present: keep exactly this many largest (overrides ``rule``).
+      rule: "ratio" (above) or "gap": keep the classes ranked before the
+        largest ratio between consecutive sorted row norms.
+    """
     norms = row_norms(last_kernel_update)
     if num_classes_present is not None:
         return np.sort(np.argsort(-norms)[:num_classes_present])
+    if rule == "gap":
+        order = np.argsort(-norms)
+        ranked = norms[order]
+        cut = int(np.argmax(ranked[:-1] / np.maximum(ranked[1:], 1e-30))) + 1
+        return np.sort(order[:cut])
+    if rule != "ratio":
+        raise ValueError(f"rule must be 'ratio' or 'gap', got {rule!r}")
     if not 0.0 < peak_ratio <= 1.0:
         raise ValueError(f"peak_ratio must be in (0, 1], got {peak_ratio}")
     return np.flatnonzero(norms >= peak_ratio * norms.max())
@@ -94,15 +109,23 @@ def infer_representations(fc_kernel_updates: Sequence, *, num_top: int = 10,
     return out
 
 
-def representation_correlation(true_representation, inferred_representation) -> float:
-    """paper 003's ``cor``: |Pearson correlation| of two representation vectors."""
+def representation_correlation(true_representation, inferred_representation,
+                               absolute: bool = True) -> float:
+    """paper 003's ``cor``: |Pearson correlation| of two representation vectors.
+
+    ``absolute=False`` gives the signed Pearson coefficient (NaN-free: 0 for a
+    constant vector).
+    """
     a = np.asarray(true_representation, np.float64).ravel()
     b = np.asarray(inferred_representation, np.float64).ravel()
     if a.shape != b.shape:
         raise ValueError(f"representation shapes differ: {a.shape} vs {b.shape}")
     a, b = a - a.mean(), b - b.mean()
     den = np.linalg.norm(a) * np.linalg.norm(b)
-    return float(abs(a @ b) / den) if den > 0 else 0.0
+    if den <= 0:
+        return 0.0
+    r = float(a @ b / den)
+    return abs(r) if absolute else r
 
 
 def fc_kernels(tree, names: Sequence[str]) -> list:

@@ -55,3 +55,16 @@ def test_correlation_known_values_and_errors():
     assert R.representation_correlation([1, -1, 1, -1], [1, 1, -1, -1]) == pytest.approx(0.0)
     with pytest.raises(ValueError, match="chain"):
         R.infer_representations([np.zeros((4, 3)), np.zeros((4, 2))])
+
+
+def test_gap_rule_and_signed_correlation():
+    from attacks.representation import infer_classes, representation_correlation
+
+    k = np.full((4, 10), 0.01)  # background rows: small, not exactly zero
+    k[:, 3], k[:, 7], k[:, 1] = 5.0, 4.0, 0.1
+    np.testing.assert_array_equal(infer_classes(k, rule="gap"), [3, 7])
+    a = np.arange(5.0)
+    assert representation_correlation(a, -a, absolute=False) == pytest.approx(-1.0)
+    assert representation_correlation(a, -a) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="rule"):
+        infer_classes(k, rule="nope")

@@ -1,0 +1,110 @@
+"""Masks as pytrees of {0, 1} and the magnitude/random mask builders.
+
+A mask has the structure of the parameters, float32 leaves in {0, 1}: 1 keeps
+(shares / trains) a coordinate, 0 prunes it. Scores are ranked over the WHOLE
+model (global ranking, as PruneFL, SNIP and the defense pruning of Chu et al.
+2023, §3 and §5, and GC in Sun et al. 2021, §5), and exactly ``round(p·d)``
+coordinates are pruned, ties broken by position, so a rate p always prunes the
+same count whatever the values.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fedsim.typing import PRNGKey, PyTree
+
+
+def check_rate(p, name: str = "p") -> float:
+    """Validate a pruning rate in [0, 1]."""
+    try:
+        p = float(p)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number in [0, 1], got {p!r}") from None
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {p}")
+    return p
+
+
+def num_params(tree: PyTree) -> int:
+    """Total number of coordinates d of a pytree."""
+    return sum(int(jnp.size(l)) for l in jax.tree_util.tree_leaves(tree))
+
+
+def flatten(tree: PyTree) -> jax.Array:
+    """All leaves concatenated into one float vector [d]."""
+    return jnp.concatenate([jnp.ravel(l) for l in jax.tree_util.tree_leaves(tree)])
+
+
+def unflatten(vec: jax.Array, like: PyTree) -> PyTree:
+    """Inverse of :func:`flatten`: split ``vec`` back into ``like``'s structure."""
+    leaves, treedef = jax.tree_util.tree_flatten(like)
+    out, i = [], 0
+    for l in leaves:
+        n = int(jnp.size(l))
+        out.append(vec[i:i + n].reshape(jnp.shape(l)).astype(jnp.result_type(l)))
+        i += n
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def ones_like(tree: PyTree) -> PyTree:
+    """The all-keep mask."""
+    return jax.tree_util.tree_map(lambda l: jnp.ones(jnp.shape(l), jnp.float32), tree)
+
+
+def apply_mask(tree: PyTree, mask: PyTree) -> PyTree:
+    """``tree ⊙ mask`` leaf-wise (pruned coordinates become exactly 0)."""
+    return jax.tree_util.tree_map(lambda t, m: t * m.astype(jnp.result_type(t)), tree, mask)
+
+
+def density(mask: PyTree) -> jax.Array:
+    """Fraction of kept coordinates of a mask."""
+    return jnp.sum(flatten(mask)) / num_params(mask)
+
+
+def mask_from_scores(scores: PyTree, p: float, prune: str = "lowest",
+                     eligible: PyTree | None = None) -> PyTree:
+    """Prune exactly ``round(p·d)`` coordinates ranked by score over the model.
+
+    Args:
+      scores: pytree of scores (same structure as the params).
+      p: pruning rate in [0, 1] (a Python float: the count is static).
+      prune: "lowest" prunes the lowest scores (magnitude pruning, SNIP,
+        SynFlow), "highest" the highest (the Largest defense).
+      eligible: optional {0,1} mask; only coordinates with 1 may be pruned.
+        ``p`` stays a rate of d (the whole model); the count is capped at the
+        eligible count. Used by iterative schemes and the Mix defense.
+
+    Returns:
+      A {0, 1} float32 mask with ``min(round(p·d), #eligible)`` zeros among
+      the eligible coordinates.
+    """
+    p = check_rate(p)
+    if prune not in ("lowest", "highest"):
+        raise ValueError(f"prune must be 'lowest' or 'highest', got {prune!r}")
+    s = flatten(scores).astype(jnp.float32)
+    d = s.shape[0]
+    k = int(round(p * d))
+    if prune == "highest":
+        s = -s
+    if eligible is not None:
+        # Ineligible coordinates rank last, so they are pruned only if k
+        # exceeds the eligible count (it never does for callers that cap p).
+        s = jnp.where(flatten(eligible) > 0, s, jnp.inf)
+    order = jnp.argsort(s, stable=True)
+    keep = jnp.ones((d,), jnp.float32).at[order[:k]].set(0.0)
+    if eligible is not None:
+        keep = jnp.where(flatten(eligible) > 0, keep, 1.0)
+    return unflatten(keep, scores)
+
+
+def magnitude_mask(tree: PyTree, p: float, prune: str = "lowest") -> PyTree:
+    """Mask pruning the ``p`` fraction of coordinates of smallest (or largest) |value|."""
+    return mask_from_scores(jax.tree_util.tree_map(jnp.abs, tree), p, prune)
+
+
+def random_mask(key: PRNGKey, like: PyTree, p: float) -> PyTree:
+    """Mask pruning a uniformly random set of exactly ``round(p·d)`` coordinates."""
+    scores = unflatten(jax.random.uniform(key, (num_params(like),)), like)
+    return mask_from_scores(scores, p, "lowest")

@@ -1,0 +1,133 @@
+"""Read and perturb one Dense layer inside any flax model's ``apply_fn``.
+
+Soteria (Sun et al. 2021, paper 003 §4) needs, per example, the representation
+r = f(X) entering the defended fully connected layer and the loss gradient
+∂l/∂b with respect to that layer's output b = Wᵀr + bias. The engine only
+hands a defense ``apply_fn(params, x) -> logits`` (a closure over a flax
+module), so we reach inside it with :func:`flax.linen.intercept_methods`: the
+interceptor sees every module call made while ``apply_fn`` runs, records the
+input of the module at ``layer`` and optionally adds a (zero) perturbation to
+its output. Differentiating the loss with respect to that zero perturbation
+gives the per-example ∂l/∂b in ONE backward pass, for any position of the
+layer in the network (not only the last layer).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fedsim.typing import PyTree
+
+
+def parse_layer(layer: str | tuple[str, ...]) -> tuple[str, ...]:
+    """``"Dense_0"`` or ``"Block_1/Dense_0"`` -> the flax module path tuple."""
+    if isinstance(layer, str):
+        path = tuple(part for part in layer.split("/") if part)
+    else:
+        path = tuple(layer)
+    if not path or not all(isinstance(p, str) for p in path):
+        raise ValueError(f"soteria layer: expected a param path like 'Dense_0', got {layer!r}")
+    return path
+
+
+def layer_params(params: PyTree, path: tuple[str, ...]) -> dict:
+    """The parameter dict of the module at ``path`` (must hold a 2-D ``kernel``).
+
+    Raises:
+      ValueError: if the path is absent or is not a Dense-like layer.
+    """
+    node = params
+    for i, part in enumerate(path):
+        if not isinstance(node, dict) or part not in node:
+            where = "/".join(path[:i]) or "<root>"
+            known = sorted(node) if isinstance(node, dict) else []
+            raise ValueError(
+                f"soteria layer {'/'.join(path)!r}: no {part!r} under {where}; "
+                f"available: {known}")
+        node = node[part]
+    if not isinstance(node, dict) or "kernel" not in node or jnp.ndim(node["kernel"]) != 2:
+        raise ValueError(
+            f"soteria layer {'/'.join(path)!r} is not a fully connected layer "
+            f"(needs a 2-D 'kernel'; got keys {sorted(node) if isinstance(node, dict) else node})")
+    return node
+
+
+def replace_layer(tree: PyTree, path: tuple[str, ...], name: str, value: jax.Array) -> PyTree:
+    """A copy of ``tree`` with ``tree[path][name] = value`` (other leaves shared)."""
+    if not path:
+        out = dict(tree)
+        out[name] = value
+        return out
+    out = dict(tree)
+    out[path[0]] = replace_layer(tree[path[0]], path[1:], name, value)
+    return out
+
+
+def run_with_layer(apply_fn: Callable, params: PyTree, x: jax.Array, path: tuple[str, ...],
+                   output_shift: jax.Array | None = None):
+    """Run ``apply_fn(params, x)``, capturing the input of the layer at ``path``.
+
+    Args:
+      apply_fn: ``apply_fn(params, x) -> logits`` built on a flax module.
+      params: model parameters.
+      x: [B, ...] inputs.
+      path: module path of the defended Dense layer.
+      output_shift: optional [B, K] array added to that layer's output (used
+        with zeros to differentiate the loss w.r.t. the layer output).
+
+    Returns:
+      ``(logits, r)`` with r [B, L] the layer input (the representation).
+
+    Raises:
+      ValueError: if the layer is never called or its input is not [B, L].
+    """
+    captured = []
+
+    def interceptor(next_fun, args, kwargs, context):
+        if context.method_name == "__call__" and context.module.path == path:
+            captured.append(args[0])
+            out = next_fun(*args, **kwargs)
+            return out if output_shift is None else out + output_shift
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(interceptor):
+        logits = apply_fn(params, x)
+    if len(captured) != 1:
+        raise ValueError(
+            f"soteria layer {'/'.join(path)!r} was called {len(captured)} times in one "
+            "forward pass; it must be called exactly once (check the layer path)")
+    r = captured[0]
+    if r.ndim != 2 or r.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"soteria layer {'/'.join(path)!r}: its input has shape {r.shape}; expected "
+            f"[batch={x.shape[0]}, features] (a Dense layer on flattened features)")
+    return logits, r
+
+
+def representation(apply_fn: Callable, params: PyTree, x: jax.Array,
+                   path: tuple[str, ...]) -> jax.Array:
+    """r = f(X): the [B, L] input of the defended layer."""
+    return run_with_layer(apply_fn, params, x, path)[1]
+
+
+def representation_jacobian(apply_fn: Callable, params: PyTree, x: jax.Array,
+                            path: tuple[str, ...], chunk: int = 8) -> jax.Array:
+    """Per-example Jacobians ∇_X f of the representation: [B, L, N], N = input size.
+
+    Built with ``jax.jacrev`` (all L rows of one example in one vectorised
+    reverse pass) mapped over examples in chunks of ``chunk`` with
+    ``lax.map`` to bound memory.
+    """
+
+    def one(xj):
+        def rep(v):
+            return representation(apply_fn, params, v[None], path)[0]
+
+        jac = jax.jacrev(rep)(xj)
+        return jac.reshape(jac.shape[0], -1)
+
+    return jax.lax.map(one, x, batch_size=min(chunk, x.shape[0]))

@@ -1,0 +1,209 @@
+"""Soteria (paper 003): exact gradient replacement, scores, bound, contract."""
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from defenses.soteria import (certified_bound, perturb_representation, representation,
+                              representation_jacobian, soteria_gradient)
+from fedsim.client import cross_entropy, masked_mean_loss
+from fedsim.hooks import DefenseContext, build_defense
+from fedsim.models import build_model, init_params, make_apply_fn
+
+
+class _Explicit(nn.Module):
+    """A model whose representation is reachable independently (``features``).
+
+    The defended layer "Dense_0" is NOT the last layer, to test the general
+    ∂l/∂b (b = output of the defended layer, followed by tanh and a head).
+    """
+
+    def setup(self):
+        self.conv = nn.Conv(3, (3, 3))
+        self.fc = nn.Dense(7, name="Dense_0")
+        self.head = nn.Dense(4)
+
+    def features(self, x):
+        return jnp.tanh(self.conv(x)).reshape(x.shape[0], -1)
+
+    def __call__(self, x):
+        return self.head(jnp.tanh(self.fc(self.features(x))))
+
+
+def _explicit_setup(B=5):
+    model = _Explicit()
+    x = jax.random.normal(jax.random.key(1), (B, 4, 4, 1))
+    params = model.init(jax.random.key(0), x)["params"]
+    y = jax.random.randint(jax.random.key(2), (B,), 0, 4)
+    mask = jnp.array([1.0] * (B - 1) + [0.0])  # last row is padding
+    return model, params, make_apply_fn(model), x, y, mask
+
+
+def _lenet_setup(B=3, size=16):
+    model = build_model("lenet")
+    params = init_params(model, (size, size, 1), jax.random.key(0))
+    x = jax.random.uniform(jax.random.key(1), (B, size, size, 1))
+    y = jnp.arange(B) % 10
+    return params, make_apply_fn(model), x, y, jnp.ones((B,))
+
+
+def _ctx(params, apply_fn, x, y, mask):
+    return DefenseContext(params=params, x=x, y=y, mask=mask, apply_fn=apply_fn)
+
+
+@pytest.mark.parametrize("score,scope", [("exact", "example"), ("code", "batch"),
+                                         ("exact", "batch"), ("code", "example")])
+def test_defended_kernel_gradient_is_dldb_times_r_prime(score, scope):
+    model, params, apply_fn, x, y, mask = _explicit_setup()
+    grad = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
+    new, info = soteria_gradient(grad, _ctx(params, apply_fn, x, y, mask), 0.4,
+                                 score=score, scope=scope)
+    # Independent pieces: r from the model's own features method, per-example
+    # ∂l_j/∂b_j from per-example gradients w.r.t. the layer's bias.
+    r = model.apply({"params": params}, x, method=_Explicit.features)
+    chex.assert_trees_all_close(info["r"], r, atol=1e-6)
+
+    def loss_one(p, xj, yj):
+        return cross_entropy(apply_fn(p, xj[None]), yj[None])[0]
+
+    per_ex = jax.vmap(jax.grad(loss_one), in_axes=(None, 0, 0))(params, x, y)
+    dldb = per_ex["Dense_0"]["bias"]  # [B, 7]
+    w = mask / jnp.sum(mask)
+    r_prime = r * info["keep"]
+    expected = jnp.einsum("j,ji,jk->ik", w, r_prime, dldb)
+    chex.assert_trees_all_close(new["Dense_0"]["kernel"], expected, atol=1e-6)
+    # Exactly round(0.4 * 48) = 19 features zeroed per (example | batch).
+    assert np.all(np.sum(np.asarray(info["keep"]) == 0, axis=-1) == 19)
+    # Every other leaf (including the defended layer's bias) is untouched.
+    for path in (("conv", "kernel"), ("conv", "bias"), ("Dense_0", "bias"),
+                 ("head", "kernel"), ("head", "bias")):
+        np.testing.assert_array_equal(new[path[0]][path[1]], grad[path[0]][path[1]])
+
+
+@pytest.mark.slow
+def test_zero_rate_returns_clean_gradient_on_lenet():
+    params, apply_fn, x, y, mask = _lenet_setup()
+    grad = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
+    new, info = soteria_gradient(grad, _ctx(params, apply_fn, x, y, mask), 0.0)
+    chex.assert_trees_all_close(new, grad, atol=1e-6)
+    assert np.all(np.asarray(info["keep"]) == 1)
+
+
+def test_exact_score_matches_pseudo_inverse_per_feature():
+    # Paper: zero the ε largest ‖rᵢ (∇_X fᵢ)⁻¹‖₂ — checked with numpy pinv,
+    # gradients of each feature taken one backward pass at a time.
+    model, params, apply_fn, x, y, mask = _explicit_setup(B=2)
+    feat = lambda v: model.apply({"params": params}, v[None], method=_Explicit.features)[0]
+    r = np.asarray(feat(x[0]))
+    scores = []
+    for i in range(r.size):
+        g = np.asarray(jax.grad(lambda v: feat(v)[i])(x[0])).reshape(1, -1)
+        scores.append(np.linalg.norm(r[i] * np.linalg.pinv(g)))
+    jac = representation_jacobian(apply_fn, params, x, ("Dense_0",))
+    assert jac.shape == (2, 48, 16)
+    gn = jnp.sqrt(jnp.sum(jac ** 2, -1))
+    _, keep = perturb_representation(representation(apply_fn, params, x, ("Dense_0",)), gn,
+                                     0.25, score="exact", scope="example")
+    k = 12
+    expected_pruned = set(np.argsort(-np.asarray(scores))[:k].tolist())
+    assert set(np.flatnonzero(np.asarray(keep[0]) == 0).tolist()) == expected_pruned
+
+
+def test_code_score_matches_authors_percentile_rule():
+    # Authors' code: s = Σ_batch ‖∇rᵢ‖/rᵢ, zero s below the percentile.
+    rng = np.random.default_rng(0)
+    r = rng.uniform(0.1, 1.0, (3, 40)).astype(np.float32)
+    gn = rng.uniform(0.1, 1.0, (3, 40)).astype(np.float32)
+    s = (gn / r).sum(0)
+    thresh = np.percentile(s, 30)
+    ref_pruned = np.flatnonzero(s < thresh)
+    _, keep = perturb_representation(jnp.asarray(r), jnp.asarray(gn), len(ref_pruned) / 40,
+                                     score="code", scope="batch")
+    np.testing.assert_array_equal(np.flatnonzero(np.asarray(keep[0]) == 0), ref_pruned)
+
+
+def test_scores_agree_on_nonnegative_representations_and_ignore_zero_features():
+    rng = np.random.default_rng(1)
+    r = rng.uniform(0.0, 1.0, (1, 30)).astype(np.float32)
+    r[0, :5] = 0.0  # features that are already 0 are never chosen
+    gn = rng.uniform(0.1, 1.0, (1, 30)).astype(np.float32)
+    _, k_exact = perturb_representation(jnp.asarray(r), jnp.asarray(gn), 0.5, score="exact")
+    _, k_code = perturb_representation(jnp.asarray(r), jnp.asarray(gn), 0.5, score="code")
+    np.testing.assert_array_equal(k_exact, k_code)
+    assert np.all(np.asarray(k_exact)[0, :5] == 1)
+
+
+def test_batch_scope_ignores_padding_rows():
+    r = jnp.array([[1.0, 2.0, 3.0], [100.0, 0.1, 0.1]])
+    gn = jnp.ones_like(r)
+    _, keep = perturb_representation(r, gn, 1 / 3, scope="batch",
+                                     example_mask=jnp.array([1.0, 0.0]))
+    np.testing.assert_array_equal(keep, [[1.0, 1.0, 0.0]])
+
+
+def _check_contract(params, apply_fn, x, y, mask, layer):
+    grad = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
+    d = build_defense("soteria", p_fc=0.3, layer=layer)
+    assert d.stage == "layer"
+    state = d.init(params)
+    ctx = _ctx(params, apply_fn, x, y, mask)
+    out, st = d.apply(grad, state, key=jax.random.key(0), context=ctx)
+    out_jit, st_jit = jax.jit(lambda g: d.apply(g, state, key=jax.random.key(0), context=ctx))(grad)
+    chex.assert_trees_all_close(out, out_jit, atol=1e-6)
+    chex.assert_trees_all_equal_shapes_and_dtypes(out, grad)
+    chex.assert_tree_all_finite(out)
+    assert st == state == st_jit
+    # Deterministic by design (Alg 1 has no randomness): any key, same output.
+    out2, _ = d.apply(grad, state, key=jax.random.key(123), context=ctx)
+    chex.assert_trees_all_close(out, out2, atol=0)
+    # Pure: a second call on the same inputs gives the same result.
+    out3, _ = d.apply(grad, state, key=jax.random.key(0), context=ctx)
+    chex.assert_trees_all_close(out, out3, atol=0)
+    assert not np.allclose(out[layer]["kernel"], grad[layer]["kernel"])
+
+
+def test_defense_contract():
+    _, params, apply_fn, x, y, mask = _explicit_setup()
+    _check_contract(params, apply_fn, x, y, mask, "Dense_0")
+
+
+@pytest.mark.slow
+def test_defense_contract_lenet():
+    _check_contract(*_lenet_setup(B=2), "Dense_0")
+
+
+def test_certified_bound_matches_numpy_svd():
+    model, params, apply_fn, x, y, mask = _explicit_setup(B=2)
+    r = representation(apply_fn, params, x, ("Dense_0",))
+    r_prime = r.at[:, :10].set(0.0)
+    bound = certified_bound(apply_fn, params, x, r_prime)
+    feat = lambda v: model.apply({"params": params}, v[None], method=_Explicit.features)[0]
+    for j in range(2):
+        jac = np.asarray(jax.jacfwd(feat)(x[j])).reshape(48, -1)
+        ref = np.linalg.norm(np.asarray(r[j] - r_prime[j])) / np.linalg.svd(jac, compute_uv=False)[0]
+        np.testing.assert_allclose(float(bound[j]), ref, rtol=1e-4)
+    fro = certified_bound(apply_fn, params, x, r_prime, norm="frobenius")
+    assert np.all(np.asarray(fro) <= np.asarray(bound) + 1e-7)
+    np.testing.assert_allclose(certified_bound(apply_fn, params, x, r), 0.0)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"p_fc": 1.5}, "p_fc"), ({"p_fc": "a"}, "p_fc"), ({"p_fc": 0.1, "score": "x"}, "score"),
+    ({"p_fc": 0.1, "scope": "x"}, "scope"), ({"p_fc": 0.1, "layer": ""}, "layer")])
+def test_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        build_defense("soteria", **kwargs)
+
+
+def test_bad_layer_path_is_named():
+    _, params, apply_fn, x, y, mask = _explicit_setup(B=2)
+    grad = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
+    d = build_defense("soteria", p_fc=0.1, layer="Dense_7")
+    with pytest.raises(ValueError, match="Dense_7"):
+        d.apply(grad, (), key=jax.random.key(0), context=_ctx(params, apply_fn, x, y, mask))
+    d = build_defense("soteria", p_fc=0.1, layer="conv")
+    with pytest.raises(ValueError, match="not a fully connected"):
+        d.apply(grad, (), key=jax.random.key(0), context=_ctx(params, apply_fn, x, y, mask))
