@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         from fedsim.data import DatasetError
         from fedsim.simulation import NonFiniteError
 
-        if isinstance(e, (DatasetError, NonFiniteError, FileNotFoundError)):
+        from fedsim.checkpoint import CheckpointError
+
+        if isinstance(e, (DatasetError, NonFiniteError, CheckpointError, FileNotFoundError)):
             print(f"fedsim: error: {e}", file=sys.stderr)
             return 1
         raise
