@@ -203,7 +203,8 @@ def markdown(result: dict) -> str:
            "fresh process. Load average (1 min) during the run: "
            f"{min(r['loadavg_1min_before'] for r in rows):.1f}–"
            f"{max(r['loadavg_1min_before'] for r in rows):.1f} (shared 2-core machine: noisy).",
-           f"Produced by `python benchmarks/engine_throughput.py{' --quick' if result['mode'] == 'quick' else ''}` on {result['date']}.",
+           f"Produced by `python benchmarks/engine_throughput.py {' '.join(result['argv'])}` on {result['date']}.",
+           *( [f"Skipped (time budget on the loaded machine): {', '.join(result['skipped'])}."] if result["skipped"] else []),
            "", "## Seconds per round (peak RSS MiB)", "",
            "| impl | " + " | ".join(f"N={c}" for c in cohorts) + " |",
            "|---" * (len(cohorts) + 1) + "|"]
@@ -258,6 +259,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--impls", nargs="*", default=None)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--slow-impls-max-clients", type=int, default=None,
+                    help="skip fedsim-map/fedsim-vmap above this cohort size (time budget)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(RESULTS / "engine_throughput"))
@@ -275,14 +278,28 @@ def main() -> None:
     repeats = args.repeats or (2 if args.quick else 3)
     impls = args.impls or list(FEDSIM_IMPLS) + ["torch-loop"]
     rows = []
+    cap = args.slow_impls_max_clients
+    skipped = []
+    plan = []
+    for c in cohorts:
+        for impl in impls:
+            if cap is not None and c > cap and impl in ("fedsim-map", "fedsim-vmap"):
+                skipped.append(f"{impl} at N={c}")
+                continue
+            for thr in ((1, 2) if impl == "torch-loop" else (1,)):
+                plan.append((impl, c, thr))
     with tempfile.TemporaryDirectory() as cache_dir:  # auto calibrates afresh
-        for c in cohorts:
-            for impl in impls:
-                for thr in ((1, 2) if impl == "torch-loop" else (1,)):
-                    rows.append(run_one(impl, c, repeats, thr, cache_dir, args.timeout))
+        for i, (impl, c, thr) in enumerate(plan):
+            rows.append(run_one(impl, c, repeats, thr, cache_dir, args.timeout))
+            # Written after every row, so an interrupted run still leaves its rows.
+            write_results(args, rows, repeats, skipped, done=i == len(plan) - 1)
+
+
+def write_results(args, rows, repeats, skipped, done: bool) -> None:
     import jax
     result = {"rows": rows, "device": device_description(), "jax": jax.__version__,
-              "mode": "quick" if args.quick else "full", "repeats": repeats,
+              "mode": ("quick" if args.quick else "full") + ("" if done else " (partial: still running)"),
+              "repeats": repeats, "argv": sys.argv[1:], "skipped": skipped,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "loadavg_end": os.getloadavg()}
     try:
@@ -296,7 +313,8 @@ def main() -> None:
     from fedsim.results import atomic_write_text
     atomic_write_text(out.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
     atomic_write_text(out.with_suffix(".md"), markdown(result))
-    print("\n".join(result["checks"]))
+    if done:
+        print("\n".join(result["checks"]))
 
 
 if __name__ == "__main__":

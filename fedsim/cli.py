@@ -36,6 +36,29 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _add_sweep(sub) -> None:
+    p = sub.add_parser("sweep", help="run a grid of configs (skips finished cells, resumes partial)")
+    p.add_argument("config", help="base YAML config")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="a grid axis (repeatable); KEY as for --set, or defenses[i].PARAM")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override applied to every cell")
+    p.add_argument("--out", default=None, help="sweep directory (default sweeps/<config name>)")
+    p.set_defaults(func=_cmd_sweep)
+
+
+def _cmd_sweep(args) -> int:
+    from pathlib import Path
+
+    from fedsim.sweep import run_sweep
+
+    out = args.out or f"sweeps/{Path(args.config).stem}"
+    rows = run_sweep(args.config, args.grid, out, args.overrides,
+                     log=lambda m: print(m, file=sys.stderr))
+    print(f"results: {out}/results.md", file=sys.stderr)
+    return 0 if all(r["status"].startswith("done") for r in rows) else 1
+
+
 def _plugin_commands():
     try:
         eps = metadata.entry_points(group="fedsim.commands")
@@ -48,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedsim", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
+    _add_sweep(sub)
     for ep in _plugin_commands():
         try:
             ep.load()(sub)
