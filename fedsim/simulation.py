@@ -145,6 +145,7 @@ class Simulation:
         self.client_counts = counts
         self.model = build_model(cfg.model.name, ds.num_classes)
         self.apply_fn = make_apply_fn(self.model)
+        _check_model_fits(self.model, cfg.model.name, ds.input_shape)
         self.key = jax.random.key(cfg.seed)
         self.defenses = build_defenses(cfg.defenses) if defenses is None else dict(defenses)
         self.settings = LocalTraining(t.algorithm, t.local_epochs, t.batch_size, self.n_max)
@@ -394,6 +395,16 @@ class Simulation:
             input_shape=self.dataset.input_shape, num_classes=self.dataset.num_classes,
             client_id=cid, round=round_idx)
         return ObservedUpload(obs, x, y)
+
+
+def _check_model_fits(model, name: str, input_shape) -> None:
+    """Trace the model's init (no compute) so a too-small input is a ConfigError."""
+    try:
+        jax.eval_shape(lambda k: init_params(model, input_shape, k), jax.random.key(0))
+    except Exception as e:
+        raise ConfigError(f"config key 'model.name': {name!r} cannot take inputs of shape "
+                          f"{tuple(input_shape)} (see data.image_size): {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]}") from None
 
 
 def _gather(x_all, y_all, idx_all, cid) -> CohortData:
