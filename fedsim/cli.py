@@ -64,6 +64,29 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _add_sweep(sub) -> None:
+    p = sub.add_parser("sweep", help="run a grid of configs (skips finished cells, resumes partial)")
+    p.add_argument("config", help="base YAML config")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="a grid axis (repeatable); KEY as for --set, or defenses[i].PARAM")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override applied to every cell")
+    p.add_argument("--out", default=None, help="sweep directory (default sweeps/<config name>)")
+    p.set_defaults(func=_cmd_sweep)
+
+
+def _cmd_sweep(args) -> int:
+    from pathlib import Path
+
+    from fedsim.sweep import run_sweep
+
+    out = args.out or f"sweeps/{Path(args.config).stem}"
+    rows = run_sweep(args.config, args.grid, out, args.overrides,
+                     log=lambda m: print(m, file=sys.stderr))
+    print(f"results: {out}/results.md", file=sys.stderr)
+    return 0 if all(r["status"].startswith("done") for r in rows) else 1
+
+
 def _plugin_commands():
     try:
         eps = metadata.entry_points(group="fedsim.commands")
@@ -77,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     _add_report(sub)
+    _add_sweep(sub)
     for ep in _plugin_commands():
         try:
             ep.load()(sub)
@@ -100,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # a clear one-line message for known failures
         from fedsim.data import DatasetError
+        from fedsim.checkpoint import CheckpointError
         from fedsim.simulation import NonFiniteError
 
-        if isinstance(e, (DatasetError, NonFiniteError, FileNotFoundError)):
+        if isinstance(e, (DatasetError, NonFiniteError, CheckpointError, FileNotFoundError)):
             print(f"fedsim: error: {e}", file=sys.stderr)
             return 1
         raise

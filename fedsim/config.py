@@ -30,7 +30,7 @@ def _f(default, **meta):
     return field(default=default, metadata=meta)
 
 
-PARALLELISM = ("auto", "vmap", "map", "chunked", "loop")
+PARALLELISM = ("auto", "vmap", "map", "chunked", "loop", "sharded")
 
 
 @dataclasses.dataclass(frozen=True)

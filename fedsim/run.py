@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from fedsim import checkpoint
 from fedsim.config import Config, dump_config
 from fedsim.results import MetricsLog, atomic_write_text, plot_learning_curve, write_json
 from fedsim.simulation import RoundResult, Simulation
@@ -41,13 +42,27 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     out = run_dir_for(cfg)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", dump_config(cfg))
-    sim = sim or Simulation(cfg, donate=True)
-    state = sim.init_state()
-    log = MetricsLog(out / "metrics.jsonl")
+    ckpt_dir = out / "checkpoints"
+    every = cfg.output.checkpoint_every
+    meta = checkpoint.read_meta(ckpt_dir) if every else None
+    # A resumed run keeps the strategy it started with (same numbers).
+    sim = sim or Simulation(cfg, donate=True, strategy=(meta or {}).get("strategy"))
+    _log_line(out, sim.strategy_reason, quiet)
+    state, start = sim.init_state(), 0
+    ckpt = checkpoint.Checkpointer(ckpt_dir) if every else None
+    if meta is not None:
+        state, meta = ckpt.restore(state, checkpoint.config_fingerprint(cfg))
+        start = int(state.round)
+        checkpoint.load_callback_states(sim.round_callbacks, meta.get("callbacks"))
+        _log_line(out, f"resumed from {ckpt_dir}: {start} rounds done", quiet)
+    log = MetricsLog(out / "metrics.jsonl", keep_rounds_below=start if start else None)
     rounds = cfg.training.rounds
     progress = _progress(rounds, cfg.output.progress and not quiet, desc=cfg.name)
-    acc = loss = None
-    for r in range(rounds):
+    if progress is not None:
+        progress.update(min(start, rounds))
+    evals = [row for row in log.rows if row.get("test_accuracy") is not None]
+    acc, loss = (evals[-1]["test_accuracy"], evals[-1]["test_loss"]) if evals else (None, None)
+    for r in range(start, rounds):
         state, res = sim.run_round(state, r)
         row = {"round": r, "train_loss": res.train_loss, "seconds": res.seconds,
                "clients": len(res.cohort)}
@@ -61,12 +76,16 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
         log.append(row)
         if on_round is not None:
             on_round(res, row)
+        if ckpt is not None and ((r + 1) % every == 0 or r == rounds - 1):
+            ckpt.save(r + 1, state, checkpoint.make_meta(cfg, sim, state))
         if progress is not None:
             progress.set_postfix(loss=f"{res.train_loss:.3f}",
                                  acc="-" if acc is None else f"{acc:.3f}")
             progress.update(1)
     if progress is not None:
         progress.close()
+    if ckpt is not None:
+        ckpt.close()
     summary = {
         "name": cfg.name,
         "test_accuracy": acc,
@@ -90,6 +109,14 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
         plot_learning_curve(log.rows, out / "learning_curve.png")
     summary["final_state"] = state
     return summary
+
+
+def _log_line(out: Path, text: str, quiet: bool) -> None:
+    """Append a line to RUN_DIR/run.log (and stderr unless quiet)."""
+    with open(out / "run.log", "a") as f:
+        f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + text + "\n")
+    if not quiet:
+        print(f"fedsim: {text}", file=sys.stderr)
 
 
 def _progress(total: int, enabled: bool, desc: str):

@@ -11,7 +11,12 @@ numbers (tested):
 * ``loop``: a Python loop over one jitted client function (on XLA:CPU the
   fastest measured for conv nets: vmapped per-client weights become slow
   grouped convolutions; see ``benchmarks/engine_throughput.py``).
-* ``auto``: ``loop`` on CPU, ``vmap`` on accelerators.
+* ``sharded``: clients sharded over a ``jax.sharding.Mesh`` with a
+  ``clients`` axis (all local devices), each device scanning its clients,
+  aggregation by ``psum`` (:mod:`fedsim.sharding`).
+* ``auto``: the fastest of loop/vmap/map/chunked measured by a short, cached
+  calibration on this backend and model (:mod:`fedsim.calibrate`); the choice
+  and its timings are in ``strategy_reason`` (written to the run log).
 
 Randomness: ``key = jax.random.key(seed)``; the model is initialised from
 ``fold_in(key, 0)``; round r uses ``fold_in(fold_in(key, 1), r)``, split into a
@@ -140,6 +145,7 @@ class Simulation:
         self.client_counts = counts
         self.model = build_model(cfg.model.name, ds.num_classes)
         self.apply_fn = make_apply_fn(self.model)
+        _check_model_fits(self.model, cfg.model.name, ds.input_shape)
         self.key = jax.random.key(cfg.seed)
         self.defenses = build_defenses(cfg.defenses) if defenses is None else dict(defenses)
         self.settings = LocalTraining(t.algorithm, t.local_epochs, t.batch_size, self.n_max)
@@ -147,7 +153,9 @@ class Simulation:
         self.server_tx = make_server_optimizer(t.server_optimizer, t.server_lr)
         self.client_update = make_client_update(self.apply_fn, self.client_tx, self.settings,
                                                 self.defenses)
-        self.strategy = self._resolve_strategy(strategy or t.client_parallelism)
+        self.strategy = strategy or t.client_parallelism
+        self.strategy_reason = f"client_parallelism={self.strategy} (fixed by config)"
+        self.mesh = None
         # Device-resident data; the engine gathers client slices inside jit.
         self._x = jnp.asarray(ds.x_train)
         self._y = jnp.asarray(ds.y_train)
@@ -155,17 +163,18 @@ class Simulation:
         self._x_test = jnp.asarray(ds.x_test)
         self._y_test = jnp.asarray(ds.y_test)
         self.round_callbacks: list[Callable[[int, dict], dict]] = []
+        if self.strategy == "sharded":
+            from fedsim import sharding
+            self.mesh = sharding.client_mesh()
+            self._x, self._y, self._idx = sharding.replicate(self.mesh, (self._x, self._y, self._idx))
+        if self.strategy == "auto":
+            from fedsim import calibrate
+            self.strategy, self.strategy_reason = calibrate.choose_strategy(self)
         self._compile()
         for plugin in SIMULATION_PLUGINS:
             plugin(self)
 
     # --- setup -------------------------------------------------------------
-
-    @staticmethod
-    def _resolve_strategy(name: str) -> str:
-        if name == "auto":
-            return "loop" if jax.default_backend() == "cpu" else "vmap"
-        return name
 
     def init_state(self) -> ServerState:
         """The initial server state: fresh model, optimizer, per-client states."""
@@ -213,6 +222,15 @@ class Simulation:
 
         self._run_client = jax.jit(run_client)
 
+        def run_and_accumulate(params, wsum, wtot, x_all, y_all, idx_all, cid, cstates, ckey):
+            # The loop strategy's per-client step: one dispatch, no host sync.
+            cs = jax.tree_util.tree_map(lambda s: s[cid], cstates)
+            out, fin = run_client(params, x_all, y_all, idx_all, cid, cs, ckey)
+            wsum = jax.tree_util.tree_map(lambda s, u: s + out.num_examples * u, wsum, out.update)
+            return wsum, wtot + out.num_examples, out._replace(update=None), fin
+
+        self._run_and_accumulate = jax.jit(run_and_accumulate, donate_argnums=(1, 2))
+
         def finish(state, wsum, wtot, ids, new_cstates):
             mean = jax.tree_util.tree_map(lambda s: s / jnp.maximum(wtot, 1e-12), wsum)
             params, opt_state = server_update(self.server_tx, state.params, state.opt_state, mean)
@@ -254,7 +272,12 @@ class Simulation:
             new_state = finish(state, wsum, wtot, ids, outs.client_state)
             return new_state, outs.loss, outs.num_examples, finite
 
-        if self.strategy != "loop":
+        if self.strategy == "sharded":
+            from fedsim import sharding
+            self._cohort_step = jax.jit(
+                sharding.sharded_cohort_step(run_client, finish, self.mesh),
+                donate_argnums=(0,) if self.donate else ())
+        elif self.strategy != "loop":
             self._cohort_step = jax.jit(cohort_step, donate_argnums=(0,) if self.donate else ())
         self._accumulate = jax.jit(lambda wsum, u, w: jax.tree_util.tree_map(
             lambda s, x: s + w * x, wsum, u))
@@ -301,50 +324,65 @@ class Simulation:
         _, ckey = self.round_keys(round_idx)
         observed_ids = (set(self.cfg.observer.clients)
                         if round_idx in self.cfg.observer.rounds else set())
-        global_params = state.params
-        observed: list[ObservedUpload] = []
-        if self.strategy == "loop" or observed_ids:
-            wsum = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-            wtot, losses, weights, finite, new_cs = 0.0, [], [], [], []
-            for cid in ids:
-                cs = jax.tree_util.tree_map(lambda s: s[cid], state.client_states)
-                out, fin = self._run_client(state.params, self._x, self._y, self._idx,
-                                            jnp.int32(cid), cs, ckey)
-                wsum = self._accumulate(wsum, out.update, out.num_examples)
-                wtot += out.num_examples
-                losses.append(out.loss)
-                weights.append(out.num_examples)
-                finite.append(fin)
-                new_cs.append(out.client_state)
-                if int(cid) in observed_ids:
-                    observed.append(self._observation(out, state.params, int(cid), round_idx))
-            losses, weights, finite = map(lambda v: np.asarray(jnp.stack(v)), (losses, weights, finite))
-            stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *new_cs)
-            bad = [int(c) for c, f in zip(ids, finite) if not f]
-            if bad and self.cfg.training.on_nonfinite == "stop":
-                raise NonFiniteError(f"round {round_idx}: client {bad[0]} produced a NaN/Inf "
-                                     f"loss or update (clients {bad}); lower training.lr or set "
-                                     "training.on_nonfinite=skip_client")
-            new_state = self._finish(state, wsum, wtot, jnp.asarray(ids), stacked)
-        else:
-            # Check finiteness before committing: keep the input state alive.
-            backup = state if self.cfg.training.on_nonfinite == "stop" else None
-            if backup is not None and self.donate:
-                state = jax.tree_util.tree_map(jnp.copy, state)
-            new_state, losses, weights, finite = self._cohort_step(
-                state, self._x, self._y, self._idx, jnp.asarray(ids), ckey)
-            losses, weights, finite = np.asarray(losses), np.asarray(weights), np.asarray(finite)
-            bad = [int(c) for c, f in zip(ids, finite) if not f]
-            if bad and backup is not None:
-                raise NonFiniteError(f"round {round_idx}: client {bad[0]} produced a NaN/Inf "
-                                     f"loss or update (clients {bad}); lower training.lr or set "
-                                     "training.on_nonfinite=skip_client")
-        del global_params
+        new_state, losses, weights, finite, observed = self._train_cohort(
+            state, ids, ckey, round_idx, observed_ids)
+        bad = [int(c) for c, f in zip(ids, finite) if not f]
         ok = weights > 0
         train_loss = float(np.sum(losses[ok] * weights[ok]) / max(np.sum(weights[ok]), 1e-12))
         jax.block_until_ready(new_state.params)
         return new_state, RoundResult(round_idx, ids, train_loss, time.perf_counter() - t0,
                                       bad, observed)
+
+    def _train_cohort(self, state: ServerState, ids: np.ndarray, ckey, round_idx: int,
+                      observed_ids: set[int] = frozenset()):
+        """Train cohort ``ids`` with the current strategy and aggregate.
+
+        Returns (new_state, losses, weights, finite, observed) with the
+        per-client arrays as numpy. Raises NonFiniteError before committing.
+        """
+        observed: list[ObservedUpload] = []
+        stop = self.cfg.training.on_nonfinite == "stop"
+        if self.strategy == "loop" or observed_ids:
+            wsum = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+            wtot = jnp.zeros((), jnp.float32)
+            losses, weights, finite, new_cs = [], [], [], []
+            for cid in ids:
+                if int(cid) in observed_ids:
+                    cs = jax.tree_util.tree_map(lambda s: s[cid], state.client_states)
+                    out, fin = self._run_client(state.params, self._x, self._y, self._idx,
+                                                jnp.int32(cid), cs, ckey)
+                    observed.append(self._observation(out, state.params, int(cid), round_idx))
+                    wsum = self._accumulate(wsum, out.update, out.num_examples)
+                    wtot = wtot + out.num_examples
+                else:
+                    wsum, wtot, out, fin = self._run_and_accumulate(
+                        state.params, wsum, wtot, self._x, self._y, self._idx, jnp.int32(cid),
+                        state.client_states, ckey)
+                losses.append(out.loss)
+                weights.append(out.num_examples)
+                finite.append(fin)
+                new_cs.append(out.client_state)
+            losses, weights, finite = map(lambda v: np.asarray(jnp.stack(v)), (losses, weights, finite))
+            stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *new_cs)
+            self._raise_if_nonfinite(round_idx, ids, finite, stop)
+            new_state = self._finish(state, wsum, wtot, jnp.asarray(ids), stacked)
+        else:
+            # Check finiteness before committing: keep the input state alive.
+            if stop and self.donate:
+                state = jax.tree_util.tree_map(jnp.copy, state)
+            new_state, losses, weights, finite = self._cohort_step(
+                state, self._x, self._y, self._idx, jnp.asarray(ids), ckey)
+            losses, weights, finite = np.asarray(losses), np.asarray(weights), np.asarray(finite)
+            self._raise_if_nonfinite(round_idx, ids, finite, stop)
+        return new_state, losses, weights, finite, observed
+
+    @staticmethod
+    def _raise_if_nonfinite(round_idx, ids, finite, stop):
+        bad = [int(c) for c, f in zip(ids, finite) if not f]
+        if bad and stop:
+            raise NonFiniteError(f"round {round_idx}: client {bad[0]} produced a NaN/Inf "
+                                 f"loss or update (clients {bad}); lower training.lr or set "
+                                 "training.on_nonfinite=skip_client")
 
     def _observation(self, out: ClientOutput, params, cid: int, round_idx: int) -> ObservedUpload:
         t = self.cfg.training
@@ -359,6 +397,16 @@ class Simulation:
             input_shape=self.dataset.input_shape, num_classes=self.dataset.num_classes,
             client_id=cid, round=round_idx)
         return ObservedUpload(obs, x, y)
+
+
+def _check_model_fits(model, name: str, input_shape) -> None:
+    """Trace the model's init (no compute) so a too-small input is a ConfigError."""
+    try:
+        jax.eval_shape(lambda k: init_params(model, input_shape, k), jax.random.key(0))
+    except Exception as e:
+        raise ConfigError(f"config key 'model.name': {name!r} cannot take inputs of shape "
+                          f"{tuple(input_shape)} (see data.image_size): {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]}") from None
 
 
 def _gather(x_all, y_all, idx_all, cid) -> CohortData:

@@ -1,0 +1,322 @@
+"""Engine round time vs a PyTorch sequential loop (issue 9 §7, issue 2).
+
+One FedAvg round of LeNet-5 (``lenet5``, 32×32×1 inputs, 61,706 params),
+64 examples per client, 2 local SGD steps of batch 32, for cohorts of
+10/100/500/1,000 clients, for each implementation:
+
+* ``fedsim-auto`` / ``fedsim-loop`` / ``fedsim-map`` / ``fedsim-vmap``: the
+  engine (``Simulation.run_round``) with that ``client_parallelism``;
+  ``fedsim-auto`` runs its calibration first (fresh cache, time recorded
+  separately as ``calibration_seconds``, not in the round time).
+* ``torch-loop``: the same model and local training as a plain PyTorch loop
+  over clients (copy global weights, 2 SGD steps, weighted sum of deltas),
+  with ``torch.set_num_threads(1)`` and again with 2 threads (``threads``).
+
+Every (impl, cohort) is measured in a fresh subprocess so ``peak_rss_mb`` is
+that implementation's own peak; the first round (compilation / warm-up) is
+excluded and ``seconds_per_round`` is the median of ``--repeats`` rounds.
+Impls are interleaved per cohort size so machine-load drift hits all of them
+alike; the load average is recorded per row. Data are synthetic images (the
+cost does not depend on pixel values; Fashion-MNIST has only 60,000 training
+images, fewer than 1,000 × 64).
+
+Usage::
+
+    python benchmarks/engine_throughput.py            # full: 10/100/500/1000
+    python benchmarks/engine_throughput.py --quick    # 10/100/500, 2 repeats
+
+On a GPU: run the same command on the GPU machine (``pip install
+jax[cuda12]``); ``device`` in the JSON records it, and ``fedsim-auto`` will
+measure vmap/chunked there. Writes ``benchmarks/results/engine_throughput.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's fedsim, not an installed one
+RESULTS = ROOT / "benchmarks" / "results"
+EXAMPLES, BATCH, LR, IMAGE = 64, 32, 0.05, 32
+FEDSIM_IMPLS = ("fedsim-auto", "fedsim-loop", "fedsim-map", "fedsim-vmap")
+
+
+def peak_rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+# --- workers (run in a fresh subprocess) ------------------------------------
+
+def fedsim_worker(impl: str, clients: int, repeats: int) -> dict:
+    import jax
+
+    from fedsim.config import load_config
+    from fedsim.data import synthetic_dataset
+    from fedsim.simulation import Simulation
+
+    strategy = impl.split("-", 1)[1]
+    ds = synthetic_dataset(seed=0, image_size=IMAGE, num_train=EXAMPLES * clients, num_test=100)
+    cfg = load_config(None, [
+        "data.dataset=synthetic", f"data.num_clients={clients}", "data.partition=iid",
+        f"data.examples_per_client={EXAMPLES}", "model.name=lenet5",
+        f"training.clients_per_round={clients}", "training.local_epochs=1",
+        f"training.batch_size={BATCH}", f"training.lr={LR}",
+        f"training.client_parallelism={strategy}", "output.progress=false"])
+    t0 = time.perf_counter()
+    sim = Simulation(cfg, dataset=ds, donate=True)
+    calibration = time.perf_counter() - t0
+    state = sim.init_state()
+    t0 = time.perf_counter()
+    state, _ = sim.run_round(state, 0)  # compile + warm-up
+    first = time.perf_counter() - t0
+    times = []
+    for r in range(1, repeats + 1):
+        state, res = sim.run_round(state, r)
+        times.append(res.seconds)
+    return {"seconds_per_round": statistics.median(times), "round_seconds": times,
+            "first_round_seconds": first, "strategy": sim.strategy,
+            "strategy_reason": sim.strategy_reason,
+            "calibration_seconds": calibration if strategy == "auto" else None,
+            "backend": jax.default_backend(), "n_params": int(sum(
+                x.size for x in jax.tree_util.tree_leaves(state.params)))}
+
+
+def torch_worker(clients: int, repeats: int, threads: int) -> dict:
+    import numpy as np
+    import torch
+    import torch.nn as tnn
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+
+    class LeNet5(tnn.Module):  # same layers as fedsim.models.LeNet5 at 32×32
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = tnn.Conv2d(1, 6, 5), tnn.Conv2d(6, 16, 5)
+            self.f1, self.f2, self.f3 = tnn.Linear(400, 120), tnn.Linear(120, 84), tnn.Linear(84, 10)
+
+        def forward(self, x):
+            x = F.max_pool2d(F.relu(self.c1(x)), 2)
+            x = F.max_pool2d(F.relu(self.c2(x)), 2).flatten(1)
+            return self.f3(F.relu(self.f2(F.relu(self.f1(x)))))
+
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.uniform(0, 1, (clients * EXAMPLES, 1, IMAGE, IMAGE)).astype(np.float32))
+    y = torch.from_numpy(rng.integers(0, 10, clients * EXAMPLES))
+    global_model, local = LeNet5(), LeNet5()
+    gen = torch.Generator().manual_seed(0)
+
+    def one_round():
+        t0 = time.perf_counter()
+        g = [p.detach().clone() for p in global_model.parameters()]
+        wsum = [torch.zeros_like(p) for p in g]
+        for c in range(clients):
+            with torch.no_grad():
+                for p, q in zip(local.parameters(), g):
+                    p.copy_(q)
+            opt = torch.optim.SGD(local.parameters(), lr=LR)
+            xc, yc = x[c * EXAMPLES:(c + 1) * EXAMPLES], y[c * EXAMPLES:(c + 1) * EXAMPLES]
+            order = torch.randperm(EXAMPLES, generator=gen)
+            for s in range(EXAMPLES // BATCH):
+                b = order[s * BATCH:(s + 1) * BATCH]
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(local(xc[b]), yc[b]).backward()
+                opt.step()
+            with torch.no_grad():
+                for w, p, q in zip(wsum, local.parameters(), g):
+                    w.add_(p - q, alpha=float(EXAMPLES))
+        with torch.no_grad():
+            for p, w in zip(global_model.parameters(), wsum):
+                p.add_(w / (EXAMPLES * clients))
+        return time.perf_counter() - t0
+
+    first = one_round()
+    times = [one_round() for _ in range(repeats)]
+    return {"seconds_per_round": statistics.median(times), "round_seconds": times,
+            "first_round_seconds": first, "threads": threads, "torch": torch.__version__}
+
+
+# --- driver -----------------------------------------------------------------
+
+def run_one(impl: str, clients: int, repeats: int, threads: int, cache_dir: str,
+            timeout: float) -> dict:
+    env = dict(os.environ, FEDSIM_CACHE_DIR=cache_dir, PYTHONPATH=str(ROOT),
+               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", ""))
+    if not env["JAX_PLATFORMS"]:
+        env.pop("JAX_PLATFORMS")
+    cmd = [sys.executable, __file__, "--worker", impl, "--clients", str(clients),
+           "--repeats", str(repeats), "--threads", str(threads)]
+    load = os.getloadavg()[0]
+    row = {"impl": impl, "clients": clients, "loadavg_1min_before": load}
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+        line = [l for l in p.stdout.splitlines() if l.startswith("ROW ")]
+        if p.returncode != 0 or not line:
+            row["error"] = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        else:
+            row.update(json.loads(line[-1][4:]))
+    except subprocess.TimeoutExpired:
+        row["error"] = f"timed out after {timeout:.0f} s"
+    row.setdefault("seconds_per_round", None)
+    row.setdefault("peak_rss_mb", None)
+    print(json.dumps({k: row[k] for k in ("impl", "clients", "seconds_per_round", "peak_rss_mb")}
+                     | ({"threads": row["threads"]} if "threads" in row else {})
+                     | ({"error": row["error"]} if "error" in row else {})), flush=True)
+    return row
+
+
+def device_description() -> str:
+    import jax
+    d = jax.devices()[0]
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{jax.default_backend()}: {getattr(d, 'device_kind', d)}; {cpu}; {os.cpu_count()} cores"
+
+
+def markdown(result: dict) -> str:
+    rows = result["rows"]
+    cohorts = sorted({r["clients"] for r in rows})
+    label = lambda r: r["impl"] + (f" ({r['threads']} thr)" if "threads" in r else "")
+    impls = list(dict.fromkeys(label(r) for r in rows))
+    cell = {(label(r), r["clients"]): r for r in rows}
+    fmt = lambda v: "–" if v is None else f"{v:.3f}"
+    out = [f"# Engine round time vs PyTorch sequential loop ({result['mode']} mode)", "",
+           f"Device: {result['device']}. jax {result['jax']}, torch {result.get('torch', '?')}.",
+           f"LeNet-5 (61,706 params), {EXAMPLES} examples/client, 2 local SGD steps of batch "
+           f"{BATCH}; median of {result['repeats']} rounds after a warm-up round; each row a "
+           "fresh process. Load average (1 min) during the run: "
+           f"{min(r['loadavg_1min_before'] for r in rows):.1f}–"
+           f"{max(r['loadavg_1min_before'] for r in rows):.1f} (shared 2-core machine: noisy).",
+           f"Produced by `python benchmarks/engine_throughput.py {' '.join(result['argv'])}` on {result['date']}.",
+           *( [f"Skipped (time budget on the loaded machine): {', '.join(result['skipped'])}."] if result["skipped"] else []),
+           "", "## Seconds per round (peak RSS MiB)", "",
+           "| impl | " + " | ".join(f"N={c}" for c in cohorts) + " |",
+           "|---" * (len(cohorts) + 1) + "|"]
+    for i in impls:
+        cells = []
+        for c in cohorts:
+            r = cell.get((i, c))
+            if r is None:
+                cells.append("")
+            elif r.get("error"):
+                cells.append("error")
+            else:
+                cells.append(f"{fmt(r['seconds_per_round'])} ({r['peak_rss_mb']:.0f})")
+        out.append(f"| {i} | " + " | ".join(cells) + " |")
+    out += ["", "## Acceptance checks (from the rows above)", ""]
+    for chk in result["checks"]:
+        out.append(f"- {chk}")
+    autos = [r for r in rows if r["impl"] == "fedsim-auto" and r.get("strategy_reason")]
+    if autos:
+        out += ["", "## What `auto` chose", ""]
+        out += [f"- N={r['clients']}: {r['strategy_reason']} (calibration {r['calibration_seconds']:.1f} s)"
+                for r in autos]
+    return "\n".join(out) + "\n"
+
+
+def checks(rows: list[dict]) -> list[str]:
+    ok = lambda r: r.get("seconds_per_round") is not None
+    by = {(r["impl"], r.get("threads"), r["clients"]): r for r in rows if ok(r)}
+    lines = []
+    for c in sorted({r["clients"] for r in rows}):
+        auto = by.get(("fedsim-auto", None, c))
+        fixed = [by[(i, None, c)] for i in FEDSIM_IMPLS[1:] if (i, None, c) in by]
+        if auto and fixed:
+            best = min(fixed, key=lambda r: r["seconds_per_round"])
+            ratio = auto["seconds_per_round"] / best["seconds_per_round"]
+            lines.append(f"N={c}: auto/best fixed ({best['impl']}) = {ratio:.2f} "
+                         f"({'PASS' if ratio <= 1.10 else 'FAIL'}: ≤ 1.10)")
+        for thr in (1, 2):
+            t = by.get(("torch-loop", thr, c))
+            if auto and t:
+                sp = t["seconds_per_round"] / auto["seconds_per_round"]
+                need = c in (100, 500)
+                lines.append(f"N={c}: torch-loop ({thr} thr)/fedsim-auto = {sp:.2f}×"
+                             + (f" ({'PASS' if sp >= 1.5 else 'FAIL'}: ≥ 1.5×)" if need else ""))
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="cohorts 10/100/500, 2 repeats")
+    ap.add_argument("--clients", type=int, nargs="*", default=None)
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--impls", nargs="*", default=None)
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--slow-impls-max-clients", type=int, default=None,
+                    help="skip fedsim-map/fedsim-vmap above this cohort size (time budget)")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=str(RESULTS / "engine_throughput"))
+    args = ap.parse_args()
+    if args.worker:
+        clients = args.clients[0]
+        if args.worker == "torch-loop":
+            row = torch_worker(clients, args.repeats, args.threads)
+        else:
+            row = fedsim_worker(args.worker, clients, args.repeats)
+        row["peak_rss_mb"] = peak_rss_mb()
+        print("ROW " + json.dumps(row), flush=True)
+        return
+    cohorts = args.clients or ([10, 100, 500] if args.quick else [10, 100, 500, 1000])
+    repeats = args.repeats or (2 if args.quick else 3)
+    impls = args.impls or list(FEDSIM_IMPLS) + ["torch-loop"]
+    rows = []
+    cap = args.slow_impls_max_clients
+    skipped = []
+    plan = []
+    for c in cohorts:
+        for impl in impls:
+            if cap is not None and c > cap and impl in ("fedsim-map", "fedsim-vmap"):
+                skipped.append(f"{impl} at N={c}")
+                continue
+            for thr in ((1, 2) if impl == "torch-loop" else (1,)):
+                plan.append((impl, c, thr))
+    with tempfile.TemporaryDirectory() as cache_dir:  # auto calibrates afresh
+        for i, (impl, c, thr) in enumerate(plan):
+            rows.append(run_one(impl, c, repeats, thr, cache_dir, args.timeout))
+            # Written after every row, so an interrupted run still leaves its rows.
+            write_results(args, rows, repeats, skipped, done=i == len(plan) - 1)
+
+
+def write_results(args, rows, repeats, skipped, done: bool) -> None:
+    import jax
+    result = {"rows": rows, "device": device_description(), "jax": jax.__version__,
+              "mode": ("quick" if args.quick else "full") + ("" if done else " (partial: still running)"),
+              "repeats": repeats, "argv": sys.argv[1:], "skipped": skipped,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "loadavg_end": os.getloadavg()}
+    try:
+        import torch
+        result["torch"] = torch.__version__
+    except ImportError:
+        pass
+    result["checks"] = checks(rows)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from fedsim.results import atomic_write_text
+    atomic_write_text(out.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
+    atomic_write_text(out.with_suffix(".md"), markdown(result))
+    if done:
+        print("\n".join(result["checks"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Checkpoint/resume of a simulation with orbax.
+
+What is saved after round r (``output.checkpoint_every``):
+
+* the full :class:`~fedsim.typing.ServerState`: global params, server
+  optimizer state, the round counter, and the per-client defense states
+  (``client_states``: PriPrune / Pseudo-Pruning masks, momentum, ...), saved
+  as its flat list of leaves and restored into the structure the current
+  config builds (a checkpoint written by a different model or defense set is
+  rejected with a clear error);
+* JSON metadata: the config fingerprint, the strategy the run used (a resumed
+  ``auto`` run keeps the same strategy, so its numbers match bit for bit), and
+  the state of every round callback that has ``state_dict()`` /
+  ``load_state_dict(d)`` methods (the hook for privacy accountants and other
+  host-side per-round state).
+
+Not saved because it is a pure function of (seed, round): PRNG keys (round r
+uses ``fold_in(fold_in(key(seed), 1), r)``) and the cohort sampler (its key
+is derived from the round key), so they are recomputed exactly on resume.
+
+Orbax writes each step into a temporary directory and renames it when
+complete, so a run killed mid-save (SIGKILL) leaves the previous checkpoint
+intact and the partial one is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from fedsim.typing import ServerState
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is unreadable or belongs to another config; names the path."""
+
+
+def config_fingerprint(cfg) -> str:
+    """Hash of everything in the config that changes the numbers of a run.
+
+    ``output.*`` (where and how often to write) and ``training.rounds`` (a
+    finished run may be extended) are left out.
+    """
+    d = cfg.to_dict()
+    d.pop("output", None)
+    d.get("training", {}).pop("rounds", None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Checkpointer:
+    """Saves and restores the server state of one run directory.
+
+    Args:
+      directory: where checkpoints live (``RUN_DIR/checkpoints``).
+      max_to_keep: how many recent checkpoints to keep.
+    """
+
+    def __init__(self, directory, max_to_keep: int = 2):
+        import orbax.checkpoint as ocp
+
+        self._ocp = ocp
+        self.directory = Path(directory).absolute()
+        try:
+            self.manager = ocp.CheckpointManager(
+                self.directory,
+                options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
+                                                     enable_async_checkpointing=False,
+                                                     create=True))
+        except Exception as e:
+            raise CheckpointError(f"cannot open checkpoint directory {self.directory}: "
+                                  f"{type(e).__name__}: {e}") from None
+
+    def latest_round(self) -> int | None:
+        """Rounds completed by the newest complete checkpoint, or None."""
+        return self.manager.latest_step()
+
+    def save(self, rounds_done: int, state: ServerState, meta: dict) -> None:
+        """Save the state after ``rounds_done`` rounds (blocking, atomic)."""
+        ocp = self._ocp
+        leaves = {f"{i:05d}": np.asarray(l) for i, l in enumerate(jax.tree_util.tree_leaves(state))}
+        self.manager.save(rounds_done, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave(meta)), force=True)
+        self.manager.wait_until_finished()
+
+    def restore(self, template: ServerState, fingerprint: str | None = None,
+                rounds_done: int | None = None) -> tuple[ServerState, dict]:
+        """Restore the newest (or given) checkpoint into ``template``'s structure.
+
+        Raises:
+          CheckpointError: unreadable/corrupted files, or a checkpoint written by
+            a different config (fingerprint or state structure differs).
+        """
+        ocp = self._ocp
+        step = self.latest_round() if rounds_done is None else rounds_done
+        if step is None:
+            raise CheckpointError(f"no complete checkpoint in {self.directory}")
+        where = self.directory / str(step)
+        try:
+            meta = self.manager.restore(step, args=ocp.args.Composite(
+                meta=ocp.args.JsonRestore()))["meta"]
+        except Exception as e:
+            raise CheckpointError(f"checkpoint {where} is unreadable or corrupted "
+                                  f"({type(e).__name__}: {str(e)[:200]}); delete it to start over"
+                                  ) from None
+        if fingerprint is not None and meta.get("config_fingerprint") != fingerprint:
+            raise CheckpointError(
+                f"checkpoint {where} was written by a different config (fingerprint "
+                f"{meta.get('config_fingerprint')} != {fingerprint}); use another output.dir "
+                "or delete the checkpoints to start over")
+        flat, treedef = jax.tree_util.tree_flatten(template)
+        if meta.get("num_leaves") not in (None, len(flat)):
+            raise CheckpointError(f"checkpoint {where} holds {meta.get('num_leaves')} state arrays, "
+                                  f"the current config builds {len(flat)}: different model/defenses")
+        abstract = {f"{i:05d}": jax.ShapeDtypeStruct(np.shape(l), np.asarray(l).dtype)
+                    for i, l in enumerate(flat)}
+        try:
+            leaves = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract)))["state"]
+        except Exception as e:
+            raise CheckpointError(f"checkpoint {where} is unreadable, corrupted or does not match "
+                                  f"the current model ({type(e).__name__}: {str(e)[:200]}); "
+                                  "delete it to start over") from None
+        restored = []
+        for i, ref in enumerate(flat):
+            arr = leaves[f"{i:05d}"]
+            if np.shape(arr) != np.shape(ref):
+                raise CheckpointError(f"checkpoint {where}: state array {i} has shape "
+                                      f"{np.shape(arr)}, expected {np.shape(ref)}")
+            restored.append(jax.numpy.asarray(arr, dtype=np.asarray(ref).dtype))
+        return jax.tree_util.tree_unflatten(treedef, restored), meta
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def callback_states(callbacks) -> list:
+    """``state_dict()`` of each round callback that has one (else None)."""
+    return [cb.state_dict() if hasattr(cb, "state_dict") else None for cb in callbacks]
+
+
+def load_callback_states(callbacks, states) -> None:
+    """Hand saved callback states back through ``load_state_dict``."""
+    for cb, st in zip(callbacks, states or []):
+        if st is not None and hasattr(cb, "load_state_dict"):
+            cb.load_state_dict(st)
+
+
+def read_meta(directory) -> dict | None:
+    """Metadata of the newest complete checkpoint in ``directory`` (None if none)."""
+    if not Path(directory).is_dir():
+        return None
+    ck = Checkpointer(directory)
+    step = ck.latest_round()
+    if step is None:
+        return None
+    ocp = ck._ocp
+    try:
+        return ck.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {ck.directory / str(step)} is unreadable or corrupted "
+                              f"({type(e).__name__}); delete it to start over") from None
+    finally:
+        ck.close()
+
+
+def make_meta(cfg, sim, state) -> dict:
+    """The JSON metadata saved beside the state."""
+    return {"config_fingerprint": config_fingerprint(cfg), "strategy": sim.strategy,
+            "num_leaves": len(jax.tree_util.tree_leaves(state)), "seed": cfg.seed,
+            "callbacks": callback_states(sim.round_callbacks)}

@@ -1,0 +1,148 @@
+"""Sweeps: run a grid of configs, skip finished cells, resume partial ones.
+
+``fedsim sweep CONFIG --grid KEY=V1,V2 [--grid ...]`` runs the Cartesian
+product of the grid values over the base config. Keys are the ``--set`` keys
+(dotted paths or unique leaf names, e.g. ``seed``, ``model.name``) plus
+``defenses[i].PARAM`` for a defense hyper-parameter (e.g. PriPrune's κ:
+``defenses[0].kappa=0.1,0.3``). Values are parsed as YAML.
+
+Each cell runs in ``SWEEP_DIR/cells/<cell-name>/`` with checkpoints every
+round (unless the config sets ``output.checkpoint_every``), so:
+
+* a cell whose ``summary.json`` exists is finished and skipped;
+* a cell killed mid-way resumes from its last checkpoint;
+* a cell that fails (bad value, NaN) is recorded as failed with its error and
+  the sweep goes on.
+
+After every cell the table ``SWEEP_DIR/results.json`` and ``results.md`` is
+rewritten atomically (temporary file + rename), like every cell's own
+``summary.json``, so no reader ever sees a half-written result.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from fedsim.config import Config, ConfigError, apply_overrides, from_dict, validate
+from fedsim.results import atomic_write_text, write_json
+
+TABLE_FIELDS = ("test_accuracy", "test_loss", "final_train_loss", "epsilon", "leakage_total",
+                "client_parallelism", "seconds")
+_DEFENSE_KEY = re.compile(r"^defenses\[(\d+)\]\.(\w+)$")
+
+
+def parse_grid(items: list[str]) -> list[tuple[str, list]]:
+    """``["seed=0,1", "model.name=mlp,lenet5"]`` -> [(key, [values]), ...].
+
+    Raises:
+      ConfigError: an item without ``=`` or without values, or a repeated key.
+    """
+    grid, seen = [], set()
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2,...")
+        key, text = (s.strip() for s in item.split("=", 1))
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        if not key or not values:
+            raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2,... with at least one value")
+        if key in seen:
+            raise ConfigError(f"--grid: key {key!r} given twice")
+        seen.add(key)
+        grid.append((key, [yaml.safe_load(v) for v in values]))
+    return grid
+
+
+def cell_name(assignment: dict) -> str:
+    """A file-system-safe, readable, unique name for one grid cell."""
+    text = "__".join(f"{k}={v}" for k, v in assignment.items())
+    return re.sub(r"[^A-Za-z0-9_.=+-]", "_", text) or "base"
+
+
+def cell_config(raw: dict, assignment: dict, out_dir: Path, name: str) -> Config:
+    """The validated config of one cell (its own output dir, checkpointed)."""
+    raw = json.loads(json.dumps(raw))  # deep copy of plain YAML data
+    plain = []
+    for key, value in assignment.items():
+        m = _DEFENSE_KEY.match(key)
+        if m:
+            i, param = int(m.group(1)), m.group(2)
+            defs = raw.get("defenses") or []
+            if i >= len(defs) or not isinstance(defs[i], dict):
+                raise ConfigError(f"--grid {key}: the config has no defenses[{i}]")
+            defs[i][param] = value
+        else:
+            plain.append(f"{key}={json.dumps(value) if not isinstance(value, str) else value}")
+    raw = apply_overrides(raw, plain)
+    raw["name"] = f"{raw.get('name', 'sweep')}-{name}"
+    out = raw.setdefault("output", {})
+    out["dir"] = str(out_dir / "cells" / name)
+    out.setdefault("checkpoint_every", 1)
+    out["progress"] = False
+    cfg = from_dict(Config, raw)
+    validate(cfg)
+    return cfg
+
+
+def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] | None = None,
+              run_fn=None, log=print) -> list[dict]:
+    """Run every cell of the grid; returns the table rows (also written to disk).
+
+    Args:
+      config_path: base YAML config.
+      grid_items: ``KEY=V1,V2`` strings.
+      out_dir: the sweep directory.
+      overrides: ``--set`` overrides applied to every cell.
+      run_fn: ``run_fn(cfg) -> summary`` (default :func:`fedsim.run.run_simulation`).
+    """
+    from fedsim.run import run_simulation
+
+    run_fn = run_fn or (lambda cfg: run_simulation(cfg, quiet=True))
+    path = Path(config_path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    raw = apply_overrides(raw, overrides or [])
+    grid = parse_grid(grid_items)
+    keys = [k for k, _ in grid]
+    out_dir = Path(out_dir)
+    cells = [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in grid))]
+    configs = [(a, cell_name(a)) for a in cells]
+    # Validate every cell before running any, so a typo fails fast.
+    built = [(a, n, cell_config(raw, a, out_dir, n)) for a, n in configs]
+    rows = []
+    for i, (assignment, name, cfg) in enumerate(built):
+        summary_path = Path(cfg.output.dir) / "summary.json"
+        row = {"cell": name, **assignment}
+        if summary_path.exists():
+            status, summary = "done (skipped)", json.loads(summary_path.read_text())
+        else:
+            try:
+                summary = run_fn(cfg)
+                summary.pop("final_state", None)
+                status = "done"
+            except Exception as e:  # one bad cell must not kill the sweep
+                status, summary = f"failed: {type(e).__name__}: {str(e)[:200]}", {}
+        row["status"] = status
+        row.update({k: summary[k] for k in TABLE_FIELDS if k in summary})
+        rows.append(row)
+        log(f"[{i + 1}/{len(built)}] {name}: {status}")
+        write_table(out_dir, keys, rows)
+    return rows
+
+
+def write_table(out_dir: Path, keys: list[str], rows: list[dict]) -> None:
+    """results.json and results.md of the sweep (atomic)."""
+    write_json(out_dir / "results.json", {"grid_keys": keys, "rows": rows})
+    cols = ["cell", *keys, "status", *[f for f in TABLE_FIELDS if any(f in r for r in rows)]]
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
+    lines = ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    atomic_write_text(out_dir / "results.md", "\n".join(lines) + "\n")

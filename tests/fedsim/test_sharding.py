@@ -1,0 +1,48 @@
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent("""
+    import json, jax, numpy as np
+    from tests.fedsim.helpers import small_config, small_dataset
+    from fedsim.simulation import Simulation
+    ds = small_dataset()
+    out = {"devices": jax.device_count()}
+    for strategy in ("map", "sharded"):
+        # 5 clients over 4 devices also exercises the padding of the cohort.
+        cfg = small_config(**{"model.name": "lenet5", "training.client_parallelism": strategy,
+                              "training.clients_per_round": 5})
+        sim = Simulation(cfg, dataset=ds, donate=True)
+        state = sim.init_state()
+        for r in range(2):
+            state, res = sim.run_round(state, r)
+        out[strategy] = {"params": [np.asarray(l).ravel().tolist()
+                                    for l in jax.tree_util.tree_leaves(state.params)],
+                         "loss": res.train_loss,
+                         "mesh": None if sim.mesh is None else dict(sim.mesh.shape)}
+    print("RESULT" + json.dumps(out))
+""")
+
+
+def test_four_device_sharded_run_equals_one_device_run():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][0]
+    out = json.loads(line[len("RESULT"):])
+    assert out["devices"] == 4
+    assert out["sharded"]["mesh"] == {"clients": 4}
+    for a, b in zip(out["sharded"]["params"], out["map"]["params"]):
+        np_a, np_b = np.asarray(a), np.asarray(b)
+        assert np_a.shape == np_b.shape
+        assert np.allclose(np_a, np_b, atol=1e-5, rtol=1e-5)
+    assert abs(out["sharded"]["loss"] - out["map"]["loss"]) < 1e-5

@@ -1,0 +1,81 @@
+import json
+
+import pytest
+
+from fedsim.config import ConfigError
+from fedsim.sweep import cell_name, parse_grid, run_sweep
+
+BASE = """
+name: sw
+data: {dataset: synthetic, num_clients: 4, image_size: 8, max_train: 200, max_test: 50}
+model: {name: mlp}
+training: {rounds: 2, clients_per_round: 2, client_parallelism: loop}
+eval: {every: 1}
+defenses: [{name: fake, kappa: 0.5}]
+output: {progress: false, plots: false}
+"""
+
+
+def test_parse_grid_and_cell_names():
+    grid = parse_grid(["seed=0,1", "model.name=mlp,lenet5", "defenses[0].kappa=0.1,0.3"])
+    assert grid == [("seed", [0, 1]), ("model.name", ["mlp", "lenet5"]),
+                    ("defenses[0].kappa", [0.1, 0.3])]
+    assert cell_name({"seed": 0, "defenses[0].kappa": 0.1}) == "seed=0__defenses_0_.kappa=0.1"
+    for bad in (["seed"], ["seed="], ["seed=1", "seed=2"]):
+        with pytest.raises(ConfigError):
+            parse_grid(bad)
+
+
+def test_sweep_runs_grid_skips_finished_and_records_failures(tmp_path):
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE)
+    seen = []
+
+    def fake_run(c):
+        seen.append((c.seed, c.training.lr, c.defenses[0]["kappa"], c.output.dir))
+        if c.training.lr == 9.0:
+            raise FloatingPointError("diverged")
+        summary = {"test_accuracy": c.seed + c.defenses[0]["kappa"], "seconds": 1.0}
+        (tmp_path / "out" / "cells").mkdir(parents=True, exist_ok=True)
+        from pathlib import Path
+        Path(c.output.dir).mkdir(parents=True, exist_ok=True)
+        (Path(c.output.dir) / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    grid = ["seed=0,1", "defenses[0].kappa=0.1,0.3", "training.lr=0.5,9.0"]
+    rows = run_sweep(cfg, grid, tmp_path / "out", run_fn=fake_run, log=lambda m: None)
+    assert len(rows) == 8 and len(seen) == 8
+    assert {r["status"] for r in rows} == {"done", "failed: FloatingPointError: diverged"}
+    assert len({s[3] for s in seen}) == 8  # one directory per cell
+    table = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["cell"] for r in table["rows"]] == [r["cell"] for r in rows]
+    assert "kappa" in (tmp_path / "out" / "results.md").read_text()
+    # Second invocation: finished cells are skipped, failed ones retried.
+    seen.clear()
+    rows2 = run_sweep(cfg, grid, tmp_path / "out", run_fn=fake_run, log=lambda m: None)
+    assert len(seen) == 4 and all(s[1] == 9.0 for s in seen)
+    assert sum(r["status"] == "done (skipped)" for r in rows2) == 4
+
+
+def test_sweep_bad_key_fails_before_running(tmp_path):
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE)
+    with pytest.raises(ConfigError, match="defenses\\[3\\]"):
+        run_sweep(cfg, ["defenses[3].kappa=1,2"], tmp_path / "o", run_fn=lambda c: {})
+    with pytest.raises(ConfigError, match="training.rounds"):
+        run_sweep(cfg, ["training.rounds=0,1"], tmp_path / "o", run_fn=lambda c: {})
+
+
+@pytest.mark.slow
+def test_sweep_end_to_end_cli(tmp_path):
+    from fedsim.cli import main
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE.replace("defenses: [{name: fake, kappa: 0.5}]\n", ""))
+    rc = main(["sweep", str(cfg), "--grid", "seed=0,1", "--out", str(tmp_path / "s")])
+    assert rc == 0
+    rows = json.loads((tmp_path / "s" / "results.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["done", "done"]
+    assert rows[0]["test_accuracy"] != rows[1]["test_accuracy"] or rows[0]["final_train_loss"] != rows[1]["final_train_loss"]
+    assert main(["sweep", str(cfg), "--grid", "seed=0,1", "--out", str(tmp_path / "s")]) == 0
+    rows = json.loads((tmp_path / "s" / "results.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["done (skipped)", "done (skipped)"]
