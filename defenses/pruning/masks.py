@@ -74,7 +74,9 @@ def mask_from_scores(scores: PyTree, p: float, prune: str = "lowest",
         SynFlow), "highest" the highest (the Largest defense).
       eligible: optional {0,1} mask; only coordinates with 1 may be pruned.
         ``p`` stays a rate of d (the whole model); the count is capped at the
-        eligible count. Used by iterative schemes and the Mix defense.
+        eligible count; ineligible coordinates are 1 in the result (combine
+        with the eligibility mask yourself). Used by iterative schemes and the
+        Mix defense.
 
     Returns:
       A {0, 1} float32 mask with ``min(round(p·d), #eligible)`` zeros among
