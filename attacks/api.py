@@ -57,3 +57,17 @@ def run_attack(name: str, observation: Observation, config: Mapping[str, Any] | 
     if name not in ATTACK_REGISTRY:
         raise ValueError(f"unknown attack {name!r}; known attacks: {', '.join(sorted(ATTACK_REGISTRY))}")
     return ATTACK_REGISTRY[name](observation, dict(config or {}), key)
+
+
+def observation_from_gradient(gradient, params, apply_fn, *, input_shape, num_classes: int,
+                              lr: float = 1.0, labels=None, batch_size: int | None = None
+                              ) -> Observation:
+    """A FedSGD :class:`Observation` for a gradient the user computed themselves.
+
+    The update is Δ = −lr·gradient (the FedSGD upload). ``labels`` and
+    ``batch_size`` are granted only if given.
+    """
+    update = jax.tree_util.tree_map(lambda g: -lr * g, gradient)
+    return Observation(update=update, params=params, apply_fn=apply_fn, algorithm="fedsgd",
+                       lr=lr, local_steps=1, batch_size=batch_size, num_examples=batch_size,
+                       labels=labels, input_shape=tuple(input_shape), num_classes=num_classes)

@@ -1,0 +1,68 @@
+"""Metrics on known pairs."""
+
+import numpy as np
+import pytest
+
+from attacks import metrics as M
+
+
+def _imgs(seed=0, n=3, size=16):
+    return np.random.default_rng(seed).random((n, size, size, 1)).astype(np.float32)
+
+
+def test_identical_images():
+    x = _imgs()
+    np.testing.assert_array_equal(M.mse(x, x), 0.0)
+    np.testing.assert_array_equal(M.psnr(x, x), M.PSNR_CAP)
+    np.testing.assert_allclose(M.ssim(x, x), 1.0, atol=1e-6)
+    assert M.nmi(x, x) == pytest.approx(1.0)
+
+
+def test_mse_psnr_known_value():
+    x = np.zeros((1, 8, 8, 1), np.float32)
+    y = np.full_like(x, 0.1)
+    np.testing.assert_allclose(M.mse(x, y), 0.01, rtol=1e-6)
+    np.testing.assert_allclose(M.psnr(x, y), 20.0, rtol=1e-5)
+
+
+def test_ssim_constant_images_known_value():
+    # Constant images: variances and covariance are 0, so SSIM reduces to the
+    # luminance term (2ab + C1) / (a² + b² + C1), C1 = (0.01·1)².
+    a, b = 0.2, 0.6
+    x = np.full((1, 16, 16, 1), a, np.float32)
+    y = np.full((1, 16, 16, 1), b, np.float32)
+    c1 = 0.01 ** 2
+    expected = (2 * a * b + c1) / (a * a + b * b + c1)
+    np.testing.assert_allclose(M.ssim(x, y), expected, rtol=1e-4)
+
+
+def test_ssim_drops_with_noise():
+    x = _imgs(1, 1, 28)
+    noisy = np.clip(x + 0.3 * np.random.default_rng(2).standard_normal(x.shape), 0, 1)
+    assert M.ssim(x, noisy)[0] < 0.9
+
+
+def test_nmi_independent_is_small_and_bijection_is_one():
+    rng = np.random.default_rng(3)
+    u = rng.random(20000)
+    assert M.nmi(u, rng.random(20000), bins=16) < 0.02
+    # A bin-wise bijection (1 − u) keeps all information.
+    assert M.nmi(u, 1.0 - u + 1e-7, bins=16) > 0.95
+
+
+def test_hungarian_matching_recovers_permutation():
+    x = _imgs(4, 5)
+    perm = np.array([3, 0, 4, 1, 2])
+    rec = x[perm]
+    got = M.match_reconstructions(rec, x)
+    np.testing.assert_array_equal(rec[got], x)
+    s = M.score_batch(rec, x, [1, 2, 2], [2, 1, 3])
+    assert s.mse == 0.0 and s.psnr == M.PSNR_CAP
+    assert s.label_acc == pytest.approx(2 / 3)
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="shapes differ"):
+        M.mse(np.zeros((1, 4, 4, 1)), np.zeros((1, 4, 5, 1)))
+    with pytest.raises(ValueError, match="NaN"):
+        M.psnr(np.full((1, 4, 4, 1), np.nan), np.zeros((1, 4, 4, 1)))
