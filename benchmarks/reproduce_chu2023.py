@@ -359,7 +359,7 @@ def main(argv=None):
     OUT.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.parts == "AB" else f"_{args.parts}"
     (OUT / f"chu2023{suffix}.json").write_text(json.dumps(result, indent=1, default=float))
-    (OUT / f"chu2023{suffix}.md").write_textmarkdown(result))
+    (OUT / f"chu2023{suffix}.md").write_text(markdown(result))
     plot(result, OUT / f"chu2023{suffix}.png")
     print(markdown(result))
 
