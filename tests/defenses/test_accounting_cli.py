@@ -1,0 +1,51 @@
+"""The ``privacy`` CLI: JSON output and one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from defenses.accounting import cli
+
+
+def test_vmf_json(capsys):
+    rc = cli.main(["privacy", "vmf", "--kappa", "75", "--dim", "13700", "--sample-rate",
+                   str(128 / 60000), "--compositions", "3", "--delta", str(1 / 60000), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert out["approach"] == "1" and abs(out["epsilon"] - 0.49) / 0.49 < 0.05
+    assert {"epsilon", "delta", "approach", "alpha", "convention"} <= set(out)
+
+
+def test_gaussian_and_capacity(capsys):
+    assert cli.main(["privacy", "gaussian", "--sigma", "1.1", "--sample-rate", "0.01",
+                     "--steps", "100", "--delta", "1e-5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["convention"] == "per-step" and out["epsilon"] > 0
+    assert cli.main(["privacy", "capacity", "vmf", "--kappa", "75", "--dim", "13700"]) == 0
+    assert float(capsys.readouterr().out) > 0
+    assert cli.main(["privacy", "capacity", "gaussian", "--sigma", "1", "--radius", "1",
+                     "--dim", "10", "--json"]) == 0
+    assert "log_bayes_capacity" in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("argv,name", [
+    (["gaussian", "--sigma", "0", "--sample-rate", "0.1", "--steps", "3", "--delta", "1e-5"], "--sigma"),
+    (["vmf", "--kappa", "-1", "--dim", "10", "--sample-rate", "0.1", "--steps", "3", "--delta", "1e-5"], "--kappa"),
+    (["vmf", "--kappa", "1", "--dim", "1", "--sample-rate", "0.1", "--steps", "3", "--delta", "1e-5"], "--dim"),
+    (["vmf", "--kappa", "1", "--dim", "10", "--sample-rate", "1.5", "--steps", "3", "--delta", "1e-5"], "--sample-rate"),
+    (["vmf", "--kappa", "1", "--dim", "10", "--sample-rate", "0.1", "--steps", "3", "--delta", "1"], "--delta"),
+])
+def test_bad_input_one_line_exit_2(capsys, argv, name):
+    assert cli.main(["privacy", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and name in err and "Traceback" not in err
+
+
+def test_module_entry_point():
+    proc = subprocess.run(
+        [sys.executable, "-m", "defenses.accounting.cli", "privacy", "gaussian", "--sigma", "-1",
+         "--sample-rate", "0.1", "--steps", "3", "--delta", "1e-5"],
+        capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--sigma" in proc.stderr

@@ -1,0 +1,132 @@
+"""Bayes capacity (001 Thm 5-6) and channel bounds (000, 002)."""
+
+import numpy as np
+import pytest
+from scipy import integrate, special
+
+from defenses.bounds import (
+    channel_capacity,
+    dp_capacity_from_epsilon,
+    dp_capacity_from_noise,
+    large_batch_channel_capacity,
+    log_bayes_capacity_gaussian,
+    log_bayes_capacity_vmf,
+    mse_lower_bound,
+    natural_channel_sigma,
+    personalized_channel_bound,
+    personalized_channel_sigma,
+    personalized_channel_terms,
+    priprune_leakage_bound,
+    total_leakage_bound,
+    white_channel_sigmas,
+)
+
+
+def _sphere_area(p):
+    return 2 * np.pi ** (p / 2) / special.gamma(p / 2)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+@pytest.mark.parametrize("sigma,radius", [(0.5, 1.0), (1.3, 2.0)])
+def test_gaussian_capacity_matches_radial_quadrature(p, sigma, radius):
+    # Def. 7: integral over y of sup_x density; sup is at the projection onto the ball.
+    dens = lambda r: (2 * np.pi * sigma**2) ** (-p / 2) * np.exp(-max(r - radius, 0) ** 2 / (2 * sigma**2))
+    val = integrate.quad(lambda r: _sphere_area(p) * r ** (p - 1) * dens(r), 0, radius)[0]
+    val += integrate.quad(lambda r: _sphere_area(p) * r ** (p - 1) * dens(r), radius, np.inf)[0]
+    assert np.exp(log_bayes_capacity_gaussian(sigma, radius, p)) == pytest.approx(val, rel=1e-3)
+
+
+def test_gaussian_capacity_monte_carlo_p2():
+    rng = np.random.default_rng(0)
+    sigma, radius, half = 0.7, 1.0, 1.0 + 7 * 0.7
+    y = rng.uniform(-half, half, size=(400_000, 2))
+    # Brute-force sup over a dense set of inputs in the disc (no projection formula).
+    t = np.linspace(0, 2 * np.pi, 64, endpoint=False)
+    rad = np.linspace(0, radius, 24)
+    xs = np.stack([np.outer(rad, np.cos(t)).ravel(), np.outer(rad, np.sin(t)).ravel()], 1)
+    norms = np.linalg.norm(y, axis=1)
+    d2 = np.maximum(norms - radius, 0) ** 2
+    # cross-check the projection claim on a subset against the brute-force sup
+    sub = y[:2000]
+    brute = np.min(((sub[:, None, :] - xs[None]) ** 2).sum(-1), axis=1)
+    assert np.all(brute >= d2[:2000] - 1e-12) and np.max(brute - d2[:2000]) < 0.02
+    est = np.mean(np.exp(-d2 / (2 * sigma**2)) / (2 * np.pi * sigma**2)) * (2 * half) ** 2
+    assert np.exp(log_bayes_capacity_gaussian(sigma, radius, 2)) == pytest.approx(est, rel=0.02)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+@pytest.mark.parametrize("kappa", [0.5, 4.0, 20.0])
+def test_vmf_capacity_matches_quadrature(p, kappa):
+    # C = e^kappa A_{p-1} / C_{p,kappa}, normaliser by quadrature (no Bessel).
+    if p == 2:
+        norm = integrate.quad(lambda th: np.exp(kappa * np.cos(th)), 0, 2 * np.pi)[0]
+    else:
+        norm = _sphere_area(p - 1) * integrate.quad(
+            lambda t: np.exp(kappa * t) * (1 - t * t) ** ((p - 3) / 2), -1, 1)[0]
+    ref = np.exp(kappa) * _sphere_area(p) / norm
+    assert np.exp(log_bayes_capacity_vmf(kappa, p)) == pytest.approx(ref, rel=1e-3)
+
+
+def test_capacities_monotone_and_finite_at_paper_size():
+    kap = [log_bayes_capacity_vmf(k, 13_700) for k in [0, 25, 75, 200, 500]]
+    assert kap[0] == 0 and np.all(np.diff(kap) > 0) and np.all(np.isfinite(kap))
+    gs = [log_bayes_capacity_gaussian(s, 1.0, 13_700) for s in [2.0, 1.23, 0.66, 0.2]]
+    assert np.all(np.diff(gs) > 0) and np.all(np.isfinite(gs))
+    assert log_bayes_capacity_gaussian(1.0, 0.0, 5) == 0.0
+
+
+def test_capacity_errors():
+    with pytest.raises(ValueError, match="sigma"):
+        log_bayes_capacity_gaussian(0.0, 1.0, 3)
+    with pytest.raises(ValueError, match="kappa"):
+        log_bayes_capacity_vmf(-1.0, 3)
+    with pytest.raises(ValueError, match="dim"):
+        log_bayes_capacity_vmf(1.0, 1)
+
+
+def test_natural_and_white_channels():
+    lam = np.random.default_rng(1).gamma(0.5, 2.0, size=300)
+    for kappa in [0.5, 50.0, 300.0]:
+        s = natural_channel_sigma(lam, kappa)
+        assert abs(channel_capacity(lam, s) - kappa) <= 1e-6
+        w = white_channel_sigmas(lam, kappa)
+        assert channel_capacity(lam, w) == pytest.approx(kappa, rel=1e-12)
+    with pytest.raises(ValueError, match="kappa"):
+        natural_channel_sigma(lam, 0.0)
+
+
+def test_personalized_channel():
+    rng = np.random.default_rng(2)
+    a = rng.normal(size=(12, 12))
+    cov = a @ a.T / 12 + 0.1 * np.eye(12)
+    beta = rng.uniform(1, 50, size=12)
+    terms = personalized_channel_terms(cov, beta)
+    for s in [0.01, 1.0, 30.0]:
+        exact = 0.5 * (np.linalg.slogdet(cov + s * np.diag(beta))[1] - np.sum(np.log(s * beta)))
+        assert personalized_channel_bound(s, terms) >= exact - 1e-9
+    # Diagonal covariance: bound is exact; inverse hits kappa.
+    var = rng.uniform(0.5, 2, size=12)
+    s = personalized_channel_sigma(var, beta, 3.0)
+    assert 0.5 * np.sum(np.log1p(var / (s * beta))) == pytest.approx(3.0, abs=1e-6)
+    s_full = personalized_channel_sigma(cov, beta, 3.0)
+    assert personalized_channel_bound(s_full, terms) == pytest.approx(3.0, abs=1e-6)
+
+
+def test_dp_capacity_thm4_paper_numbers():
+    caps = [dp_capacity_from_noise(64, 1.0, m**2) for m in [0.8, 0.57, 0.46, 0.2066]]
+    np.testing.assert_allclose(caps, [100, 197, 302, 1499], rtol=3e-3)
+    assert dp_capacity_from_epsilon(64, 1.0, 1e-5) == pytest.approx(64 / (2 * np.log(1.25e5)))
+
+
+def test_other_bounds():
+    lam = np.array([4.0, 1.0])
+    assert large_batch_channel_capacity(lam, 0.5, 4) == pytest.approx(channel_capacity(lam / 4, 0.5))
+    assert total_leakage_bound(300.0, 10) == 3000.0
+    m0 = mse_lower_bound(10.0, 0.0, 20)
+    assert mse_lower_bound(10.0, 5.0, 20) == pytest.approx(m0 * np.exp(-0.5))
+    b1 = priprune_leakage_bound(0.3, 20, np.eye(3))
+    assert b1 == pytest.approx(1 + 0.7 / (2 * np.log(2)) + 2 * np.log2(1 / 20) + 3 * np.log2(2 * np.pi * np.e))
+    assert priprune_leakage_bound(0.5, 20, np.eye(3)) < b1
+    assert priprune_leakage_bound(0.3, 20, np.eye(3), rounds=5) == pytest.approx(5 * b1)
+    with pytest.raises(ValueError, match="pruning_rate"):
+        priprune_leakage_bound(1.5, 20, np.eye(3))
