@@ -236,6 +236,38 @@ def part_b(args, ds, rows, seed):
                          "train_seconds": train_s, "attack_seconds_all": att_s})
 
 
+def bound_table(ds, seed, d_star=8, n_examples=256, chunk=16):
+    """Thm 1 / Cor 1 (defenses.bounds.priprune_leakage_bound) per p, B and T.
+
+    Σ is the empirical covariance of the d* gradient coordinates with the
+    largest mean |g| of per-example gradients at the initial Conv-2 model
+    (our choice of "the d*-dimensional sub-vector"; the paper gives no recipe).
+    """
+    from defenses.bounds import priprune_leakage_bound
+    model = build_model("conv2", ds.num_classes)
+    apply_fn = make_apply_fn(model)
+    params = init_params(model, ds.input_shape, jax.random.key(seed))
+    idx = np.random.default_rng(seed + 99).choice(len(ds.y_train), n_examples, replace=False)
+    x, y = jnp.asarray(ds.x_train[idx]), jnp.asarray(ds.y_train[idx])
+    per_ex = jax.jit(jax.vmap(lambda xi, yi: flatten(jax.grad(masked_mean_loss, argnums=1)(
+        apply_fn, params, xi[None], yi[None], jnp.ones(1))), in_axes=(0, 0)))
+    mean_abs = 0.0
+    for i in range(0, n_examples, chunk):
+        mean_abs = mean_abs + jnp.sum(jnp.abs(per_ex(x[i:i + chunk], y[i:i + chunk])), 0)
+    sel = jnp.argsort(-mean_abs)[:d_star]
+    g = np.concatenate([np.asarray(per_ex(x[i:i + chunk], y[i:i + chunk])[:, sel])
+                        for i in range(0, n_examples, chunk)])
+    cov = np.cov(g.astype(np.float64), rowvar=False)
+    out = []
+    for p in (0.1, 0.3, 0.5, 0.7, 0.9):
+        for B in (1, 4, 8, 20):
+            for T in (1, 20):
+                out.append({"p": p, "B": B, "T": T, "d_star": d_star,
+                            "bound_bits": priprune_leakage_bound(p, B, cov, rounds=T)})
+    return {"rows": out, "logdet_sigma": float(np.linalg.slogdet(cov)[1]), "d_star": d_star,
+            "n_examples": n_examples, "seed": seed}
+
+
 def markdown(result) -> str:
     rows = result["rows"]
     lines = [f"# Chu et al. 2023 (PriPrune) reproduction — {result['mode']} mode",
@@ -264,6 +296,14 @@ def markdown(result) -> str:
         last = s[-1]
         lines.append(f"| {name} | {last['accuracy']:.4f} | {last['nmi']:.4f} | {last['psnr']:.2f} | "
                      f"{g[0]['nmi']:.4f} | {g[0]['psnr']:.2f} | {last['upload_zero_fraction']:.3f} |")
+    if result.get("bound"):
+        bd = result["bound"]
+        lines += ["", f"## Info bound (Thm 1 / Cor 1), bits; d* = {bd['d_star']}, "
+                  f"ln det Σ = {bd['logdet_sigma']:.2f}", "",
+                  "| p | B=1,T=1 | B=20,T=1 | B=20,T=20 |", "|---|---|---|---|"]
+        for p in sorted({r["p"] for r in bd["rows"]}):
+            v = {(r["B"], r["T"]): r["bound_bits"] for r in bd["rows"] if r["p"] == p}
+            lines.append(f"| {p} | {v[(1, 1)]:.2f} | {v[(20, 1)]:.2f} | {v[(20, 20)]:.2f} |")
     pp = [r for r in b if r["defense"] == "priprune" and r["attack"] == "sgi"]
     if pp and pp[-1]["priprune_defense_rate"]:
         rates = pp[-1]["priprune_defense_rate"]
@@ -322,6 +362,8 @@ def main(argv=None):
                   "note": "parts A and B ran as two concurrent processes of the same commit "
                           "and seed (--parts A / --parts B), merged by --combine",
                   "settings_B": b["settings"]}
+        ds = load_dataset("fashion_mnist", image_size=a["image_size"])
+        result["bound"] = bound_table(ds, a["seed"])
         (OUT / "chu2023.json").write_text(json.dumps(result, indent=1, default=float))
         (OUT / "chu2023.md").write_text(markdown(result) + "\n" + result["note"] + "\n")
         plot(result, OUT / "chu2023.png")
