@@ -1,3 +1,9 @@
+"""Run `reproduce_chu2023 --combine` with only this worktree's packages importable.
+
+Used for the committed results: the shared venv's editable install of /work/main
+resolved `defenses.dp` (absent here) into /work/main, whose dp needs a newer
+`fedsim.hooks`. Run as `PYTHONPATH=. python benchmarks/_combine_isolated.py`.
+"""
 import sys, runpy
 # The shared venv's editable finder for /work/main resolves defenses.<missing subpackage>
 # into /work/main; drop it so only this worktree's packages are imported.
