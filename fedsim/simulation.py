@@ -117,11 +117,14 @@ class Simulation:
       donate: donate the server state's buffers to the round step (saves a
         copy of the model per round; the ``state`` passed to
         :meth:`run_round` is then invalid afterwards).
+      client_update_factory: replaces :func:`fedsim.client.make_client_update`
+        (same signature) for local training that the stage hooks cannot
+        express, e.g. PriPrune's joint steps on weights and mask parameters.
     """
 
     def __init__(self, cfg: Config, dataset: Dataset | None = None,
                  defenses: dict[str, Defense] | None = None, strategy: str | None = None,
-                 donate: bool = False):
+                 donate: bool = False, client_update_factory: Callable | None = None):
         self.cfg = cfg
         self.donate = donate
         d, t = cfg.data, cfg.training
@@ -151,8 +154,8 @@ class Simulation:
         self.settings = LocalTraining(t.algorithm, t.local_epochs, t.batch_size, self.n_max)
         self.client_tx = make_client_optimizer(t) if t.algorithm == "fedavg" else optax.sgd(t.lr)
         self.server_tx = make_server_optimizer(t.server_optimizer, t.server_lr)
-        self.client_update = make_client_update(self.apply_fn, self.client_tx, self.settings,
-                                                self.defenses)
+        factory = client_update_factory or make_client_update
+        self.client_update = factory(self.apply_fn, self.client_tx, self.settings, self.defenses)
         self.strategy = strategy or t.client_parallelism
         self.strategy_reason = f"client_parallelism={self.strategy} (fixed by config)"
         self.mesh = None

@@ -75,3 +75,16 @@ def test_random_mask_exact_count_and_key_dependence():
     chex.assert_trees_all_close(m1, m2)
     assert not np.array_equal(np.asarray(flatten(m1)), np.asarray(flatten(m3)))
     assert int(np.sum(np.asarray(flatten(m1)) == 0)) == round(0.5 * flatten(like).size)
+
+
+@pytest.mark.parametrize("k", [0, 1, 17, 250, 260, 520, 536])
+@pytest.mark.parametrize("prune", ["lowest", "highest"])
+def test_mask_from_scores_equals_stable_argsort_with_ties(k, prune):
+    """The bisection selection against an independent numpy stable argsort (ties, ±0)."""
+    v = jnp.concatenate([jax.random.normal(jax.random.key(3), (500,)), jnp.zeros(30),
+                         jnp.array([1.0] * 5 + [-0.0])])
+    sv = -np.asarray(v) if prune == "highest" else np.asarray(v)
+    ref = np.ones(v.size)
+    ref[np.argsort(np.where(sv == 0, 0.0, sv), kind="stable")[:k]] = 0
+    got = np.asarray(mask_from_scores({"v": v}, k / v.size, prune)["v"])
+    np.testing.assert_array_equal(got, ref)

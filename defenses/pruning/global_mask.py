@@ -1,0 +1,45 @@
+"""The base-scheme global mask m inside pruned FL (Chu et al. 2023, Alg 1).
+
+Alg 1: the server holds a global mask m; clients train the sparse model
+w ⊙ m (line 6-8), upload their masked update, and the server averages and
+applies m again (line 11). With a mask that is fixed within a round this is
+three pure pieces:
+
+* :func:`masked_gradient` (stage "layer"): the batch gradient ⊙ m, so local
+  training never moves a pruned weight (SGD, momentum, Adam and decoupled
+  weight decay all keep a zero weight with a zero gradient at zero);
+* :func:`masked_upload` (stage "upload"): Δ ⊙ m, so a pruned coordinate is
+  exactly 0 in what the server receives;
+* :func:`apply_global_mask`: the server-side ``params ⊙ m`` after averaging
+  (the round driver in :mod:`defenses.pruning.fl` calls it).
+"""
+
+from __future__ import annotations
+
+from fedsim.hooks import Defense
+from defenses.pruning.masks import apply_mask
+
+
+def masked_gradient(mask) -> Defense:
+    """Layer-stage defense multiplying the batch gradient by the global mask."""
+
+    def apply(grad, state, *, key=None, context=None):
+        del key, context
+        return apply_mask(grad, mask), state
+
+    return Defense(init=lambda params: (), apply=apply, stage="layer", name="global_mask")
+
+
+def masked_upload(mask) -> Defense:
+    """Upload-stage defense multiplying Δ by the global mask."""
+
+    def apply(update, state, *, key=None, context=None):
+        del key, context
+        return apply_mask(update, mask), state
+
+    return Defense(init=lambda params: (), apply=apply, stage="upload", name="global_mask")
+
+
+def apply_global_mask(params, mask):
+    """Alg 1 line 11: the server applies m to the averaged model."""
+    return apply_mask(params, mask)

@@ -1,0 +1,211 @@
+"""PriPrune (Chu et al. 2023, §5, Alg 3, Eq 6–8): a learnt, per-client defense mask.
+
+Per client and per parameter j, α_j = P(not shared) (logits θ_j, α = σ(θ)).
+Local training (Alg 3) interleaves, at every local step on a batch,
+
+* a weight step on the local loss L(w) (the client keeps training its full
+  local model: Pseudo-Pruning never prunes locally), and
+* a step on θ minimising (Eq 6)
+
+      λ_acc · L(w ⊙ (1 − v) + w_g ⊙ v) + λ_pri · L_pri(α) + λ_sha · Σ_j α_j,
+
+  with v the Gumbel-softmax "not shared" sample (Eq 7, temperature τ) and
+  L_pri = Σ_{l,j} −(N_l / Σ_l N_l)(|g_j| / Σ_{j∈l} |g_j|) log α_j (Eq 8), g
+  the step's gradient (large-gradient weights are pushed to "not shared").
+
+After local training the defense mask is m̂ = 1[α > ½] (= argmax(α, 1 − α))
+and the client uploads Δ ⊙ (1 − m̂). Pseudo-Pruning: the client keeps its
+local weights and m̂ and starts the next round from
+w_g ⊙ (1 − m̂) + w_local ⊙ m̂; θ carries over across rounds.
+
+Interpretation (the paper's equations are garbled, see
+``shared/papers/README.md``): L_acc is evaluated on the model the server would
+effectively receive — withheld coordinates keep the global value because their
+Δ is 0 — so withholding a weight costs accuracy there, while λ_pri pushes
+informative (large-gradient) weights to be withheld and λ_sha charges every
+withheld weight. The weight step uses the plain local loss (Pseudo-Pruning
+trains withheld weights locally). θ is updated with Adam (``alpha_lr``): the
+raw per-coordinate gradients of Eq 6 are O(1/d), far below any step size
+shared with the weights, and Adam's scale invariance makes λ_acc:λ_pri:λ_sha
+the only thing that matters. θ starts at logit(``alpha_init``).
+
+Base pruning is composed through the engine's "layer" defense (e.g.
+:func:`defenses.pruning.global_mask.masked_gradient`): pruned weights get no
+gradient, stay 0 in the local model and hence 0 in Δ.
+
+Guarantee: withheld coordinates are exactly 0 in the upload (tested on the
+observer's view); privacy is empirical (SGI NMI/PSNR).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedsim.client import LocalTraining, epoch_order, masked_mean_loss
+from fedsim.hooks import Defense, DefenseContext, identity
+from fedsim.typing import ClientOutput, CohortData
+from defenses.pruning.gumbel import gumbel_tree
+
+
+@dataclasses.dataclass(frozen=True)
+class PriPruneConfig:
+    """PriPrune hyper-parameters (paper: λ_acc ∈ {1,5,10}, λ_pri ∈ {1,10,15}, λ_sha ∈ {2e-5, 2e-6})."""
+
+    lambda_acc: float = 1.0
+    lambda_pri: float = 10.0
+    lambda_sha: float = 2e-5
+    tau: float = 0.5
+    alpha_lr: float = 0.1
+    alpha_init: float = 0.1
+
+    def __post_init__(self):
+        for f in ("lambda_acc", "lambda_pri", "lambda_sha"):
+            if getattr(self, f) < 0:
+                raise ValueError(f"priprune {f} must be >= 0, got {getattr(self, f)}")
+        if self.tau <= 0 or self.alpha_lr <= 0:
+            raise ValueError("priprune tau and alpha_lr must be > 0")
+        if not 0 < self.alpha_init < 1:
+            raise ValueError(f"priprune alpha_init must be in (0, 1), got {self.alpha_init}")
+
+
+def priprune_defense(hp: PriPruneConfig) -> Defense:
+    """The upload-stage half of PriPrune: final mask m̂ = 1[α > ½] and Pseudo-Pruning.
+
+    Its state is ``{"theta": logits of α, "local": w_local, "withheld": m̂}``.
+    Used with :func:`priprune_client_update`, which trains θ.
+    """
+    theta0 = float(jnp.log(hp.alpha_init) - jnp.log1p(-hp.alpha_init))
+
+    def init(params):
+        f32 = lambda l: jnp.zeros(jnp.shape(l), jnp.float32)
+        return {"theta": jax.tree_util.tree_map(lambda l: f32(l) + theta0, params),
+                "local": jax.tree_util.tree_map(jnp.zeros_like, params),
+                "withheld": jax.tree_util.tree_map(f32, params)}
+
+    def apply(update, state, *, key=None, context=None):
+        del key
+        withheld = jax.tree_util.tree_map(lambda t: (t > 0).astype(jnp.float32), state["theta"])
+        out = jax.tree_util.tree_map(lambda u, m: u * (1 - m).astype(u.dtype), update, withheld)
+        local = context.params if context is not None and context.params is not None \
+            else state["local"]
+        return out, {**state, "local": local, "withheld": withheld}
+
+    def begin(global_params, state, *, key=None, context=None):
+        del key, context
+        start = jax.tree_util.tree_map(
+            lambda g, l, m: g * (1 - m).astype(g.dtype) + l * m.astype(g.dtype),
+            global_params, state["local"], state["withheld"])
+        return start, state
+
+    return Defense(init=init, apply=apply, stage="upload", name="priprune", begin_round=begin)
+
+
+def privacy_loss(theta, grad):
+    """Eq 8: Σ_l (N_l/N) Σ_j (|g_j| / Σ_{j∈l} |g_j|) · (−log α_j)."""
+    t_leaves = jax.tree_util.tree_leaves(theta)
+    g_leaves = jax.tree_util.tree_leaves(grad)
+    total = sum(t.size for t in t_leaves)
+    loss = 0.0
+    for t, g in zip(t_leaves, g_leaves):
+        a = jnp.abs(g)
+        share = a / jnp.maximum(jnp.sum(a), 1e-30)
+        loss = loss + (t.size / total) * jnp.sum(share * -jax.nn.log_sigmoid(t))
+    return loss
+
+
+def priprune_client_update(hp: PriPruneConfig):
+    """A ``client_update_factory`` for :class:`fedsim.simulation.Simulation` (Alg 3).
+
+    ``defenses["upload"]`` must be :func:`priprune_defense` (same ``hp``);
+    ``defenses["layer"]`` (optional) masks the gradient (base pruning). Data
+    and example stages are not supported here (ValueError).
+    """
+
+    def factory(apply_fn, tx, settings: LocalTraining, defenses):
+        defenses = dict(defenses or {})
+        up = defenses.get("upload")
+        if up is None or not up.name.startswith("priprune"):
+            raise ValueError("PriPrune training needs defenses['upload'] = priprune_defense(hp)")
+        extra = set(defenses) - {"upload", "layer"}
+        if extra:
+            raise ValueError(f"PriPrune training supports only 'layer' and 'upload' defenses, "
+                             f"got {sorted(extra)}")
+        layer = defenses.get("layer", identity("layer"))
+        B, spe = settings.effective_batch, settings.steps_per_epoch
+        alpha_tx = optax.adam(hp.alpha_lr)
+
+        def client_update(global_params, data: CohortData, client_state, key) -> ClientOutput:
+            cs = dict(client_state)
+            k_begin, k_order, k_steps, k_up = jax.random.split(key, 4)
+            params, cs["upload"] = up.begin_round(global_params, cs["upload"], key=k_begin)
+            epochs = settings.num_steps // spe
+            orders = jax.vmap(lambda e: epoch_order(jax.random.fold_in(k_order, e), data.mask))(
+                jnp.arange(epochs))
+            pad = spe * B - settings.n_max
+            orders = jnp.concatenate([orders, jnp.full((epochs, pad), -1, orders.dtype)], axis=1)
+            batches = orders.reshape(epochs * spe, B)
+            theta = cs["upload"]["theta"]
+
+            def step(carry, inputs):
+                params, opt_state, theta, a_state, lstate = carry
+                s, idx = inputs
+                valid = idx >= 0
+                safe = jnp.where(valid, idx, 0)
+                mask = jnp.where(valid, data.mask[safe], 0.0)
+                x, y = data.x[safe], data.y[safe]
+                k_g, k_layer = jax.random.split(jax.random.fold_in(k_steps, s))
+
+                def do(_):
+                    loss, g = jax.value_and_grad(masked_mean_loss, argnums=1)(
+                        apply_fn, params, x, y, mask)
+                    ctx = DefenseContext(params=params, x=x, y=y, mask=mask, apply_fn=apply_fn,
+                                         global_params=global_params, step=s,
+                                         num_examples=data.n)
+                    g, ls = layer.apply(g, lstate, key=k_layer, context=ctx)
+
+                    def objective(th):
+                        v = gumbel_tree(k_g, th, hp.tau)
+                        shared = jax.tree_util.tree_map(
+                            lambda w, wg, vv: w * (1 - vv) + wg * vv, params, global_params, v)
+                        acc = masked_mean_loss(apply_fn, shared, x, y, mask)
+                        pri = privacy_loss(th, jax.lax.stop_gradient(g))
+                        sha = sum(jnp.sum(jax.nn.sigmoid(t)) for t in jax.tree_util.tree_leaves(th))
+                        return hp.lambda_acc * acc + hp.lambda_pri * pri + hp.lambda_sha * sha
+
+                    gt = jax.grad(objective)(theta)
+                    upd_t, new_a = alpha_tx.update(gt, a_state, theta)
+                    upd, new_opt = tx.update(g, opt_state, params)
+                    return ((optax.apply_updates(params, upd), new_opt,
+                             optax.apply_updates(theta, upd_t), new_a, ls), (loss, 1.0))
+
+                def skip(_):
+                    return (params, opt_state, theta, a_state, lstate), (jnp.zeros(()), 0.0)
+
+                return jax.lax.cond(jnp.any(valid & (mask > 0)), do, skip, None)
+
+            carry0 = (params, tx.init(params), theta, alpha_tx.init(theta), cs.get("layer", ()))
+            (params, _, theta, _, lstate), (losses, taken) = jax.lax.scan(
+                step, carry0, (jnp.arange(batches.shape[0]), batches))
+            if "layer" in cs:
+                cs["layer"] = lstate
+            loss = jnp.sum(losses) / jnp.maximum(jnp.sum(taken), 1.0)
+            delta = jax.tree_util.tree_map(lambda a, b: a - b, params, global_params)
+            st = {**cs["upload"], "theta": theta}
+            delta, cs["upload"] = up.apply(delta, st, key=k_up,
+                                           context=DefenseContext(params=params,
+                                                                  global_params=global_params))
+            return ClientOutput(delta, cs, loss, data.n.astype(jnp.float32))
+
+        return client_update
+
+    return factory
+
+
+def defense_rate(withheld) -> jax.Array:
+    """p̂: the fraction of coordinates PriPrune withholds (Fig 5b)."""
+    leaves = jax.tree_util.tree_leaves(withheld)
+    return sum(jnp.sum(l) for l in leaves) / sum(l.size for l in leaves)

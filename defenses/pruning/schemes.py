@@ -1,0 +1,192 @@
+"""The six base pruning schemes of pruned FL (Chu et al. 2023, §4, Table 1).
+
+Each scheme returns a global {0,1} mask (1 = kept) pruning a fraction ``p`` of
+the *prunable* weights: every weight matrix / conv kernel (leaves with ndim ≥
+2). Biases are never pruned (as in SNIP, GraSP, SynFlow and PruneFL, which
+prune connections). Exactly ``round(p · d_w)`` weights are pruned, ranked over
+the whole model (global ranking).
+
+Schedules (paper Table 1): SNIP, GraSP and SynFlow are one-shot at
+initialisation on the server (SynFlow iterates its own scoring 100 times,
+data-free); PruneFL and FedDST re-prune during training (``reconfigure``).
+Random is one-shot here (Table 1 lists it as iterative; re-drawing a random
+mask during training only discards trained weights, so we keep it fixed —
+deviation).
+
+* Random: uniform scores.
+* SNIP (Lee et al. 2019, Eq 6): connection sensitivity |g ⊙ w| on a batch.
+* GraSP (Wang et al. 2020, Eq 8): S = −w ⊙ (H g) of the loss (temperature T
+  on the logits, T = 200 as in their code); the highest scores are removed.
+* SynFlow (Tanaka et al. 2020, Alg 1): R = 1ᵀ f(1; |w| ⊙ m), score
+  |∂R/∂w ⊙ w|, n iterations with the exponential schedule
+  p_k = 1 − (1 − p)^(k/n). Biases are zeroed in the linearised network and
+  each kernel is divided by its mean |w|: R is then positively homogeneous
+  in every kernel, so the scores change by one common factor and the ranking
+  is the same, while float32 cannot overflow (our addition).
+* PruneFL (Jiang et al. 2022): server-side magnitude re-pruning of the global
+  model; at reconfiguration k of K the rate is p·k/K (iterative, ending at
+  p). Deviation: PruneFL's importance is the accumulated squared gradient of
+  a dense probe with an adaptive rate; we use |w| of the averaged model with
+  a fixed final rate p (the paper uses a fixed rate 0.3, Assumption 2).
+* FedDST (Bibikar et al. 2022): dynamic sparse training at constant density
+  1 − p: each reconfiguration drops the ``drop_fraction`` smallest-|w| active
+  weights and regrows as many inactive ones. Deviation: FedDST regrows on
+  clients by gradient magnitude and aggregates masks by vote; we regrow on
+  the server at random (SET, Mocanu et al. 2018), since the server holds no
+  data, keeping FedDST's defining property (constant sparsity, mask moving
+  during training). Regrown weights start at 0.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fedsim.client import masked_mean_loss
+from fedsim.typing import PRNGKey, PyTree
+from defenses.pruning.masks import check_rate, mask_from_scores, num_params, unflatten
+
+SCHEMES = ("random", "snip", "grasp", "synflow", "prunefl", "feddst")
+ITERATIVE = ("prunefl", "feddst")
+
+
+def prunable(params: PyTree) -> PyTree:
+    """1 on weight matrices / kernels (ndim ≥ 2), 0 on biases and scales."""
+    return jax.tree_util.tree_map(
+        lambda l: jnp.full(jnp.shape(l), 1.0 if jnp.ndim(l) >= 2 else 0.0, jnp.float32), params)
+
+
+def _count(params) -> int:
+    return int(sum(jnp.size(l) for l in jax.tree_util.tree_leaves(params) if jnp.ndim(l) >= 2))
+
+
+def prune_weights(scores: PyTree, params: PyTree, p: float, prune: str = "lowest",
+                  alive: PyTree | None = None) -> PyTree:
+    """Mask pruning ``round(p · d_w)`` prunable weights by score (globally ranked).
+
+    Args:
+      scores: per-coordinate scores.
+      params: the parameters (define which leaves are prunable).
+      p: rate of the prunable weights to prune.
+      prune: "lowest" or "highest" scores go.
+      alive: optional current mask; already-pruned weights count towards the
+        total and stay pruned.
+    """
+    p = check_rate(p)
+    elig = prunable(params)
+    target = int(round(p * _count(params)))
+    if alive is not None:
+        already = int(round(float(sum(jnp.sum((1 - a) * e) for a, e in zip(
+            jax.tree_util.tree_leaves(alive), jax.tree_util.tree_leaves(elig))))))
+        elig = jax.tree_util.tree_map(jnp.multiply, elig, alive)
+        target = max(target - already, 0)
+    d = num_params(params)
+    # mask_from_scores prunes round(q·d) coordinates; pick q so that it is ``target``.
+    q = target / d
+    new = mask_from_scores(scores, q, prune, eligible=elig)
+    if alive is not None:
+        new = jax.tree_util.tree_map(jnp.multiply, new, alive)
+    return new
+
+
+def random_scheme(key: PRNGKey, params: PyTree, p: float) -> PyTree:
+    """Random pruning: a uniformly random set of weights."""
+    scores = unflatten(jax.random.uniform(key, (num_params(params),)), params)
+    return prune_weights(scores, params, p)
+
+
+def snip(params, apply_fn, x, y, p: float) -> PyTree:
+    """SNIP: prune the lowest connection sensitivities |∂L/∂w ⊙ w| on batch (x, y)."""
+    mask = jnp.ones(x.shape[0], jnp.float32)
+    g = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
+    return prune_weights(jax.tree_util.tree_map(lambda a, b: jnp.abs(a * b), g, params), params, p)
+
+
+def grasp(params, apply_fn, x, y, p: float, temperature: float = 200.0) -> PyTree:
+    """GraSP: remove the highest S = −w ⊙ Hg (gradient-flow preservation)."""
+    mask = jnp.ones(x.shape[0], jnp.float32)
+    loss = lambda w: masked_mean_loss(lambda q, xx: apply_fn(q, xx) / temperature, w, x, y, mask)
+    grad_fn = jax.grad(loss)
+    g = jax.lax.stop_gradient(grad_fn(params))
+    _, hg = jax.jvp(grad_fn, (params,), (g,))
+    scores = jax.tree_util.tree_map(lambda w, h: -w * h, params, hg)
+    return prune_weights(scores, params, p, prune="highest")
+
+
+def synflow(params, apply_fn, input_shape, p: float, iterations: int = 100) -> PyTree:
+    """SynFlow: iterative data-free synaptic-flow pruning (exponential schedule)."""
+    elig = prunable(params)
+    lin = jax.tree_util.tree_map(
+        lambda w, e: jnp.abs(w) / jnp.maximum(jnp.mean(jnp.abs(w)), 1e-12) * e, params, elig)
+    ones = jnp.ones((1,) + tuple(input_shape), jnp.float32)
+
+    @jax.jit
+    def scores_of(mask):
+        def R(w):
+            return jnp.sum(apply_fn(jax.tree_util.tree_map(jnp.multiply, w, mask), ones))
+        g = jax.grad(R)(lin)
+        return jax.tree_util.tree_map(lambda a, b: jnp.abs(a * b), g, lin)
+
+    mask = jax.tree_util.tree_map(jnp.ones_like, elig)
+    for k in range(1, iterations + 1):
+        pk = 1.0 - (1.0 - p) ** (k / iterations)
+        # Re-rank all weights each iteration; pruned ones score 0 and stay pruned.
+        mask = prune_weights(scores_of(mask), params, pk, alive=mask)
+    return mask
+
+
+def prunefl_reprune(params, mask, p: float, k: int, num_reconfigs: int) -> PyTree:
+    """PruneFL-style reconfiguration k (1-based) of K: magnitude re-pruning to rate p·k/K."""
+    rate = p * min(1.0, k / max(num_reconfigs, 1))
+    scores = jax.tree_util.tree_map(jnp.abs, params)
+    return prune_weights(scores, params, rate, alive=mask)
+
+
+def feddst_prune_regrow(key: PRNGKey, params, mask, drop_fraction: float) -> PyTree:
+    """FedDST-style prune-and-regrow at constant density (server side, random regrowth)."""
+    drop_fraction = check_rate(drop_fraction, "drop_fraction")
+    elig = prunable(params)
+    active = jax.tree_util.tree_map(jnp.multiply, mask, elig)
+    n_active = int(sum(jnp.sum(a) for a in jax.tree_util.tree_leaves(active)))
+    n_drop = int(round(drop_fraction * n_active))
+    d = num_params(params)
+    if n_drop == 0:
+        return mask
+    # Drop the smallest-|w| active weights.
+    dropped = mask_from_scores(jax.tree_util.tree_map(jnp.abs, params), n_drop / d, "lowest",
+                               eligible=active)
+    new = jax.tree_util.tree_map(jnp.multiply, mask, dropped)
+    # Regrow as many among the weights that were inactive before this step.
+    inactive = jax.tree_util.tree_map(lambda m, e: (1 - m) * e, mask, elig)
+    scores = unflatten(jax.random.uniform(key, (d,)), params)
+    grow = mask_from_scores(scores, n_drop / d, "lowest", eligible=inactive)
+    grown = jax.tree_util.tree_map(lambda g, i: (1 - g) * i, grow, inactive)
+    return jax.tree_util.tree_map(lambda a, b: jnp.clip(a + b, 0, 1), new, grown)
+
+
+def initial_mask(scheme: str, key: PRNGKey, params, p: float, *, apply_fn=None, x=None, y=None,
+                 input_shape=None, synflow_iterations: int = 100) -> PyTree:
+    """The mask a scheme uses from round 0.
+
+    One-shot schemes prune to ``p`` here; PruneFL starts dense (it prunes at
+    reconfigurations); FedDST starts at its constant density 1 − p, at random.
+
+    Raises:
+      ValueError: for an unknown scheme or missing data for SNIP/GraSP.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown pruning scheme {scheme!r}; allowed: {', '.join(SCHEMES)}")
+    p = check_rate(p, "pruning rate p")
+    if scheme in ("snip", "grasp") and (x is None or y is None or apply_fn is None):
+        raise ValueError(f"scheme {scheme!r} needs apply_fn and a data batch (x, y)")
+    if scheme == "random" or scheme == "feddst":
+        return random_scheme(key, params, p)
+    if scheme == "snip":
+        return snip(params, apply_fn, x, y, p)
+    if scheme == "grasp":
+        return grasp(params, apply_fn, x, y, p)
+    if scheme == "synflow":
+        if apply_fn is None or input_shape is None:
+            raise ValueError("scheme 'synflow' needs apply_fn and input_shape")
+        return synflow(params, apply_fn, input_shape, p, synflow_iterations)
+    return jax.tree_util.tree_map(jnp.ones_like, prunable(params))  # prunefl: dense start

@@ -1,0 +1,106 @@
+"""Largest / Random / Mix defense pruning and Pseudo-Pruning, incl. the observer's view."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedsim.hooks import DefenseContext, build_defense, chain
+from fedsim.simulation import Simulation
+from defenses.pruning import flatten
+from defenses.pruning.global_mask import masked_gradient, masked_upload
+from defenses.pruning.masks import random_mask
+from tests.fedsim.helpers import small_config, small_dataset
+
+
+def _tree(key):
+    k1, k2 = jax.random.split(key)
+    return {"w": jax.random.normal(k1, (12, 9)), "b": jax.random.normal(k2, (9,))}
+
+
+def test_largest_withholds_exactly_the_largest():
+    tree = _tree(jax.random.key(0))
+    d = build_defense("prune_largest", p=0.25)
+    out, _ = d.apply(tree, d.init(tree), key=jax.random.key(1))
+    v, o = np.asarray(flatten(tree)), np.asarray(flatten(out))
+    k = round(0.25 * v.size)
+    top = np.argsort(-np.abs(v))[:k]
+    assert np.all(o[top] == 0)
+    np.testing.assert_array_equal(np.delete(o, top), np.delete(v, top))
+
+
+@pytest.mark.parametrize("name,kw", [("prune_random", {"p": 0.4}),
+                                     ("prune_mix", {"p_largest": 0.2, "p_random": 0.3})])
+def test_random_and_mix_contract(name, kw):
+    tree = _tree(jax.random.key(0))
+    d = build_defense(name, **kw)
+    st = d.init(tree)
+    a, _ = d.apply(tree, st, key=jax.random.key(1))
+    b, _ = d.apply(tree, st, key=jax.random.key(1))
+    c, _ = d.apply(tree, st, key=jax.random.key(2))
+    j, _ = jax.jit(lambda t, k: d.apply(t, st, key=k))(tree, jax.random.key(1))
+    chex.assert_trees_all_close(a, b)
+    chex.assert_trees_all_close(a, j)
+    chex.assert_trees_all_equal_shapes_and_dtypes(a, tree)
+    assert not np.array_equal(np.asarray(flatten(a)), np.asarray(flatten(c)))
+    total = sum(kw.values())
+    zeros = int(np.sum(np.asarray(flatten(a)) == 0))
+    assert zeros == round(kw.get("p_largest", 0) * 117) + round(kw.get("p_random", kw.get("p", 0)) * 117)
+    assert abs(zeros / 117 - total) < 0.02
+    if name == "prune_mix":  # the largest 20 % are all withheld
+        v = np.asarray(flatten(tree))
+        assert np.all(np.asarray(flatten(a))[np.argsort(-np.abs(v))[: round(0.2 * 117)]] == 0)
+
+
+def test_bad_rates_are_clear_errors():
+    with pytest.raises(ValueError, match="p_largest"):
+        build_defense("prune_largest", p=2.0)
+    with pytest.raises(ValueError, match="<= 1"):
+        build_defense("prune_mix", p_largest=0.6, p_random=0.6)
+
+
+def test_pseudo_pruning_state_and_begin_round():
+    g = _tree(jax.random.key(0))
+    local = _tree(jax.random.key(1))
+    delta = jax.tree_util.tree_map(lambda a, b: a - b, local, g)
+    d = build_defense("prune_largest", p=0.3, pseudo=True)
+    st = d.init(g)
+    start, st = d.begin_round(g, st, key=jax.random.key(2))
+    chex.assert_trees_all_close(start, g)  # nothing withheld before the first upload
+    out, st = d.apply(delta, st, key=jax.random.key(3), context=DefenseContext(params=local))
+    wh = np.asarray(flatten(st["withheld"]))
+    assert wh.sum() == round(0.3 * 117)
+    assert np.all(np.asarray(flatten(out))[wh > 0] == 0)
+    g2 = _tree(jax.random.key(4))
+    start, _ = d.begin_round(g2, st, key=jax.random.key(5))
+    expect = np.where(wh > 0, np.asarray(flatten(local)), np.asarray(flatten(g2)))
+    np.testing.assert_allclose(np.asarray(flatten(start)), expect)
+
+
+def test_observer_never_sees_withheld_or_pruned_weights():
+    """End to end: base mask + Largest (Pseudo) in a simulation, on the observer's view."""
+    cfg = small_config(**{"observer.clients": "[1]", "observer.rounds": "[0,1]",
+                          "training.rounds": 2})
+    sim0 = Simulation(cfg, dataset=small_dataset())
+    params = sim0.init_state().params
+    base = random_mask(jax.random.key(7), params, 0.3)
+    upload = chain(masked_upload(base), build_defense("prune_largest", p=0.2, pseudo=True))
+    sim = Simulation(cfg, dataset=small_dataset(),
+                     defenses={"layer": masked_gradient(base), "upload": upload})
+    state = sim.init_state()
+    state = state._replace(params=jax.tree_util.tree_map(lambda p, m: p * m, state.params, base))
+    b = np.asarray(flatten(base))
+    for r in range(2):
+        prev_cs = jax.tree_util.tree_map(lambda s: s[1], state.client_states)
+        state, res = sim.run_round(state, r)
+        (obs,) = res.observed
+        u = np.asarray(flatten(obs.observation.update))
+        withheld = np.asarray(flatten(
+            jax.tree_util.tree_map(lambda s: s[1], state.client_states)["upload"][1]["withheld"]))
+        assert np.all(u[b == 0] == 0), "a pruned weight reached the server"
+        assert np.all(u[withheld > 0] == 0), "a withheld weight reached the server"
+        assert withheld.sum() == round(0.2 * b.size)
+        # Pruned weights stay zero in the global model (Alg 1 line 11 holds by construction).
+        assert np.all(np.asarray(flatten(state.params))[b == 0] == 0)
+        del prev_cs
