@@ -279,21 +279,31 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
+def read_raw_config(path: str | Path) -> dict:
+    """The YAML mapping in ``path``, unvalidated.
+
+    Raises:
+      ConfigError: for a missing or unparsable file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping, got {type(raw).__name__}")
+    return raw
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
     """Load, override and validate a YAML config.
 
     Raises:
       ConfigError: for a missing/unparsable file or an invalid config.
     """
-    raw: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    raw = read_raw_config(path) if path is not None else {}
     raw = apply_overrides(raw, overrides or [])
     cfg = from_dict(Config, raw)
     validate(cfg)

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from fedsim.config import Config, ConfigError, apply_overrides, from_dict, validate
+from fedsim.config import (Config, ConfigError, apply_overrides, from_dict, read_raw_config,
+                           validate)
 from fedsim.results import atomic_write_text, write_json
 
 TABLE_FIELDS = ("test_accuracy", "test_loss", "final_train_loss", "epsilon", "leakage_total",
@@ -102,14 +103,7 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
     from fedsim.run import run_simulation
 
     run_fn = run_fn or (lambda cfg: run_simulation(cfg, quiet=True))
-    path = Path(config_path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-    raw = apply_overrides(raw, overrides or [])
+    raw = apply_overrides(read_raw_config(config_path), overrides or [])
     grid = parse_grid(grid_items)
     keys = [k for k, _ in grid]
     out_dir = Path(out_dir)

@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from defenses.accounting._validation import check_positive, check_positive_int
+from defenses.bounds._bisect import bisect_log_sigma
 
 __all__ = [
     "channel_capacity",
@@ -100,17 +101,7 @@ def natural_channel_sigma(eigenvalues: ArrayLike, kappa: float, *, tol: float = 
     lo = math.log(lmax) - _log_expm1(2.0 * kappa)
     hi = math.log(lmax) - _log_expm1(2.0 * kappa / d)
     lo, hi = lo - 1.0, hi + 1.0
-    mid = 0.5 * (lo + hi)
-    for _ in range(300):
-        mid = 0.5 * (lo + hi)
-        val = f(mid)
-        if abs(val - kappa) <= tol:
-            break
-        if val > kappa:
-            lo = mid
-        else:
-            hi = mid
-    return math.exp(mid)
+    return bisect_log_sigma(f, kappa, lo, hi, tol=tol)
 
 
 def white_channel_sigmas(eigenvalues: ArrayLike, kappa: float) -> np.ndarray:

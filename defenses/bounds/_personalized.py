@@ -28,6 +28,7 @@ from numpy.typing import ArrayLike
 from scipy import linalg
 
 from defenses.accounting._validation import check_positive
+from defenses.bounds._bisect import bisect_log_sigma
 
 __all__ = [
     "PersonalizedTerms",
@@ -168,14 +169,4 @@ def personalized_channel_sigma(
         lo -= 10.0
     while u_of(hi) > kappa:
         hi += 10.0
-    mid = 0.5 * (lo + hi)
-    for _ in range(300):
-        mid = 0.5 * (lo + hi)
-        val = u_of(mid)
-        if abs(val - kappa) <= tol:
-            break
-        if val > kappa:
-            lo = mid
-        else:
-            hi = mid
-    return math.exp(mid)
+    return bisect_log_sigma(u_of, kappa, lo, hi, tol=tol)

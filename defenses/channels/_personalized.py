@@ -8,6 +8,7 @@ import numpy as np
 
 import math
 
+from defenses.bounds._bisect import bisect_log_sigma
 from defenses.bounds import personalized_channel_bound, personalized_channel_terms
 from defenses.channels._noise import additive_data_channel, check_kappa
 from defenses.channels._statistics import DataStatistics, resolve_statistics
@@ -76,17 +77,7 @@ def personalized_noise_scale(statistics: DataStatistics, kappa: float, beta, *,
         if lo < -700:
             raise ValueError(f"personalized_channel: no noise scale reaches kappa={kappa} "
                              "(the data covariance is degenerate)")
-    mid = 0.5 * (lo + hi)
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        val = u_of(mid)
-        if abs(val - kappa) <= tol:
-            break
-        if val > kappa:
-            lo = mid
-        else:
-            hi = mid
-    return math.exp(mid)
+    return bisect_log_sigma(u_of, kappa, lo, hi, tol=tol, max_iter=200)
 
 
 def personalized_exact_capacity(statistics: DataStatistics, sigma: float, beta) -> float:
