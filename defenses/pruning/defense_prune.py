@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
 from defenses.pruning.masks import apply_mask, check_rate, magnitude_mask, mask_from_scores, \
-    num_params, unflatten
+    num_params, pseudo_pruning_begin, unflatten
 
 
 def defense_mask(update, key, p_largest: float, p_random: float):
@@ -80,14 +80,7 @@ def make_defense_pruning(p_largest: float, p_random: float, pseudo: bool, name: 
                      "withheld": jax.tree_util.tree_map(lambda k: 1.0 - k, keep)}
         return out, state
 
-    begin = None
-    if pseudo:
-        def begin(global_params, state, *, key=None, context=None):
-            del key, context
-            start = jax.tree_util.tree_map(
-                lambda g, l, m: g * (1 - m).astype(g.dtype) + l * m.astype(g.dtype),
-                global_params, state["local"], state["withheld"])
-            return start, state
+    begin = pseudo_pruning_begin if pseudo else None
 
     return Defense(init=init, apply=apply, stage="upload", name=name, begin_round=begin)
 

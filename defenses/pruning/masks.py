@@ -140,3 +140,19 @@ def random_mask(key: PRNGKey, like: PyTree, p: float) -> PyTree:
     """Mask pruning a uniformly random set of exactly ``round(p·d)`` coordinates."""
     scores = unflatten(jax.random.uniform(key, (num_params(like),)), like)
     return mask_from_scores(scores, p, "lowest")
+
+
+def pseudo_pruning_begin(global_params: PyTree, state: dict, *, key=None, context=None):
+    """Pseudo-Pruning's start model (paper 002 §5, L_acc in Eq 6).
+
+    w_start = w_global ⊙ (1 − m̂) + w_local_prev ⊙ m̂, with m̂ = ``state["withheld"]``
+    (1 where the client withheld the weight last round) and ``state["local"]``
+    the client's previous local weights: withheld weights stay on the client and
+    re-enter local training. A ``Defense.begin_round`` for upload defenses
+    whose state carries ``local`` and ``withheld``.
+    """
+    del key, context
+    start = jax.tree_util.tree_map(
+        lambda g, l, m: g * (1 - m).astype(g.dtype) + l * m.astype(g.dtype),
+        global_params, state["local"], state["withheld"])
+    return start, state

@@ -49,6 +49,7 @@ from fedsim.client import LocalTraining, epoch_order, masked_mean_loss
 from fedsim.hooks import Defense, DefenseContext, identity
 from fedsim.typing import ClientOutput, CohortData
 from defenses.pruning.gumbel import gumbel_tree
+from defenses.pruning.masks import pseudo_pruning_begin
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,14 +95,8 @@ def priprune_defense(hp: PriPruneConfig) -> Defense:
             else state["local"]
         return out, {**state, "local": local, "withheld": withheld}
 
-    def begin(global_params, state, *, key=None, context=None):
-        del key, context
-        start = jax.tree_util.tree_map(
-            lambda g, l, m: g * (1 - m).astype(g.dtype) + l * m.astype(g.dtype),
-            global_params, state["local"], state["withheld"])
-        return start, state
-
-    return Defense(init=init, apply=apply, stage="upload", name="priprune", begin_round=begin)
+    return Defense(init=init, apply=apply, stage="upload", name="priprune",
+                   begin_round=pseudo_pruning_begin)
 
 
 def privacy_loss(theta, grad):
