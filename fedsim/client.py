@@ -41,9 +41,10 @@ class LocalTraining:
       batch_size: B (FedAvg); FedSGD uses all examples.
       n_max: padded examples per client (static shape).
       unroll_steps: up to this many local steps are unrolled into straight-line
-        code; more run in a ``lax.scan``. On XLA:CPU a conv step inside any
-        control flow (scan body, cond branch) measured ~3× slower than the same
-        step in straight-line code; unrolling costs compile time only.
+        code; more run in a ``lax.scan``. On XLA:CPU two LeNet-5 steps inside
+        a ``lax.scan`` measured 2.6× slower than the same steps unrolled
+        (``benchmarks/results/control_flow_cpu.md``); unrolling costs compile
+        time only.
     """
 
     algorithm: str
@@ -194,7 +195,7 @@ def make_client_update(
             losses, taken = [], []
             for s in range(batches.shape[0]):
                 new, loss, has_data = do_step(*carry, jnp.int32(s), batches[s])
-                # Padding-only batch: keep the old carry (select, not cond: see unroll_steps).
+                # Padding-only batch: keep the old carry (a select keeps the code straight-line).
                 carry = jax.tree_util.tree_map(lambda n, o: jnp.where(has_data, n, o), new, carry)
                 losses.append(jnp.where(has_data, loss, 0.0))
                 taken.append(has_data.astype(jnp.float32))
