@@ -72,7 +72,9 @@ def attach_accountant(sim, delta: float | None = None) -> bool:
     participations = np.zeros(len(counts), dtype=np.int64)
     import jax
     from fedsim.models import count_params, init_params
-    dim = count_params(init_params(sim.model, sim.dataset.input_shape, jax.random.key(0)))
+    # Shapes only (eval_shape): the constant key draws no numbers.
+    dim = count_params(jax.eval_shape(
+        lambda k: init_params(sim.model, sim.dataset.input_shape, k), jax.random.key(0)))
     epsilon_of = _epsilon_fn(params, dim, float(delta))
 
     def callback(round_idx: int, row: dict) -> dict:
