@@ -52,6 +52,7 @@ def calibration_key(sim) -> str:
         "num_classes": sim.dataset.num_classes, "n_max": int(sim.n_max),
         "algorithm": t.algorithm, "local_epochs": t.local_epochs, "batch_size": t.batch_size,
         "optimizer": t.optimizer, "cohort": t.clients_per_round, "chunk_size": t.chunk_size,
+        "loop_clients_per_call": t.loop_clients_per_call,
         "defenses": [{k: str(v) for k, v in d.items()} for d in sim.cfg.defenses],
     }
     text = json.dumps(parts, sort_keys=True)

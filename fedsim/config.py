@@ -71,6 +71,7 @@ class TrainingConfig:
     weighting: str = _f("examples", choices=("examples", "uniform"))
     client_parallelism: str = _f("auto", choices=PARALLELISM)
     chunk_size: int = _f(8, min=1)
+    loop_clients_per_call: int = _f(4, min=1)
     on_nonfinite: str = _f("stop", choices=("stop", "skip_client"))
 
 

@@ -29,9 +29,113 @@ from typing import Callable, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 ModelFactory = Callable[..., nn.Module]
 MODEL_REGISTRY: dict[str, ModelFactory] = {}
+
+
+def max_pool(x: jax.Array, window: int) -> jax.Array:
+    """Non-overlapping ``window``×``window`` max pooling (stride = window), NHWC.
+
+    Same forward values as ``nn.max_pool(x, (k, k), strides=(k, k))`` (trailing
+    rows/columns that do not fill a window are dropped, like "VALID"), but
+    computed as an elementwise maximum over the k² strided slices. Why: on
+    XLA:CPU the gradient of ``reduce_window`` (``select_and_scatter``) is slow: with
+    it, LeNet-5's first layer (conv + pool, forward + gradient) took 1.2× as
+    long (``benchmarks/results/control_flow_cpu.md``, first-layer table). Only the subgradient at exact ties
+    differs: ``jnp.maximum`` splits it between tied inputs where
+    ``select_and_scatter`` gives it to one; ties among the positive outputs of
+    a ReLU have probability zero, and tied zeros get no gradient through the
+    ReLU anyway.
+    """
+    k = window
+    h, w = (x.shape[1] // k) * k, (x.shape[2] // k) * k
+    x = x[:, :h, :w]
+    out = None
+    for i in range(k):
+        for j in range(k):
+            s = x[:, i::k, j::k]
+            out = s if out is None else jnp.maximum(out, s)
+    return out
+
+
+def _phase_kernel(kernel: jax.Array) -> jax.Array:
+    """Rewrite a K×K stride-1 kernel for 2×2 space-to-depth inputs and outputs.
+
+    Output pixel (2i+p, 2j+q) of a VALID conv reads input pixels
+    (2i+p+u, 2j+q+v), which lie in input 2×2 blocks i..i+K//2; so the same
+    conv on block-packed inputs (4·C channels, phase-major) producing
+    block-packed outputs (4·O channels, one group of O per output phase) is a
+    (K//2+1)×(K//2+1) VALID conv whose kernel holds W[2a+qi−pi, 2b+qj−pj]
+    (zero where that falls outside the K×K window).
+    """
+    K, _, C, O = kernel.shape
+    A = K // 2 + 1
+    a, b, qi, qj, pi, pj = np.ix_(range(A), range(A), range(2), range(2), range(2), range(2))
+    u, v = 2 * a + qi - pi, 2 * b + qj - pj
+    inside = (u >= 0) & (u < K) & (v >= 0) & (v < K)
+    flat = np.where(inside, np.clip(u, 0, K - 1) * K + np.clip(v, 0, K - 1), 0)
+    g = kernel.reshape(K * K, C, O)[flat] * inside[..., None, None]  # a,b,qi,qj,pi,pj,C,O
+    return g.transpose(0, 1, 2, 3, 6, 4, 5, 7).reshape(A, A, 4 * C, 4 * O)
+
+
+def conv_relu_maxpool(x: jax.Array, kernel: jax.Array, bias: jax.Array,
+                      padding: str = "VALID") -> jax.Array:
+    """``max_pool(relu(conv(x, kernel) + bias), 2)`` for a stride-1 K×K conv, NHWC.
+
+    On XLA:CPU, when the (padded) input height and width are even, computes it
+    as one conv on 2×2 space-to-depth inputs whose output channels hold the
+    four pooling phases (:func:`_phase_kernel`), followed by a max over the
+    phases; since ReLU and "+ bias" are monotone and the bias is the same in
+    every phase, ``relu(max + b)`` equals the max of ``relu(· + b)``. Why: a
+    LeNet-5 first layer (1 input channel, 6 outputs) is a GEMM with K = 25,
+    N = 6 that XLA:CPU runs far below its matmul rate; packed, the first
+    layer's forward + weight gradient ran 2.2× faster than conv + sliced pool,
+    and two LeNet-5 SGD steps 1.95× faster than with the plain flax layers
+    (``benchmarks/results/control_flow_cpu.md``). Other backends and odd sizes use
+    the plain conv → ReLU → :func:`max_pool`. Values agree to float rounding
+    (tested against flax's ``nn.Conv`` + ``nn.max_pool``).
+    """
+    K = kernel.shape[0]
+    if padding == "SAME":
+        lo = (K - 1) // 2
+        x = jnp.pad(x, ((0, 0), (lo, K - 1 - lo), (lo, K - 1 - lo), (0, 0)))
+    elif padding != "VALID":
+        raise ValueError(f"conv_relu_maxpool: padding must be 'SAME' or 'VALID', got {padding!r}")
+    n, H, W, C = x.shape
+    dn = ("NHWC", "HWIO", "NHWC")
+    if jax.default_backend() != "cpu" or H % 2 or W % 2 or H < K or W < K:
+        y = jax.lax.conv_general_dilated(x, kernel, (1, 1), "VALID", dimension_numbers=dn)
+        return max_pool(jax.nn.relu(y + bias), 2)
+    packed = x.reshape(n, H // 2, 2, W // 2, 2, C).transpose(0, 1, 3, 2, 4, 5)
+    packed = packed.reshape(n, H // 2, W // 2, 4 * C)
+    y = jax.lax.conv_general_dilated(packed, _phase_kernel(kernel), (1, 1), "VALID",
+                                     dimension_numbers=dn)
+    y = y.reshape(y.shape[:3] + (4, kernel.shape[3]))
+    return jax.nn.relu(jnp.max(y, axis=3) + bias)
+
+
+class ConvReLUMaxPool(nn.Module):
+    """Conv (stride 1, with bias) → ReLU → 2×2 max pool; params as ``nn.Conv``'s.
+
+    Same parameter names, shapes and initialisers as ``nn.Conv`` (so a model
+    using it under the name ``Conv_i`` has the same parameter tree and, from
+    the same key, the same initial values); computed by
+    :func:`conv_relu_maxpool`.
+    """
+
+    features: int
+    kernel_size: int
+    padding: str = "VALID"
+
+    @nn.compact
+    def __call__(self, x):
+        k = self.kernel_size
+        kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                            (k, k, x.shape[-1], self.features), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
+        return conv_relu_maxpool(x, kernel, bias, self.padding)
 
 
 def register_model(name: str):
@@ -79,10 +183,10 @@ class LeNet5(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        x = nn.relu(nn.Conv(6, (5, 5), padding="SAME" if x.shape[1] < 32 else "VALID")(x))
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
-        x = nn.relu(nn.Conv(16, (5, 5), padding="VALID")(x))
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        # conv → ReLU → pool fused for speed on CPU; same params as nn.Conv.
+        padding = "SAME" if x.shape[1] < 32 else "VALID"
+        x = ConvReLUMaxPool(6, 5, padding, name="Conv_0")(x)
+        x = ConvReLUMaxPool(16, 5, "VALID", name="Conv_1")(x)
         x = x.reshape(x.shape[0], -1)
         x = nn.relu(nn.Dense(120)(x))
         x = nn.relu(nn.Dense(84)(x))
@@ -101,10 +205,10 @@ class ConvNet(nn.Module):
         w = self.width
         for ch in (w, 2 * w, 2 * w, 4 * w, 4 * w, 4 * w):
             x = nn.relu(nn.Conv(ch, (3, 3), padding=1)(x))
-        x = nn.max_pool(x, (3, 3), strides=(3, 3))
+        x = max_pool(x, 3)
         for ch in (4 * w, 4 * w):
             x = nn.relu(nn.Conv(ch, (3, 3), padding=1)(x))
-        x = nn.max_pool(x, (3, 3), strides=(3, 3))
+        x = max_pool(x, 3)
         x = x.reshape(x.shape[0], -1)
         return nn.Dense(self.num_classes)(x)
 
@@ -118,9 +222,9 @@ class Conv2(nn.Module):
     @nn.compact
     def __call__(self, x):
         x = nn.relu(nn.Conv(32, (5, 5), padding="SAME")(x))
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = max_pool(x, 2)
         x = nn.relu(nn.Conv(64, (5, 5), padding="SAME")(x))
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = max_pool(x, 2)
         x = x.reshape(x.shape[0], -1)
         x = nn.relu(nn.Dense(2048)(x))
         return nn.Dense(self.num_classes)(x)
@@ -135,13 +239,13 @@ class AlexNet(nn.Module):
     @nn.compact
     def __call__(self, x):
         x = nn.relu(nn.Conv(64, (3, 3), strides=2, padding=1)(x))
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = max_pool(x, 2)
         x = nn.relu(nn.Conv(192, (3, 3), padding=1)(x))
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = max_pool(x, 2)
         x = nn.relu(nn.Conv(384, (3, 3), padding=1)(x))
         x = nn.relu(nn.Conv(256, (3, 3), padding=1)(x))
         x = nn.relu(nn.Conv(256, (3, 3), padding=1)(x))
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = max_pool(x, 2)
         x = x.reshape(x.shape[0], -1)
         x = nn.relu(nn.Dense(4096)(x))
         x = nn.relu(nn.Dense(4096)(x))
@@ -166,7 +270,7 @@ class VGG(nn.Module):
         for item in self.cfg:
             if item == "M":
                 if x.shape[1] >= 2:
-                    x = nn.max_pool(x, (2, 2), strides=(2, 2))
+                    x = max_pool(x, 2)
             else:
                 x = nn.relu(nn.Conv(item, (3, 3), padding=1)(x))
         x = jnp.mean(x, axis=(1, 2))  # global pool: works for 16/28/32 inputs

@@ -1,4 +1,5 @@
 import jax
+import numpy as np
 import jax.numpy as jnp
 import pytest
 
@@ -47,3 +48,69 @@ def test_mlp_has_no_biases():
 def test_unknown_model_lists_known_ones():
     with pytest.raises(ValueError, match="known models:.*mlp"):
         build_model("nope")
+
+
+@pytest.mark.parametrize("window,size", [(2, 28), (2, 7), (3, 16)])
+def test_max_pool_matches_flax_values_and_gradients(window, size):
+    """The sliced max pool equals flax's reduce_window pool (ties aside)."""
+    import flax.linen as nn
+
+    from fedsim.models import max_pool
+
+    x = jax.random.normal(jax.random.key(0), (3, size, size, 4))  # continuous: no ties
+    ref = lambda x: nn.max_pool(x, (window, window), strides=(window, window))
+    g = jax.random.normal(jax.random.key(1), ref(x).shape)
+    np.testing.assert_array_equal(max_pool(x, window), ref(x))
+    grad = lambda f: jax.vjp(f, x)[1](g)[0]
+    np.testing.assert_array_equal(grad(lambda v: max_pool(v, window)), grad(ref))
+
+
+@pytest.mark.parametrize("size,cin,padding", [(32, 1, "VALID"), (28, 1, "SAME"), (14, 6, "VALID"),
+                                              (15, 2, "VALID")])
+def test_conv_relu_maxpool_matches_plain_layers(size, cin, padding):
+    """The phase-packed conv → ReLU → pool equals conv, ReLU, nn.max_pool (values, grads)."""
+    import flax.linen as nn
+
+    from fedsim.models import conv_relu_maxpool
+
+    ks = jax.random.split(jax.random.key(0), 4)
+    x = jax.random.normal(ks[0], (2, size, size, cin))
+    k = jax.random.normal(ks[1], (5, 5, cin, 7))
+    b = jax.random.normal(ks[2], (7,))
+
+    def ref(x, k, b):
+        y = jax.lax.conv_general_dilated(x, k, (1, 1), padding,
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return nn.max_pool(jax.nn.relu(y + b), (2, 2), strides=(2, 2))
+
+    out = conv_relu_maxpool(x, k, b, padding)
+    np.testing.assert_allclose(out, ref(x, k, b), rtol=1e-5, atol=1e-5)
+    g = jax.random.normal(ks[3], out.shape)
+    got = jax.vjp(lambda *a: conv_relu_maxpool(*a, padding), x, k, b)[1](g)
+    want = jax.vjp(ref, x, k, b)[1](g)
+    for a, w in zip(got, want):
+        np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-4 * float(jnp.abs(w).max()))
+
+
+def test_lenet5_params_unchanged_by_fused_layers():
+    """LeNet-5 keeps nn.Conv's parameter tree and initial values (same key)."""
+    import flax.linen as nn
+
+    class PlainLeNet5(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.max_pool(nn.relu(nn.Conv(6, (5, 5), padding="VALID")(x)), (2, 2), (2, 2))
+            x = nn.max_pool(nn.relu(nn.Conv(16, (5, 5), padding="VALID")(x)), (2, 2), (2, 2))
+            x = x.reshape(x.shape[0], -1)
+            x = nn.relu(nn.Dense(120)(x))
+            x = nn.relu(nn.Dense(84)(x))
+            return nn.Dense(10)(x)
+
+    key = jax.random.key(3)
+    params = init_params(build_model("lenet5"), (32, 32, 1), key)
+    plain = PlainLeNet5().init(key, jnp.zeros((1, 32, 32, 1)))["params"]
+    same = jax.tree_util.tree_map(lambda a, b: bool(jnp.array_equal(a, b)), params, plain)
+    assert all(jax.tree_util.tree_leaves(same))
+    x = jax.random.uniform(key, (4, 32, 32, 1))
+    np.testing.assert_allclose(build_model("lenet5").apply({"params": params}, x),
+                               PlainLeNet5().apply({"params": plain}, x), rtol=1e-5, atol=1e-6)

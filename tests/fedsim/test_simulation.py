@@ -143,3 +143,40 @@ def test_observer_sees_the_upload_of_chosen_clients():
     out = sim.client_update(params_round1, sim.client_data(4), {}, jax.random.fold_in(ckey, 4))
     chex.assert_trees_all_close(obs.observation.update, out.update, atol=1e-6)
     assert len(obs.y) == sim.client_counts[4]
+
+
+def _counting_upload():
+    """An upload defense whose per-client state counts the client's rounds."""
+    def apply(delta, count, *, key, context):
+        return delta, count + 1
+    return Defense(init=lambda p: jnp.zeros((), jnp.int32), apply=apply, stage="upload",
+                   name="count")
+
+
+def test_loop_clients_per_call_changes_nothing_but_speed():
+    """k clients per jitted call == one per call: params, losses, client states, observer."""
+    ds = small_dataset()
+    results = {}
+    for per_call in (1, 3):
+        cfg = small_config(**{"data.num_clients": 8, "training.clients_per_round": 7,
+                              "training.loop_clients_per_call": per_call,
+                              "observer.clients": [3], "observer.rounds": [1]})
+        sim = Simulation(cfg, dataset=ds, defenses={"upload": _counting_upload()})
+        state = sim.init_state()
+        losses, observed = [], []
+        for r in range(3):
+            state, res = sim.run_round(state, r)
+            losses.append(res.train_loss)
+            observed += [o.observation.update for o in res.observed]
+        results[per_call] = (state, losses, observed, [sim.cohort(r) for r in range(3)])
+    ref_state, ref_losses, ref_obs, cohorts = results[1]
+    counts = np.bincount(np.concatenate(cohorts), minlength=8)
+    np.testing.assert_array_equal(ref_state.client_states["upload"], counts)
+    assert len(ref_obs) == 1
+    for per_call in (3,):
+        state, losses, obs, _ = results[per_call]
+        chex.assert_trees_all_close(state.params, ref_state.params, atol=1e-6)
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
+        np.testing.assert_array_equal(state.client_states["upload"],
+                                      ref_state.client_states["upload"])
+        chex.assert_trees_all_close(obs, ref_obs, atol=1e-6)
