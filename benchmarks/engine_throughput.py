@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's fedsim, not an installed one
 RESULTS = ROOT / "benchmarks" / "results"
 EXAMPLES, BATCH, LR, IMAGE = 64, 32, 0.05, 32
 FEDSIM_IMPLS = ("fedsim-auto", "fedsim-loop", "fedsim-map", "fedsim-vmap")
+MIN_CLIENT_TRAININGS = 200
 
 
 def peak_rss_mb() -> float:
@@ -200,8 +201,11 @@ def markdown(result: dict) -> str:
     out = [f"# Engine round time vs PyTorch sequential loop ({result['mode']} mode)", "",
            f"Device: {result['device']}. jax {result['jax']}, torch {result.get('torch', '?')}.",
            f"LeNet-5 (61,706 params), {EXAMPLES} examples/client, 2 local SGD steps of batch "
-           f"{BATCH}; median of {result['repeats']} rounds after a warm-up round; each row a "
-           "fresh process. Load average (1 min) during the run: "
+           f"{BATCH}; median of the timed rounds ({result['repeats']} per process, more for small "
+           f"cohorts: at least {MIN_CLIENT_TRAININGS} client trainings) after a warm-up round; "
+           f"each row a fresh process per pass, {result['passes']} pass(es) pooled. Both sides run the same LeNet-5: PyTorch with its standard layers "
+           "(`nn.Conv2d`, `F.max_pool2d`), fedsim with its model registry's `lenet5` "
+           "(phase-packed conv→ReLU→pool, see docs/scale.md). Load average (1 min) during the run: "
            f"{min(r['loadavg_1min_before'] for r in rows):.1f}–"
            f"{max(r['loadavg_1min_before'] for r in rows):.1f} (shared 2-core machine: noisy).",
            f"Produced by `python benchmarks/engine_throughput.py {' '.join(result['argv'])}` on {result['date']}.",
@@ -260,6 +264,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--impls", nargs="*", default=None)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--passes", type=int, default=1,
+                    help="run the whole plan this many times, pooling each row's rounds")
     ap.add_argument("--slow-impls-max-clients", type=int, default=None,
                     help="skip fedsim-map/fedsim-vmap above this cohort size (time budget)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -289,18 +295,50 @@ def main() -> None:
                 continue
             for thr in ((1, 2) if impl == "torch-loop" else (1,)):
                 plan.append((impl, c, thr))
-    with tempfile.TemporaryDirectory() as cache_dir:  # auto calibrates afresh
+    # Each pass runs the whole plan again in fresh processes; a row's rounds
+    # from all passes are pooled, so slow drifts of the machine's load hit
+    # every implementation alike.
+    runs = []
+    for pass_idx in range(args.passes):
         for i, (impl, c, thr) in enumerate(plan):
-            rows.append(run_one(impl, c, repeats, thr, cache_dir, args.timeout))
+            # Small cohorts' rounds are short and noisy: time at least
+            # MIN_CLIENT_TRAININGS client trainings per row.
+            reps = max(repeats, -(-MIN_CLIENT_TRAININGS // c))
+            with tempfile.TemporaryDirectory() as cache_dir:  # auto calibrates afresh
+                runs.append(run_one(impl, c, reps, thr, cache_dir, args.timeout)
+                            | {"repeats": reps})
             # Written after every row, so an interrupted run still leaves its rows.
-            write_results(args, rows, repeats, skipped, done=i == len(plan) - 1)
+            done = pass_idx == args.passes - 1 and i == len(plan) - 1
+            write_results(args, pool_passes(runs), repeats, skipped, done=done)
+
+
+def pool_passes(runs: list[dict]) -> list[dict]:
+    """One row per (impl, clients, threads): rounds of all passes pooled."""
+    rows: dict[tuple, dict] = {}
+    for r in runs:
+        k = (r["impl"], r["clients"], r.get("threads"))
+        if k not in rows:
+            rows[k] = dict(r, passes=1)
+            continue
+        row = rows[k]
+        row["passes"] += 1
+        if r.get("error") or row.get("error"):
+            row.setdefault("error", r.get("error"))
+            continue
+        row["round_seconds"] = row["round_seconds"] + r["round_seconds"]
+        row["seconds_per_round"] = statistics.median(row["round_seconds"])
+        row["peak_rss_mb"] = max(row["peak_rss_mb"], r["peak_rss_mb"])
+        row["loadavg_1min_before"] = max(row["loadavg_1min_before"], r["loadavg_1min_before"])
+        row.setdefault("strategy_reasons", [row.get("strategy_reason")])
+        row["strategy_reasons"].append(r.get("strategy_reason"))
+    return list(rows.values())
 
 
 def write_results(args, rows, repeats, skipped, done: bool) -> None:
     import jax
     result = {"rows": rows, "device": device_description(), "jax": jax.__version__,
               "mode": ("quick" if args.quick else "full") + ("" if done else " (partial: still running)"),
-              "repeats": repeats, "argv": sys.argv[1:], "skipped": skipped,
+              "repeats": repeats, "passes": args.passes, "argv": sys.argv[1:], "skipped": skipped,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "loadavg_end": os.getloadavg()}
     try:
