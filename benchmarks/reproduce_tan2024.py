@@ -614,8 +614,10 @@ def write_markdown(result, path: Path):
                      f"{fmt(r['ig_mse'])} | {fmt(r.get('imp_mia'))} | {fmt(r.get('imp_dra'))} | "
                      f"{fmt(r.get('gdc'))} | {fmt(r.get('leakage_total'), 0)} | "
                      f"{fmt(r.get('mse_lower_bound'), 6)} |")
+    tb = result["train_settings"]["batch_size"]
     lines += ["", "DP rows: κ is the Thm 4 capacity B·S²/σ, S = 1, σ = multiplier²: training at "
-              "B = 64 with multiplier sqrt(64/κ) (paper: 100/200/300/1500 for 0.8/0.57/0.46/0.2066); "
+              f"B = {tb} with multiplier sqrt({tb}/κ) (the paper, at B = 64: 100/200/300/1500 for "
+              "0.8/0.57/0.46/0.2066); "
               "their IG MSE (IMP_DRA) from a B = 1 upload with multiplier sqrt(1/κ), the same "
               "capacity. MIA: the paper's learned white-box partial-knowledge attack and the "
               "loss-threshold attack, both scored on held-out halves; IMP_MIA uses "
@@ -656,6 +658,8 @@ def write_markdown(result, path: Path):
     for k, v in result["checks"].items():
         lines.append(f"- {k}: **{'PASS' if v['pass'] else 'FAIL'}** — {v['detail']}")
     lines += ["", "## Deviations", "", *[f"- {d}" for d in result["deviations"]], ""]
+    if result.get("note_on_text"):
+        lines += [f"Note: {result['note_on_text']}", ""]
     path.write_text("\n".join(lines))
 
 
@@ -843,7 +847,14 @@ def main(argv=None):
                            "statistics": "per-dataset Σ_D (60,000 training images)"},
         "deviations": [
             "Fashion-MNIST 32×32×1 only (offline); the paper's Fig 14 numbers are CIFAR-10.",
-            "LeNet = fedsim 'lenet5' (61,706 parameters; the paper's LeNet has 6.20e4).",
+            "LeNet = fedsim 'lenet5' (ReLU/max-pool LeNet-5, 61,706 parameters; the paper's LeNet "
+            "has 6.20e4). On it IG's own error (no defense) is ~0.05 MSE, from pixels that do not "
+            "reach the gradient through ReLU/max-pool, larger than the Natural channel's noise "
+            "variance at κ = 300 (0.0077). LeNet-DLG = fedsim 'lenet' (the sigmoid LeNet of DLG, "
+            "not in the paper) is added as a victim on which IG reconstructs an undefended image "
+            "almost exactly, so what the channel adds is visible; both are reported.",
+            "AlexNet IG in --quick: 2 victims, 40 iterations, κ ∈ {50, 300} only (one attack "
+            "iteration costs ~0.5 s on the shared CPU); far from converged, a smoke-level check.",
             f"Budgets of mode '{mode}': {dataclasses.asdict(budget)}.",
             "MIA: the learned white-box attack of attacks.membership (the paper's four features; "
             "embedding/MLP widths ours), partial knowledge: trained on half of the members and as "
@@ -856,7 +867,8 @@ def main(argv=None):
             "training images, median over the 10 classes).",
             "IMP_DRA of training rows: IG MSE of a one-step upload of one image (B = 1) under the "
             "same mechanism at the same capacity κ; for DP that is the multiplier sqrt(1/κ) whose "
-            "Thm 4 capacity at B = 1 is κ (training uses sqrt(64/κ) at B = 64; both recorded).",
+            f"Thm 4 capacity at B = 1 is κ (training uses sqrt({TRAIN_BATCH}/κ) at B = "
+            f"{TRAIN_BATCH}; both recorded).",
             "Fig 14 IG: paired — the same victims, the same channel noise draw z per victim (ξ = "
             "Σ_ξ^{1/2} z) and the same attack initialisation for every mechanism and κ; mean over "
             "victims in the table, std/median/per-victim values in the JSON.",
