@@ -93,15 +93,27 @@ def natural_channel_sigma(eigenvalues: ArrayLike, kappa: float, *, tol: float = 
     if lam.size == 0:
         raise ValueError("eigenvalues must contain at least one positive value")
 
+    log_lam = np.log(lam)
+
     def f(log_s: float) -> float:
-        return 0.5 * float(np.sum(np.log1p(lam * math.exp(-log_s))))
+        # ln(1 + λ/σ) = logaddexp(0, ln λ − ln σ): no overflow of λ/σ for large κ
+        # (σ ~ λ_max e^{−2κ} at the lower bracket; exp(2κ) overflows past κ ≈ 355).
+        return 0.5 * float(np.sum(np.logaddexp(0.0, log_lam - log_s)))
 
     # f(s) <= d/2 ln(1 + max/s) and >= 1/2 ln(1 + max/s): bracket from these.
     lmax, d = float(lam.max()), lam.size
     lo = math.log(lmax) - _log_expm1(2.0 * kappa)
     hi = math.log(lmax) - _log_expm1(2.0 * kappa / d)
     lo, hi = lo - 1.0, hi + 1.0
-    return bisect_log_sigma(f, kappa, lo, hi, tol=tol)
+    return _positive_sigma(bisect_log_sigma(f, kappa, lo, hi, tol=tol), kappa, "natural_channel_sigma")
+
+
+def _positive_sigma(sigma: float, kappa: float, who: str) -> float:
+    """Raises if the solved σ underflowed float64 (κ far beyond any data's capacity)."""
+    if not sigma > 0.0:
+        raise ValueError(f"{who}: the noise variance for kappa={kappa} underflows float64 "
+                         "(kappa is too large for this covariance)")
+    return sigma
 
 
 def white_channel_sigmas(eigenvalues: ArrayLike, kappa: float) -> np.ndarray:

@@ -34,6 +34,7 @@ __all__ = [
     "PersonalizedTerms",
     "personalized_channel_terms",
     "personalized_channel_bound",
+    "personalized_channel_log_bound",
     "personalized_channel_sigma",
 ]
 
@@ -123,10 +124,27 @@ def personalized_channel_bound(sigma: float, terms: PersonalizedTerms) -> float:
     References:
       Tan et al. (000) §5.2, U(sigma) after Theorem 3 (see module deviation).
     """
-    s = check_positive("sigma", sigma)
-    noise = np.log(s) + np.log(terms.beta)
-    a = np.sum(np.log(terms.diag + s * terms.beta) - noise)
-    c = np.sum(np.log(terms.u + s * terms.k) - noise)
+    return personalized_channel_log_bound(math.log(check_positive("sigma", sigma)), terms)
+
+
+def personalized_channel_log_bound(log_sigma: float, terms: PersonalizedTerms) -> float:
+    """U as a function of t = ln σ, evaluated in log space.
+
+    ln(c_ii + σβ_i) − ln(σβ_i) = logaddexp(0, ln(c_ii/β_i) − t) and
+    ln(u_i + σk_i) − ln(σβ_i) = logaddexp(ln u_i − t, ln k_i) − ln β_i, so
+    neither σ nor 1/σ is formed: finite for any t (κ up to thousands of nats).
+
+    Args:
+      log_sigma: t = ln σ (any real).
+      terms: output of :func:`personalized_channel_terms`.
+
+    Returns:
+      U(e^t) >= 0.
+    """
+    t = float(log_sigma)
+    log_b = np.log(terms.beta)
+    a = np.sum(np.logaddexp(0.0, np.log(terms.diag) - log_b - t))
+    c = np.sum(np.logaddexp(np.log(terms.u) - t, np.log(terms.k)) - log_b)
     return float(0.5 * min(a, c))
 
 
@@ -160,13 +178,21 @@ def personalized_channel_sigma(
     terms = personalized_channel_terms(eigenvalues_or_cov, beta, jitter=jitter)
 
     def u_of(log_s: float) -> float:
-        return personalized_channel_bound(math.exp(log_s), terms)
+        return personalized_channel_log_bound(log_s, terms)
 
+    # Each of the d terms of U is at most ½ ln(1 + r_max/σ), r_max = max(c_ii/β_i,
+    # u_i/k_i), so σ* ≤ r_max/(e^{2κ/d} − 1): bracket from there and step down.
     ratio = np.concatenate([terms.diag / terms.beta, terms.u / terms.k])
-    lo = math.log(float(ratio.min())) - 2.0 * kappa - 5.0
-    hi = math.log(float(ratio.max())) + 5.0
+    d = terms.beta.size
+    hi = math.log(float(ratio.max())) - _log_expm1(2.0 * kappa / d) + 1.0
+    lo = hi - 1.0
     while u_of(lo) < kappa:
-        lo -= 10.0
-    while u_of(hi) > kappa:
-        hi += 10.0
+        lo -= 1.0
+        if lo < -745.0:  # below the smallest positive float64
+            raise ValueError(f"personalized_channel_sigma: the noise scale for kappa={kappa} "
+                             "underflows float64 (kappa too large for this covariance)")
     return bisect_log_sigma(u_of, kappa, lo, hi, tol=tol)
+
+
+def _log_expm1(x: float) -> float:
+    return x + math.log1p(-math.exp(-x)) if x > 1.0 else math.log(math.expm1(x))

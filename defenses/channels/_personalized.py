@@ -6,10 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import math
-
-from defenses.bounds._bisect import bisect_log_sigma
-from defenses.bounds import personalized_channel_bound, personalized_channel_terms
+from defenses.bounds import personalized_channel_sigma
 from defenses.channels._noise import additive_data_channel, check_kappa
 from defenses.channels._statistics import DataStatistics, resolve_statistics
 from fedsim.hooks import Defense, register_defense
@@ -53,31 +50,13 @@ def personalized_noise_scale(statistics: DataStatistics, kappa: float, beta, *,
                              tol: float = 1e-9) -> float:
     """σ solving U(σ) = κ, U the Thm 3 upper bound of the capacity of D + N(0, σ diag β).
 
-    The Thm 3 terms come from :func:`defenses.bounds.personalized_channel_terms`
-    and U from :func:`defenses.bounds.personalized_channel_bound`; the root is
-    bracketed here from above — each of the d terms of U is at most
-    ½ ln(1 + r_max/σ), r_max = max(c_ii/β_i, u_i/k_i), so σ* ≤ r_max/(e^{2κ/d} − 1)
-    — and stepped down, then bisected on log σ. (``personalized_channel_sigma``
-    of :mod:`defenses.bounds` brackets from below at log r_min − 2κ, which
-    underflows to σ = 0 for κ ≳ 370; the paper's Fig 15 uses κ up to 1500.)
+    Delegates to :func:`defenses.bounds.personalized_channel_sigma` (log-space
+    evaluation and bracketing, robust to κ in the thousands) with the ridge of
+    ``_jitter_for`` for a singular Σ_D.
     """
     kappa = check_kappa(kappa, "personalized_channel")
-    terms = personalized_channel_terms(statistics.covariance, np.asarray(beta).ravel(),
-                                       jitter=_jitter_for(statistics))
-    d = terms.beta.size
-
-    def u_of(log_s: float) -> float:
-        return personalized_channel_bound(math.exp(log_s), terms)
-
-    ratio = np.concatenate([terms.diag / terms.beta, terms.u / terms.k])
-    hi = math.log(float(ratio.max())) - math.log(math.expm1(2.0 * kappa / d)) + 1.0
-    lo = hi - 1.0
-    while u_of(lo) < kappa:
-        lo -= 1.0
-        if lo < -700:
-            raise ValueError(f"personalized_channel: no noise scale reaches kappa={kappa} "
-                             "(the data covariance is degenerate)")
-    return bisect_log_sigma(u_of, kappa, lo, hi, tol=tol, max_iter=200)
+    return personalized_channel_sigma(statistics.covariance, np.asarray(beta).ravel(), kappa,
+                                      tol=tol, jitter=_jitter_for(statistics))
 
 
 def personalized_exact_capacity(statistics: DataStatistics, sigma: float, beta) -> float:

@@ -130,3 +130,27 @@ def test_other_bounds():
     assert priprune_leakage_bound(0.3, 20, np.eye(3), rounds=5) == pytest.approx(5 * b1)
     with pytest.raises(ValueError, match="pruning_rate"):
         priprune_leakage_bound(1.5, 20, np.eye(3))
+
+
+@pytest.mark.parametrize("dim", [4, 300])
+def test_channel_solvers_at_large_kappa(dim):
+    # κ = 1000 needs σ ~ λ e^{-2κ/d}: the solvers work in log space (no overflow
+    # of λ/σ, no underflow of σ at the lower bracket).
+    rng = np.random.default_rng(3)
+    lam = rng.gamma(0.5, 2.0, size=dim)
+    for kappa in [350.0, 1000.0]:
+        s = natural_channel_sigma(lam, kappa)
+        assert s > 0 and abs(channel_capacity(lam, s) - kappa) <= 1e-6
+    var = rng.uniform(0.5, 2, size=dim)
+    beta = rng.uniform(1, 50, size=dim)
+    for kappa in [370.0, 1000.0]:
+        s = personalized_channel_sigma(var, beta, kappa)
+        assert s > 0
+        assert 0.5 * np.sum(np.log1p(var / (s * beta))) == pytest.approx(kappa, abs=1e-6)
+    a = rng.normal(size=(dim, dim))
+    cov = a @ a.T / dim + 0.1 * np.eye(dim)
+    s_full = personalized_channel_sigma(cov, beta, 1000.0)
+    terms = personalized_channel_terms(cov, beta)
+    assert personalized_channel_bound(s_full, terms) == pytest.approx(1000.0, abs=1e-6)
+    exact = 0.5 * (np.linalg.slogdet(cov + s_full * np.diag(beta))[1] - np.sum(np.log(s_full * beta)))
+    assert exact <= 1000.0 + 1e-6

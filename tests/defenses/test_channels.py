@@ -207,13 +207,13 @@ def test_paper_prior():
     assert beta[11, 8, 0] == 1 and beta[12, 24, 0] == 1 and beta[20, 8, 0] == 1
 
 
-def test_personalized_large_kappa_matches_bounds_solver(stats):
-    from defenses.bounds import personalized_channel_sigma
+def test_personalized_noise_scale_small_and_large_kappa(stats):
     beta = beta_prior()
-    for kappa in (3.0, 30.0):  # where the bounds' solver is in range: same root
-        ours = personalized_noise_scale(stats, kappa, beta)
-        ref = personalized_channel_sigma(stats.covariance, beta.ravel(), kappa)
-        assert abs(np.log(ours) - np.log(ref)) < 1e-6
+    for kappa in (3.0, 30.0):  # U(σ) = κ and the exact capacity is below it
+        sigma = personalized_noise_scale(stats, kappa, beta)
+        terms = personalized_channel_terms(stats.covariance, beta.ravel())
+        assert abs(personalized_channel_bound(sigma, terms) - kappa) < 1e-6
+        assert personalized_exact_capacity(stats, sigma, beta) <= kappa + 1e-6
     # κ = 1500 (Fig 15): U(σ) = κ still solved, exact capacity ≤ κ.
     big = data_statistics(np.random.default_rng(1).normal(size=(3000, 4, 4, 1)) * 1e3)
     sigma = personalized_noise_scale(big, 1500.0, np.ones(SHAPE))
