@@ -2,10 +2,11 @@
 
 Times, jitted, for LeNet (DLG, 16×16) and ConvNet (width 16, 16×16) at
 batch 32: the plain batch gradient, and the gradient plus Soteria's
-replacement with ‖∇_X rᵢ‖ computed two ways — ``jacobian="per_example"``
+replacement with ‖∇_X rᵢ‖ computed three ways — ``jacobian="per_example"``
 (``jax.jacrev`` per example, ``lax.map`` over examples; the previous default)
 and ``jacobian="batched"`` (one forward pass, L reverse passes over the whole
-batch; the new default). Calls are interleaved so load changes hit every
+batch; the new default), and the opt-in approximation ``jacobian="sketch"``
+(16 random forward-mode probes; its gradient differs by design). Calls are interleaved so load changes hit every
 variant alike; medians reported. Also checks that both give the same
 gradient. Writes ``benchmarks/results/soteria_speed.{json,md}``.
 
@@ -33,7 +34,8 @@ from fedsim.hooks import DefenseContext  # noqa: E402
 from fedsim.models import ConvNet, build_model, init_params, make_apply_fn  # noqa: E402
 
 VARIANTS = [("plain", None, None), ("per_example chunk 8", "per_example", 8),
-            ("batched chunk 32", "batched", 32), ("batched chunk 192", "batched", 192)]
+            ("batched chunk 32", "batched", 32), ("batched chunk 192", "batched", 192),
+            ("sketch 16 probes (approx.)", "sketch", 16)]
 
 
 def step_fn(apply_fn, method, chunk, p_fc=0.4):
@@ -43,7 +45,8 @@ def step_fn(apply_fn, method, chunk, p_fc=0.4):
         if method is None:
             return g
         ctx = DefenseContext(params=params, x=x, y=y, mask=mask, apply_fn=apply_fn)
-        return soteria_gradient(g, ctx, p_fc, jacobian=method, chunk=chunk)[0]
+        return soteria_gradient(g, ctx, p_fc, jacobian=method, chunk=chunk,
+                                key=jax.random.key(3), probes=16)[0]
     return jax.jit(f)
 
 
@@ -90,7 +93,7 @@ def main() -> None:
              f"Device {result['device']}; batch 32, 16×16×1, p_fc 0.4, exact score, per-example "
              f"masks; median of {args.repeats} interleaved calls (machine shared: noisy). "
              "Produced by `benchmarks/soteria_speed.py`.", "",
-             "| model | variant | median ms | × plain step | max |Δgrad| vs per_example |",
+             "| model | variant | median ms | × plain step | max abs Δgrad vs per_example |",
              "|---|---|---|---|---|"]
     for name, m in result["models"].items():
         for label, method, _ in VARIANTS:

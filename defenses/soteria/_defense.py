@@ -22,7 +22,9 @@ paper's Alg 1–2; ``score="code"``, ``scope="batch"`` is the authors' public
 code (one mask per batch from summed ‖∇rᵢ‖/rᵢ). The replacement recomputes
 ∂l/∂b from the masked-mean cross-entropy, so it must not be combined with an
 "example"-stage defense (e.g. DP-SGD clipping) whose gradient it would
-overwrite. The defense is deterministic: the key is ignored.
+overwrite. With the exact Jacobian (default) the defense is deterministic and
+the key is ignored; ``jacobian="sketch"`` (an approximation, see
+:func:`defenses.soteria.jacobian_row_norms`) draws its probes from the key.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from fedsim.typing import PyTree
 
 def soteria_gradient(grad: PyTree, context: DefenseContext, p_fc: float, *,
                      layer: str = "Dense_0", score: str = "exact", scope: str = "example",
-                     chunk: int = 32, jacobian: str = "batched"):
+                     chunk: int = 32, jacobian: str = "batched", key=None,
+                     probes: int = 16):
     """Replace the defended layer's kernel gradient by ∂l/∂b · r′ᵀ (Alg 2).
 
     Args:
@@ -55,7 +58,11 @@ def soteria_gradient(grad: PyTree, context: DefenseContext, p_fc: float, *,
         examples per chunk ("per_example"): a memory/speed knob only.
       jacobian: "batched" (one forward, L reverse passes over the batch) or
         "per_example" (``jacrev`` per example); same values, see
-        :func:`defenses.soteria.representation_jacobian`.
+        :func:`defenses.soteria.representation_jacobian`; or "sketch", an
+        approximation from ``probes`` random JVPs (needs ``key``; see
+        :func:`defenses.soteria.jacobian_row_norms`).
+      key: PRNG key, used only by ``jacobian="sketch"``.
+      probes: random probes of the sketch.
 
     Returns:
       ``(grad′, info)``: the defended gradient and a dict with ``r`` [B, L],
@@ -78,7 +85,8 @@ def soteria_gradient(grad: PyTree, context: DefenseContext, p_fc: float, *,
     # d(loss)/d(shift) row j = w_j · ∂l_j/∂b_j (one backward pass for the batch).
     (_, r), weighted_dldb = jax.value_and_grad(loss_of_shift, has_aux=True)(
         jnp.zeros((x.shape[0], num_out), kernel.dtype))
-    grad_norm = jacobian_row_norms(context.apply_fn, params, x, path, chunk, jacobian)
+    grad_norm = jacobian_row_norms(context.apply_fn, params, x, path, chunk, jacobian,
+                                   key=key, probes=probes)
     r_prime, keep = perturb_representation(r, grad_norm, p_fc, score=score, scope=scope,
                                            example_mask=mask)
     new_kernel = (r_prime.T @ weighted_dldb).astype(layer_params(grad, path)["kernel"].dtype)
@@ -88,7 +96,8 @@ def soteria_gradient(grad: PyTree, context: DefenseContext, p_fc: float, *,
 
 @register_defense("soteria")
 def soteria(p_fc: float, layer: str = "Dense_0", score: str = "exact",
-            scope: str = "example", chunk: int = 32, jacobian: str = "batched") -> Defense:
+            scope: str = "example", chunk: int = 32, jacobian: str = "batched",
+            probes: int = 16) -> Defense:
     """Soteria (stage "layer"): prune the FC layer's input representation.
 
     Args:
@@ -100,7 +109,10 @@ def soteria(p_fc: float, layer: str = "Dense_0", score: str = "exact",
       scope: "example" (Alg 2) or "batch" (authors' code).
       chunk: rows/examples per chunk of the Jacobian computation (memory).
       jacobian: "batched" (default) or "per_example" — how ∇_X f is computed
-        (same values; ``benchmarks/results/soteria_speed.md`` times both).
+        (same values; ``benchmarks/results/soteria_speed.md`` times both), or
+        "sketch" — an approximation of the norms from ``probes`` random JVPs
+        (not the paper's; for CPU-budget training runs, uses the step key).
+      probes: number of random probes of the sketch.
 
     Raises:
       ValueError: for a rate outside [0, 1] or an unknown score/scope.
@@ -119,15 +131,18 @@ def soteria(p_fc: float, layer: str = "Dense_0", score: str = "exact",
         raise ValueError(f"soteria chunk must be >= 1, got {chunk}")
     if jacobian not in JACOBIAN_METHODS:
         raise ValueError(f"soteria jacobian {jacobian!r}; allowed: {', '.join(JACOBIAN_METHODS)}")
+    if int(probes) < 1:
+        raise ValueError(f"soteria probes must be >= 1, got {probes}")
     parse_layer(layer)
 
     def apply(grad, state, *, key=None, context=None):
-        del key
         if context is None:
             raise ValueError("soteria needs a DefenseContext (it runs at stage 'layer')")
         grad, _ = soteria_gradient(grad, context, p_fc, layer=layer, score=score,
-                                   scope=scope, chunk=int(chunk), jacobian=jacobian)
+                                   scope=scope, chunk=int(chunk), jacobian=jacobian,
+                                   key=key, probes=int(probes))
         return grad, state
 
+    sketch = f",sketch{int(probes)}" if jacobian == "sketch" else ""
     return Defense(init=lambda params: (), apply=apply, stage="layer",
-                   name=f"soteria(p_fc={p_fc:g},{score},{scope})")
+                   name=f"soteria(p_fc={p_fc:g},{score},{scope}{sketch})")

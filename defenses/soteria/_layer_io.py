@@ -114,7 +114,7 @@ def representation(apply_fn: Callable, params: PyTree, x: jax.Array,
     return run_with_layer(apply_fn, params, x, path)[1]
 
 
-JACOBIAN_METHODS = ("batched", "per_example")
+JACOBIAN_METHODS = ("batched", "per_example", "sketch")
 
 
 def representation_jacobian(apply_fn: Callable, params: PyTree, x: jax.Array,
@@ -136,6 +136,9 @@ def representation_jacobian(apply_fn: Callable, params: PyTree, x: jax.Array,
     Raises:
       ValueError: for an unknown method.
     """
+    if method == "sketch":
+        raise ValueError("representation_jacobian: 'sketch' estimates only the row norms; "
+                         "use jacobian_row_norms")
     if method == "per_example":
         def one(xj):
             def rep(v):
@@ -164,13 +167,33 @@ def representation_jacobian(apply_fn: Callable, params: PyTree, x: jax.Array,
 
 def jacobian_row_norms(apply_fn: Callable, params: PyTree, x: jax.Array,
                        path: tuple[str, ...], chunk: int = 8,
-                       method: str = "batched") -> jax.Array:
+                       method: str = "batched", *, key: jax.Array | None = None,
+                       probes: int = 16) -> jax.Array:
     """‖∇_X rᵢ‖₂ per example and feature, [B, L], without keeping [B, L, N].
 
-    Same values as the row norms of :func:`representation_jacobian` (which
-    documents ``method``); with ``"batched"`` the norms are taken inside the
-    map, so only ``chunk`` rows of the Jacobian exist at a time.
+    ``"batched"`` and ``"per_example"`` give the exact row norms of
+    :func:`representation_jacobian` (which documents them); with
+    ``"batched"`` the norms are taken inside the map, so only ``chunk`` rows of
+    the Jacobian exist at a time. Their cost is L reverse passes per batch
+    (~100× a plain step for LeNet/ConvNet, ``benchmarks/results/soteria_speed.md``).
+
+    ``"sketch"`` is an APPROXIMATION (not in the paper or the authors' code),
+    for budget-limited training runs: since
+    E_v[(∇_X rᵢ · v)²] = ‖∇_X rᵢ‖² for v ~ N(0, I_N), so ``probes`` forward-mode
+    JVPs (all L features at once) estimate every squared norm; the relative
+    error of a norm is about 1/√(2·probes) (18 % at 16 probes), which can
+    change which features rank in the top ε. Needs ``key``.
     """
+    if method == "sketch":
+        if key is None:
+            raise ValueError("soteria jacobian='sketch' needs a PRNG key")
+        if int(probes) < 1:
+            raise ValueError(f"soteria sketch probes must be >= 1, got {probes}")
+        rep = lambda v: representation(apply_fn, params, v, path)  # noqa: E731
+        vs = jax.random.normal(key, (int(probes), *x.shape), x.dtype)
+        jv = jax.lax.map(lambda v: jax.jvp(rep, (x,), (v,))[1], vs,
+                         batch_size=max(1, min(chunk, int(probes))))  # [k, B, L]
+        return jnp.sqrt(jnp.mean(jv ** 2, axis=0))
     if method != "batched":
         jac = representation_jacobian(apply_fn, params, x, path, chunk, method)
         return jnp.sqrt(jnp.sum(jac ** 2, axis=-1))

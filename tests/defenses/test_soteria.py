@@ -255,3 +255,23 @@ def test_logistic_regression_prunes_the_largest_inputs():
     dldb = jax.nn.softmax(apply_fn(params, x)) - jax.nn.one_hot(y, 3)
     expected = (np.asarray(x).reshape(3, -1) * np.asarray(info["keep"])).T @ np.asarray(dldb) / 3
     np.testing.assert_allclose(new["Dense_0"]["kernel"], expected, atol=1e-6)
+
+
+def test_sketched_norms_estimate_the_exact_norms():
+    # The sketch is unbiased for ‖∇_X rᵢ‖²: with many probes it is close to
+    # the exact norms; with few it is noisy (that is why it is opt-in).
+    model, params, apply_fn, x, y, mask = _explicit_setup(B=3)
+    exact = jacobian_row_norms(apply_fn, params, x, ("Dense_0",))
+    many = jacobian_row_norms(apply_fn, params, x, ("Dense_0",), 64, "sketch",
+                              key=jax.random.key(0), probes=4096)
+    np.testing.assert_allclose(many, exact, rtol=0.1)
+    few = jacobian_row_norms(apply_fn, params, x, ("Dense_0",), 8, "sketch",
+                             key=jax.random.key(1), probes=4)
+    assert few.shape == exact.shape and not np.allclose(few, exact, rtol=0.01)
+    with pytest.raises(ValueError, match="key"):
+        jacobian_row_norms(apply_fn, params, x, ("Dense_0",), method="sketch")
+    d = build_defense("soteria", p_fc=0.3, jacobian="sketch", probes=8)
+    grad = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
+    out, _ = d.apply(grad, (), key=jax.random.key(2), context=_ctx(params, apply_fn, x, y, mask))
+    chex.assert_tree_all_finite(out)
+    np.testing.assert_array_equal(out["conv"]["kernel"], grad["conv"]["kernel"])
