@@ -71,7 +71,8 @@ COMMON_NOTES = [
     "Attacks: victims are test images drawn with the seed; the attacked upload is that "
     "example's gradient at the initial model (unit lr, FedSGD), with GC / DP noise applied to "
     "the gradient and Soteria to the FC layer (exact score, per example, exact Jacobian). DLG: "
-    "L-BFGS 300 it, iDLG labels, no box; GS: Inverting Gradients (cosine, TV 1e-4, signed "
+    "L-BFGS 300 it, iDLG labels, no box; GS: Inverting Gradients (cosine, TV 1e-6 = the "
+    "project default, signed "
     "Adam lr 0.1, 120 it, box).",
     "DLG model: the DLG LeNet with the DLG / Soteria reference code's U(-0.5, 0.5) weight "
     "init (`lenet_dlginit`): with flax's default init it stayed at 10 % test accuracy for 60 "
