@@ -372,6 +372,10 @@ def convergence(args, log):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--wide-baselines", action="store_true",
+                    help="quick mode: add the top of the paper's GC / DP ranges (GC 0.8 / 0.9, "
+                         "sigma 0.1) to the baseline grids")
+    ap.add_argument("--stem", default="sun2021", help="output file stem")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny settings to check the pipeline (with --quick; not results)")
     ap.add_argument("--seed", type=int, default=0)
@@ -420,6 +424,9 @@ def main(argv=None):
     a.logreg_lr = 0.1
     a.gs_width = 16 if q else 32
     a.gs_accuracy = not q  # ConvNet training does not fit the quick budget (see NOTES)
+    if q and a.wide_baselines:
+        a.gc_dlg, a.gc_gs = a.gc_dlg + [0.8], a.gc_gs[:1] + [0.5, 0.9]
+        a.sigmas = a.sigmas + [1e-1]
     if a.smoke:
         a.rounds, a.acc_last, a.logreg_rounds, a.dlg_iters, a.gs_iters = 2, 1, 2, 3, 3
         a.cor_clients, a.victims = 1, 1
@@ -431,7 +438,7 @@ def main(argv=None):
     parts = set(a.parts.split(","))
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "sun2021"
+    stem = a.stem
     t_start = time.perf_counter()
 
     def log(msg):
@@ -440,6 +447,7 @@ def main(argv=None):
     result = {"mode": "quick" if q else "full", "seed": a.seed, "dataset": "fashion_mnist",
               "image_size": a.image_size, "device": f"{jax.default_backend()} "
               f"({platform.processor() or platform.machine()}, {os.cpu_count()} cpus)",
+              "command": " ".join(["benchmarks/reproduce_sun2021.py"] + (argv or sys.argv[1:])),
               "settings": {k: v for k, v in vars(a).items() if k not in ("out", "parts")},
               "rows": [], "cor": [], "paper": PAPER, "complete": False}
     grids = {}
@@ -538,8 +546,9 @@ def write_markdown(res, path):
     lines = [f"# Soteria reproduction (Sun et al. 2021) — {res['mode']} mode",
              "", f"Fashion-MNIST {res['image_size']}×{res['image_size']} (MNIST/CIFAR-10 are "
              f"not available offline), seed {res['seed']}, device {res['device']}, "
-             f"{res['seconds']:.0f} s. Produced by `benchmarks/reproduce_sun2021.py"
-             f"{' --quick' if res['mode'] == 'quick' else ''}`.", ""]
+             f"{res['seconds']:.0f} s. Produced by `"
+             f"{res.get('command', 'benchmarks/reproduce_sun2021.py --quick')}`"
+             f"{'' if res.get('complete') else ' (INCOMPLETE: run interrupted)'}.", ""]
     if res["cor"]:
         lines += ["## Representation inference `cor` (Table 1; paper: CIFAR-10)", "",
                   "| setting | FC1 | FC2 | FC3 (last) | class inference acc | paper FC1/FC2/FC3 |",
