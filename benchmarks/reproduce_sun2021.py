@@ -372,9 +372,9 @@ def convergence(args, log):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--wide-baselines", action="store_true",
+    ap.add_argument("--wide", action="store_true",
                     help="quick mode: add the top of the paper's GC / DP ranges (GC 0.8 / 0.9, "
-                         "sigma 0.1) to the baseline grids")
+                         "sigma 0.1) and small Soteria rates (0.05, 0.1) to the grids")
     ap.add_argument("--stem", default="sun2021", help="output file stem")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny settings to check the pipeline (with --quick; not results)")
@@ -424,9 +424,11 @@ def main(argv=None):
     a.logreg_lr = 0.1
     a.gs_width = 16 if q else 32
     a.gs_accuracy = not q  # ConvNet training does not fit the quick budget (see NOTES)
-    if q and a.wide_baselines:
+    if q and a.wide:
         a.gc_dlg, a.gc_gs = a.gc_dlg + [0.8], a.gc_gs[:1] + [0.5, 0.9]
         a.sigmas = a.sigmas + [1e-1]
+        a.soteria_dlg = [0.05, 0.1] + a.soteria_dlg
+        a.soteria_gs = [0.1, 0.2] + a.soteria_gs
     if a.smoke:
         a.rounds, a.acc_last, a.logreg_rounds, a.dlg_iters, a.gs_iters = 2, 1, 2, 3, 3
         a.cor_clients, a.victims = 1, 1
