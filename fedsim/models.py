@@ -163,16 +163,29 @@ class MLP(nn.Module):
 
 @register_model("lenet")
 class LeNetDLG(nn.Module):
-    """The DLG LeNet: 4 sigmoid 5×5 convs of 12 channels + one FC layer."""
+    """The DLG LeNet: 4 sigmoid 5×5 convs of 12 channels + one FC layer.
+
+    ``init_scale`` > 0 draws every weight and bias from U(−s, s), the
+    ``weights_init`` of the DLG / Soteria reference code (s = 0.5); with flax's
+    default init (0, the default here) this sigmoid net stays at chance in
+    FedAvg for 60+ rounds (``benchmarks/results/sun2021.md``).
+    """
 
     num_classes: int = 10
+    init_scale: float = 0.0
 
     @nn.compact
     def __call__(self, x):
+        kw = {}
+        if self.init_scale > 0:
+            s = self.init_scale
+            uniform = lambda key, shape, dtype=jnp.float32: jax.random.uniform(  # noqa: E731
+                key, shape, dtype, -s, s)
+            kw = {"kernel_init": uniform, "bias_init": uniform}
         for stride in (2, 2, 1, 1):
-            x = nn.sigmoid(nn.Conv(12, (5, 5), strides=stride, padding=2)(x))
+            x = nn.sigmoid(nn.Conv(12, (5, 5), strides=stride, padding=2, **kw)(x))
         x = x.reshape(x.shape[0], -1)
-        return nn.Dense(self.num_classes)(x)
+        return nn.Dense(self.num_classes, **kw)(x)
 
 
 @register_model("lenet5")

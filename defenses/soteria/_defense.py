@@ -22,7 +22,9 @@ paper's Alg 1–2; ``score="code"``, ``scope="batch"`` is the authors' public
 code (one mask per batch from summed ‖∇rᵢ‖/rᵢ). The replacement recomputes
 ∂l/∂b from the masked-mean cross-entropy, so it must not be combined with an
 "example"-stage defense (e.g. DP-SGD clipping) whose gradient it would
-overwrite. The defense is deterministic: the key is ignored.
+overwrite. With the exact Jacobian (default) the defense is deterministic and
+the key is ignored; ``jacobian="sketch"`` (an approximation, see
+:func:`defenses.soteria.jacobian_row_norms`) draws its probes from the key.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from defenses.soteria._layer_io import (layer_params, parse_layer, replace_layer,
-                                        representation_jacobian, run_with_layer)
+from defenses.soteria._layer_io import (JACOBIAN_METHODS, jacobian_row_norms, layer_params,
+                                        parse_layer, replace_layer, run_with_layer)
 from defenses.soteria._scores import SCOPES, SCORES, perturb_representation
 from fedsim.client import cross_entropy
 from fedsim.hooks import Defense, DefenseContext, register_defense
@@ -40,7 +42,8 @@ from fedsim.typing import PyTree
 
 def soteria_gradient(grad: PyTree, context: DefenseContext, p_fc: float, *,
                      layer: str = "Dense_0", score: str = "exact", scope: str = "example",
-                     chunk: int = 8):
+                     chunk: int = 32, jacobian: str = "batched", key=None,
+                     probes: int = 16):
     """Replace the defended layer's kernel gradient by ∂l/∂b · r′ᵀ (Alg 2).
 
     Args:
@@ -51,7 +54,15 @@ def soteria_gradient(grad: PyTree, context: DefenseContext, p_fc: float, *,
       layer: param path of the defended Dense layer ("Dense_0" = LeNet's FC).
       score: "exact" (paper) or "code" (authors' public code).
       scope: "example" (paper) or "batch" (authors' code).
-      chunk: examples per ``lax.map`` chunk of the Jacobian computation.
+      chunk: Jacobian rows (features) per ``lax.map`` chunk ("batched") or
+        examples per chunk ("per_example"): a memory/speed knob only.
+      jacobian: "batched" (one forward, L reverse passes over the batch) or
+        "per_example" (``jacrev`` per example); same values, see
+        :func:`defenses.soteria.representation_jacobian`; or "sketch", an
+        approximation from ``probes`` random JVPs (needs ``key``; see
+        :func:`defenses.soteria.jacobian_row_norms`).
+      key: PRNG key, used only by ``jacobian="sketch"``.
+      probes: random probes of the sketch.
 
     Returns:
       ``(grad′, info)``: the defended gradient and a dict with ``r`` [B, L],
@@ -74,8 +85,8 @@ def soteria_gradient(grad: PyTree, context: DefenseContext, p_fc: float, *,
     # d(loss)/d(shift) row j = w_j · ∂l_j/∂b_j (one backward pass for the batch).
     (_, r), weighted_dldb = jax.value_and_grad(loss_of_shift, has_aux=True)(
         jnp.zeros((x.shape[0], num_out), kernel.dtype))
-    jac = representation_jacobian(context.apply_fn, params, x, path, chunk)
-    grad_norm = jnp.sqrt(jnp.sum(jac ** 2, axis=-1))
+    grad_norm = jacobian_row_norms(context.apply_fn, params, x, path, chunk, jacobian,
+                                   key=key, probes=probes)
     r_prime, keep = perturb_representation(r, grad_norm, p_fc, score=score, scope=scope,
                                            example_mask=mask)
     new_kernel = (r_prime.T @ weighted_dldb).astype(layer_params(grad, path)["kernel"].dtype)
@@ -85,7 +96,8 @@ def soteria_gradient(grad: PyTree, context: DefenseContext, p_fc: float, *,
 
 @register_defense("soteria")
 def soteria(p_fc: float, layer: str = "Dense_0", score: str = "exact",
-            scope: str = "example", chunk: int = 8) -> Defense:
+            scope: str = "example", chunk: int = 32, jacobian: str = "batched",
+            probes: int = 16) -> Defense:
     """Soteria (stage "layer"): prune the FC layer's input representation.
 
     Args:
@@ -95,7 +107,12 @@ def soteria(p_fc: float, layer: str = "Dense_0", score: str = "exact",
       score: "exact" — the paper's ‖rᵢ(∇_X fᵢ)⁻¹‖₂ — or "code" — the
         approximation of the authors' public code.
       scope: "example" (Alg 2) or "batch" (authors' code).
-      chunk: examples per chunk in the Jacobian computation (memory bound).
+      chunk: rows/examples per chunk of the Jacobian computation (memory).
+      jacobian: "batched" (default) or "per_example" — how ∇_X f is computed
+        (same values; ``benchmarks/results/soteria_speed.md`` times both), or
+        "sketch" — an approximation of the norms from ``probes`` random JVPs
+        (not the paper's; for CPU-budget training runs, uses the step key).
+      probes: number of random probes of the sketch.
 
     Raises:
       ValueError: for a rate outside [0, 1] or an unknown score/scope.
@@ -112,15 +129,20 @@ def soteria(p_fc: float, layer: str = "Dense_0", score: str = "exact",
         raise ValueError(f"soteria scope {scope!r}; allowed: {', '.join(SCOPES)}")
     if int(chunk) < 1:
         raise ValueError(f"soteria chunk must be >= 1, got {chunk}")
+    if jacobian not in JACOBIAN_METHODS:
+        raise ValueError(f"soteria jacobian {jacobian!r}; allowed: {', '.join(JACOBIAN_METHODS)}")
+    if int(probes) < 1:
+        raise ValueError(f"soteria probes must be >= 1, got {probes}")
     parse_layer(layer)
 
     def apply(grad, state, *, key=None, context=None):
-        del key
         if context is None:
             raise ValueError("soteria needs a DefenseContext (it runs at stage 'layer')")
         grad, _ = soteria_gradient(grad, context, p_fc, layer=layer, score=score,
-                                   scope=scope, chunk=int(chunk))
+                                   scope=scope, chunk=int(chunk), jacobian=jacobian,
+                                   key=key, probes=int(probes))
         return grad, state
 
+    sketch = f",sketch{int(probes)}" if jacobian == "sketch" else ""
     return Defense(init=lambda params: (), apply=apply, stage="layer",
-                   name=f"soteria(p_fc={p_fc:g},{score},{scope})")
+                   name=f"soteria(p_fc={p_fc:g},{score},{scope}{sketch})")

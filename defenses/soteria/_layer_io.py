@@ -114,20 +114,97 @@ def representation(apply_fn: Callable, params: PyTree, x: jax.Array,
     return run_with_layer(apply_fn, params, x, path)[1]
 
 
+JACOBIAN_METHODS = ("batched", "per_example", "sketch")
+
+
 def representation_jacobian(apply_fn: Callable, params: PyTree, x: jax.Array,
-                            path: tuple[str, ...], chunk: int = 8) -> jax.Array:
+                            path: tuple[str, ...], chunk: int = 8,
+                            method: str = "batched") -> jax.Array:
     """Per-example Jacobians ∇_X f of the representation: [B, L, N], N = input size.
 
-    Built with ``jax.jacrev`` (all L rows of one example in one vectorised
-    reverse pass) mapped over examples in chunks of ``chunk`` with
-    ``lax.map`` to bound memory.
+    Two exact ways, same values (tested):
+
+    * ``"batched"`` (default): ONE forward pass of the whole batch and L
+      reverse passes (``jax.vmap`` over one-hot cotangents, ``chunk``
+      features at a time). Row i of example j is ∂(Σ_b r_{b,i})/∂x_j, which
+      equals ∂r_{j,i}/∂x_j because examples do not interact in the forward
+      pass (true for every fedsim model: GroupNorm, no BatchNorm).
+    * ``"per_example"``: ``jax.jacrev`` of each example (L rows in one
+      vectorised reverse pass), mapped over examples in chunks of ``chunk``
+      with ``lax.map``; needs no independence assumption.
+
+    Raises:
+      ValueError: for an unknown method.
     """
+    if method == "sketch":
+        raise ValueError("representation_jacobian: 'sketch' estimates only the row norms; "
+                         "use jacobian_row_norms")
+    if method == "per_example":
+        def one(xj):
+            def rep(v):
+                return representation(apply_fn, params, v[None], path)[0]
 
-    def one(xj):
-        def rep(v):
-            return representation(apply_fn, params, v[None], path)[0]
+            jac = jax.jacrev(rep)(xj)
+            return jac.reshape(jac.shape[0], -1)
 
-        jac = jax.jacrev(rep)(xj)
-        return jac.reshape(jac.shape[0], -1)
+        return jax.lax.map(one, x, batch_size=min(chunk, x.shape[0]))
+    if method != "batched":
+        raise ValueError(f"soteria jacobian method {method!r}; allowed: "
+                         f"{', '.join(JACOBIAN_METHODS)}")
+    r, vjp = jax.vjp(lambda v: representation(apply_fn, params, v, path), x)
+    num_features = r.shape[1]
 
-    return jax.lax.map(one, x, batch_size=min(chunk, x.shape[0]))
+    def rows(i):
+        # Cotangent e_i for every example: the VJP is example j's row i.
+        cot = jnp.zeros_like(r).at[:, i].set(1.0)
+        (gx,) = vjp(cot)
+        return gx.reshape(x.shape[0], -1)
+
+    jac = jax.lax.map(rows, jnp.arange(num_features),
+                      batch_size=max(1, min(chunk, num_features)))  # [L, B, N]
+    return jnp.swapaxes(jac, 0, 1)
+
+
+def jacobian_row_norms(apply_fn: Callable, params: PyTree, x: jax.Array,
+                       path: tuple[str, ...], chunk: int = 8,
+                       method: str = "batched", *, key: jax.Array | None = None,
+                       probes: int = 16) -> jax.Array:
+    """‖∇_X rᵢ‖₂ per example and feature, [B, L], without keeping [B, L, N].
+
+    ``"batched"`` and ``"per_example"`` give the exact row norms of
+    :func:`representation_jacobian` (which documents them); with
+    ``"batched"`` the norms are taken inside the map, so only ``chunk`` rows of
+    the Jacobian exist at a time. Their cost is L reverse passes per batch
+    (~100× a plain step for LeNet/ConvNet, ``benchmarks/results/soteria_speed.md``).
+
+    ``"sketch"`` is an APPROXIMATION (not in the paper or the authors' code),
+    for budget-limited training runs: since
+    E_v[(∇_X rᵢ · v)²] = ‖∇_X rᵢ‖² for v ~ N(0, I_N), so ``probes`` forward-mode
+    JVPs (all L features at once) estimate every squared norm; the relative
+    error of a norm is about 1/√(2·probes) (18 % at 16 probes), which can
+    change which features rank in the top ε. Needs ``key``.
+    """
+    if method == "sketch":
+        if key is None:
+            raise ValueError("soteria jacobian='sketch' needs a PRNG key")
+        if int(probes) < 1:
+            raise ValueError(f"soteria sketch probes must be >= 1, got {probes}")
+        rep = lambda v: representation(apply_fn, params, v, path)  # noqa: E731
+        vs = jax.random.normal(key, (int(probes), *x.shape), x.dtype)
+        jv = jax.lax.map(lambda v: jax.jvp(rep, (x,), (v,))[1], vs,
+                         batch_size=max(1, min(chunk, int(probes))))  # [k, B, L]
+        return jnp.sqrt(jnp.mean(jv ** 2, axis=0))
+    if method != "batched":
+        jac = representation_jacobian(apply_fn, params, x, path, chunk, method)
+        return jnp.sqrt(jnp.sum(jac ** 2, axis=-1))
+    r, vjp = jax.vjp(lambda v: representation(apply_fn, params, v, path), x)
+    num_features = r.shape[1]
+
+    def row_norms(i):
+        cot = jnp.zeros_like(r).at[:, i].set(1.0)
+        (gx,) = vjp(cot)
+        return jnp.sqrt(jnp.sum(gx.reshape(x.shape[0], -1) ** 2, axis=-1))
+
+    norms = jax.lax.map(row_norms, jnp.arange(num_features),
+                        batch_size=max(1, min(chunk, num_features)))  # [L, B]
+    return norms.T

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from defenses.soteria import (certified_bound, perturb_representation, representation,
-                              representation_jacobian, soteria_gradient)
+from defenses.soteria import (certified_bound, jacobian_row_norms, perturb_representation,
+                              representation, representation_jacobian, soteria_gradient)
 from fedsim.client import cross_entropy, masked_mean_loss
 from fedsim.hooks import DefenseContext, build_defense
 from fedsim.models import build_model, init_params, make_apply_fn
@@ -192,7 +192,8 @@ def test_certified_bound_matches_numpy_svd():
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"p_fc": 1.5}, "p_fc"), ({"p_fc": "a"}, "p_fc"), ({"p_fc": 0.1, "score": "x"}, "score"),
-    ({"p_fc": 0.1, "scope": "x"}, "scope"), ({"p_fc": 0.1, "layer": ""}, "layer")])
+    ({"p_fc": 0.1, "scope": "x"}, "scope"), ({"p_fc": 0.1, "layer": ""}, "layer"),
+    ({"p_fc": 0.1, "jacobian": "x"}, "jacobian")])
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         build_defense("soteria", **kwargs)
@@ -207,3 +208,70 @@ def test_bad_layer_path_is_named():
     d = build_defense("soteria", p_fc=0.1, layer="conv")
     with pytest.raises(ValueError, match="not a fully connected"):
         d.apply(grad, (), key=jax.random.key(0), context=_ctx(params, apply_fn, x, y, mask))
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_batched_jacobian_equals_per_example_jacrev(chunk):
+    # The batched VJP relies on examples not interacting in the forward pass;
+    # it must give the per-example jacrev rows exactly (up to float rounding).
+    model, params, apply_fn, x, y, mask = _explicit_setup(B=4)
+    per = representation_jacobian(apply_fn, params, x, ("Dense_0",), 2, "per_example")
+    bat = representation_jacobian(apply_fn, params, x, ("Dense_0",), chunk, "batched")
+    assert bat.shape == per.shape == (4, 48, 16)
+    chex.assert_trees_all_close(bat, per, atol=1e-6)
+    norms = jacobian_row_norms(apply_fn, params, x, ("Dense_0",), chunk, "batched")
+    chex.assert_trees_all_close(norms, jnp.sqrt(jnp.sum(per ** 2, -1)), atol=1e-6)
+    grad = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
+    ctx = _ctx(params, apply_fn, x, y, mask)
+    g_per, _ = soteria_gradient(grad, ctx, 0.4, jacobian="per_example")
+    g_bat, _ = soteria_gradient(grad, ctx, 0.4, jacobian="batched", chunk=chunk)
+    chex.assert_trees_all_close(g_per, g_bat, atol=1e-6)
+
+
+class _LogReg(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(x.reshape(x.shape[0], -1))
+
+
+def test_logistic_regression_prunes_the_largest_inputs():
+    # Fig 7 case: the defended layer is the only layer and r = X, so ∇_X rᵢ
+    # is the unit vector eᵢ and the exact score |rᵢ|/1 zeroes the largest
+    # |xᵢ| per example; the kernel gradient is x′ ⊗ ∂l/∂b.
+    model = _LogReg()
+    x = jax.random.normal(jax.random.key(3), (3, 2, 5, 1))
+    params = model.init(jax.random.key(0), x)["params"]
+    apply_fn = make_apply_fn(model)
+    y = jnp.array([0, 2, 1])
+    mask = jnp.ones(3)
+    grad = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
+    norms = jacobian_row_norms(apply_fn, params, x, ("Dense_0",))
+    np.testing.assert_allclose(norms, 1.0, atol=1e-6)
+    new, info = soteria_gradient(grad, _ctx(params, apply_fn, x, y, mask), 0.3)
+    flat = np.abs(np.asarray(x).reshape(3, -1))
+    for j in range(3):
+        assert set(np.flatnonzero(np.asarray(info["keep"][j]) == 0)) == set(
+            np.argsort(-flat[j])[:3].tolist())
+    dldb = jax.nn.softmax(apply_fn(params, x)) - jax.nn.one_hot(y, 3)
+    expected = (np.asarray(x).reshape(3, -1) * np.asarray(info["keep"])).T @ np.asarray(dldb) / 3
+    np.testing.assert_allclose(new["Dense_0"]["kernel"], expected, atol=1e-6)
+
+
+def test_sketched_norms_estimate_the_exact_norms():
+    # The sketch is unbiased for ‖∇_X rᵢ‖²: with many probes it is close to
+    # the exact norms; with few it is noisy (that is why it is opt-in).
+    model, params, apply_fn, x, y, mask = _explicit_setup(B=3)
+    exact = jacobian_row_norms(apply_fn, params, x, ("Dense_0",))
+    many = jacobian_row_norms(apply_fn, params, x, ("Dense_0",), 64, "sketch",
+                              key=jax.random.key(0), probes=4096)
+    np.testing.assert_allclose(many, exact, rtol=0.1)
+    few = jacobian_row_norms(apply_fn, params, x, ("Dense_0",), 8, "sketch",
+                             key=jax.random.key(1), probes=4)
+    assert few.shape == exact.shape and not np.allclose(few, exact, rtol=0.01)
+    with pytest.raises(ValueError, match="key"):
+        jacobian_row_norms(apply_fn, params, x, ("Dense_0",), method="sketch")
+    d = build_defense("soteria", p_fc=0.3, jacobian="sketch", probes=8)
+    grad = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
+    out, _ = d.apply(grad, (), key=jax.random.key(2), context=_ctx(params, apply_fn, x, y, mask))
+    chex.assert_tree_all_finite(out)
+    np.testing.assert_array_equal(out["conv"]["kernel"], grad["conv"]["kernel"])
