@@ -65,6 +65,20 @@ PAPER = {
 }
 
 
+def git_commit() -> str:
+    """HEAD of the checkout running this script (+ "-dirty" with uncommitted changes)."""
+    import subprocess
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
 def scheme_mask(scheme, key, params, p, apply_fn, x, y, input_shape, synflow_its):
     """A scheme's mask at rate p on the initial model (iterative ones: one step)."""
     if scheme == "prunefl":
@@ -83,14 +97,23 @@ def score(x_rec, x_true):
 
 
 def attack_all(obs_list, attack_cfg, key):
-    """GI and SGI on every observation (vmapped, one compile per attack)."""
-    gi = inverting_gradients.run_many(obs_list, attack_cfg, jax.random.fold_in(key, 0))
-    sg = sgi.run_many(obs_list, attack_cfg, jax.random.fold_in(key, 1))
+    """GI and SGI on every observation (vmapped, one compile per attack).
+
+    Paired: both attacks get the same key, hence the same labels and the same
+    initial dummies per victim and restart; they differ only in SGI's mask.
+    """
+    gi = inverting_gradients.run_many(obs_list, attack_cfg, key)
+    sg = sgi.run_many(obs_list, attack_cfg, key)
     return gi, sg
 
 
 def part_a(args, ds, rows, seed):
-    """Attacks on pruned FedSGD uploads at the initial model."""
+    """Attacks on pruned FedSGD uploads at the initial model.
+
+    Every setting of a (model, B) group attacks the same ``args.victims``
+    victim batches (paired across schemes, p and the two attacks); rows hold
+    the mean over victims and the per-victim values.
+    """
     rng = np.random.default_rng(seed)
     shape = ds.input_shape
     lr = 0.25
@@ -100,6 +123,8 @@ def part_a(args, ds, rows, seed):
     for s in SCHEMES:
         for p in args.rates:
             jobs.append(("conv2", 1, s, p))
+    if 0.3 not in args.rates:  # the reference point of the B and model-size axes
+        jobs.append(("conv2", 1, "prunefl", 0.3))
     for B in args.batch_sizes:
         if B != 1:
             jobs.append(("conv2", B, "prunefl", 0.3))
@@ -114,34 +139,43 @@ def part_a(args, ds, rows, seed):
         apply_fn = make_apply_fn(model)
         params = init_params(model, shape, jax.random.key(seed))
         d_w = int(np.sum(np.asarray(flatten(prunable(params)))))
+        victims = [rng.choice(len(ds.y_train), B, replace=False) for _ in range(args.victims)]
         obs_list, truths, meta = [], [], []
         for i, (_, _, scheme, p) in enumerate(group):
             t0 = time.perf_counter()
             mask = scheme_mask(scheme, jax.random.key(seed + 17 * i), params, p, apply_fn, xp, yp,
                                shape, args.synflow_iterations)
             pm = apply_mask(params, mask)
-            idx = rng.choice(len(ds.y_train), B, replace=False)
-            x, y = jnp.asarray(ds.x_train[idx]), jnp.asarray(ds.y_train[idx])
-            g = jax.grad(masked_mean_loss, argnums=1)(apply_fn, pm, x, y, jnp.ones(B))
-            upd = jax.tree_util.tree_map(lambda a: -lr * a, apply_mask(g, mask))
-            obs = Observation(upd, pm, apply_fn, "fedsgd", lr, 1, B, B, y, shape,
-                              ds.num_classes)
-            obs_list.append(restrict(obs, {"labels": True, "batch_size": True}))
-            truths.append(np.asarray(x))
+            for idx in victims:
+                x, y = jnp.asarray(ds.x_train[idx]), jnp.asarray(ds.y_train[idx])
+                g = jax.grad(masked_mean_loss, argnums=1)(apply_fn, pm, x, y, jnp.ones(B))
+                upd = jax.tree_util.tree_map(lambda a: -lr * a, apply_mask(g, mask))
+                obs = Observation(upd, pm, apply_fn, "fedsgd", lr, 1, B, B, y, shape,
+                                  ds.num_classes)
+                obs_list.append(restrict(obs, {"labels": True, "batch_size": True}))
+                truths.append(np.asarray(x))
             meta.append((scheme, p, time.perf_counter() - t0))
         t0 = time.perf_counter()
-        gi, sg = attack_all(obs_list, args.attack, jax.random.key(seed + 1000 + B))
+        attack_key = jax.random.key(seed + 1000 + B)
+        gi, sg = attack_all(obs_list, args.attack, attack_key)
         secs = time.perf_counter() - t0
-        for (scheme, p, mask_s), x, rg, rs in zip(meta, truths, gi, sg):
-            for name, rec in (("gi", rg), ("sgi", rs)):
-                n, ps = score(rec.x, x)
+        V = args.victims
+        for j, (scheme, p, mask_s) in enumerate(meta):
+            for name, recs in (("gi", gi), ("sgi", sg)):
+                sc = [score(recs[j * V + v].x, truths[j * V + v]) for v in range(V)]
                 rows.append({"part": "A", "dataset": "fashion_mnist", "model": model_name,
                              "params": int(sum(l.size for l in jax.tree_util.tree_leaves(params))),
                              "prunable_params": d_w, "base": scheme, "defense": "none", "p": p,
-                             "B": B, "attack": name, "nmi": n, "psnr": ps, "accuracy": None,
-                             "attack_loss": float(rec.loss), "round": 0,
-                             "mask_seconds": mask_s})
-        print(f"[A] {model_name} B={B}: {len(group)} victims x 2 attacks in {secs:.1f}s",
+                             "B": B, "attack": name,
+                             "nmi": float(np.mean([a for a, _ in sc])),
+                             "psnr": float(np.mean([b for _, b in sc])), "accuracy": None,
+                             "nmi_victims": [a for a, _ in sc], "psnr_victims": [b for _, b in sc],
+                             "attack_loss_victims": [float(recs[j * V + v].loss) for v in range(V)],
+                             "victim_indices": [np.asarray(v).tolist() for v in victims],
+                             "attack_seed": seed + 1000 + B, "mask_seed": seed + 17 * j,
+                             "round": 0, "mask_seconds": mask_s,
+                             "attack_seconds_group": secs})
+        print(f"[A] {model_name} B={B}: {len(obs_list)} victims x 2 attacks in {secs:.1f}s",
               flush=True)
 
 
@@ -375,7 +409,9 @@ def main(argv=None):
     args.batch_sizes = [1, 4] if q else [1, 4, 8, 16]
     args.model_sizes = ["lenet5", "conv2"] if q else ["lenet5", "conv2", "vgg11"]
     args.synflow_iterations = 20 if q else 100
-    args.attack = {"iterations": 150 if q else 1000, "tv": 1e-3, "restarts": 1}
+    # Same budget for GI and SGI (paired keys); best of `restarts` by attack loss.
+    args.attack = {"iterations": 200 if q else 1000, "tv": 1e-3, "restarts": 2 if q else 4}
+    args.victims = 2 if q else 4
     args.attack_b = {"iterations": 100 if q else 1000, "tv": 1e-3, "restarts": 1}
     args.local_batch = 8 if q else 20
     args.clients, args.clients_per_round = (50, 10) if q else (193, 10)
@@ -394,6 +430,7 @@ def main(argv=None):
     if "B" in args.parts:
         part_b(args, ds, rows, args.seed)
     result = {"mode": "quick" if q else "full", "seed": args.seed, "image_size": args.image_size,
+              "commit": git_commit(),
               "device": f"{jax.default_backend()} ({platform.processor() or platform.machine()})",
               "seconds": time.perf_counter() - t0, "settings": {
                   k: v for k, v in vars(args).items() if k not in ("quick",)},
