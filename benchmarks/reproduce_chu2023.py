@@ -641,13 +641,14 @@ def main(argv=None):
     quick = ["none", "largest", "largest_pseudo", "priprune"]
     args.defenses = args.defenses.split(",") if args.defenses else (quick if q else full)
     ds = load_dataset("fashion_mnist", image_size=args.image_size)
+    commit = git_commit()  # at start: the code this process loaded
     rows, t0 = [], time.perf_counter()
     if "A" in args.parts:
         part_a(args, ds, rows, args.seed)
     if "B" in args.parts:
         part_b(args, ds, rows, args.seed)
     result = {"mode": "quick" if q else "full", "seed": args.seed, "image_size": args.image_size,
-              "commit": git_commit(),
+              "commit": commit,
               "device": f"{jax.default_backend()} ({platform.processor() or platform.machine()})",
               "seconds": time.perf_counter() - t0, "settings": {
                   k: v for k, v in vars(args).items() if k not in ("quick",)},
