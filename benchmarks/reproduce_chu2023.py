@@ -284,7 +284,8 @@ def part_b(args, ds, rows, seed):
         # earlier observed rounds for the rounds axis (none and PriPrune only).
         for o in observed:
             ob = o.observation
-            if ob.round == R - 1 or (ob.client_id == 0 and name in ("none", "priprune")):
+            if ob.round == R - 1 or (ob.client_id == 0 and name in ("none", "priprune")
+                                     and getattr(args, "rounds_axis", True)):
                 pending.append((name, acc, cacc, cids, train_s, rates, mean_rate, o))
         print(f"[B] {name}: acc {acc:.4f} client-model acc {cacc} ({train_s:.0f}s train)",
               flush=True)
@@ -311,6 +312,22 @@ def part_b(args, ds, rows, seed):
                          "priprune_defense_rate_client0": rates if name == "priprune" else None,
                          "priprune_defense_rate_mean": mean_rate,
                          "train_seconds": train_s, "attack_seconds_all": att_s})
+
+
+def part_c(args, ds, rows, seed):
+    """PriPrune over the paper's λ_pri grid {1, 10, 15} (10 is part B's run; Fig 5(a)).
+
+    Everything else as part B (same seed, clients, attack key); last round only.
+    """
+    import copy
+    for lp in args.lambda_pri_grid:
+        a2 = copy.copy(args)
+        a2.lambda_pri, a2.defenses, a2.rounds_axis = lp, ["priprune"], False
+        sub = []
+        part_b(a2, ds, sub, seed)
+        for r in sub:
+            r.update(part="C", lambda_pri=lp)
+        rows.extend(sub)
 
 
 def priprune_hp(args, n_params):
@@ -534,6 +551,23 @@ def markdown(result) -> str:
                       f"{sb.get('lambda_pri')}, λ_sha {sb.get('lambda_sha')} × N_PAPER/N, τ "
                       f"{sb.get('tau')}, α_init {sb.get('alpha_init')}, alpha_lr "
                       f"{sb.get('alpha_lr')}."]
+    c = [r for r in rows if r["part"] == "C"]
+    if c and b:
+        last = max(r["round"] for r in b)
+        lines += ["", "## C. PriPrune vs λ_pri (paper grid; λ_pri = 10 is part B's run)", "",
+                  "| λ_pri | global acc | client-model acc | SGI NMI | SGI PSNR | mean p̂ |",
+                  "|---|---|---|---|---|---|"]
+        variants = [(float(sb.get("lambda_pri", 10.0)), [r for r in b if r["defense"] == "priprune"])]
+        variants += [(lp, [r for r in c if r["lambda_pri"] == lp])
+                     for lp in sorted({r["lambda_pri"] for r in c})]
+        for lp, rs in sorted(variants):
+            sel = [r for r in rs if r["attack"] == "sgi" and r["round"] == last]
+            if not sel:
+                continue
+            mean = lambda k: float(np.mean([r[k] for r in sel]))
+            lines.append(f"| {lp:g} | {mean('accuracy'):.4f} | {mean('client_model_accuracy'):.4f} | "
+                         f"{mean('nmi'):.4f} | {mean('psnr'):.2f} | "
+                         f"{sel[0]['priprune_defense_rate_mean']:.3f} |")
     if result.get("bound"):
         bd = result["bound"]
         lines += ["", f"## Info bound (Thm 1 / Cor 1), bits; d* = {bd['d_star']}, "
@@ -603,8 +637,12 @@ def main(argv=None):
     if args.combine:
         a = json.loads((OUT / "chu2023_A.json").read_text())
         b = json.loads((OUT / "chu2023_B.json").read_text())
-        result = {**a, "rows": a["rows"] + b["rows"], "seconds": a["seconds"] + b["seconds"],
-                  "commit": f"A {a.get('commit')}, B {b.get('commit')}",
+        cp = OUT / "chu2023_C.json"
+        c = json.loads(cp.read_text()) if cp.exists() else {"rows": [], "seconds": 0.0}
+        result = {**a, "rows": a["rows"] + b["rows"] + c["rows"],
+                  "seconds": a["seconds"] + b["seconds"] + c["seconds"],
+                  "commit": f"A {a.get('commit')}, B {b.get('commit')}"
+                            + (f", C {c.get('commit')}" if c["rows"] else ""),
                   "note": "parts A and B ran as two sequential processes (--parts A, then "
                           "--parts B) with the same seed, merged by --combine; the commits of "
                           "each part are recorded" + (f" ({a['commit_note']})"
@@ -636,6 +674,7 @@ def main(argv=None):
     # 0.5 decides (0.05 from 0.1 never crossed ½: the last run's p̂ = 0).
     args.lambda_acc, args.lambda_pri, args.lambda_sha = 1.0, 10.0, 2e-5
     args.tau, args.alpha_lr, args.alpha_init = 0.5, 0.5, 0.4
+    args.lambda_pri_grid = [1.0, 15.0]  # part C (the paper's other λ_pri values)
     args.defense_rate = 0.3  # p̂ of Largest/Random/Mix (paper: 0.3; Mix 0.15 + 0.15)
     full = ["none", "largest", "random", "mix", "largest_pseudo", "random_pseudo", "mix_pseudo",
             "priprune"]
@@ -648,6 +687,8 @@ def main(argv=None):
         part_a(args, ds, rows, args.seed)
     if "B" in args.parts:
         part_b(args, ds, rows, args.seed)
+    if "C" in args.parts:
+        part_c(args, ds, rows, args.seed)
     result = {"mode": "quick" if q else "full", "seed": args.seed, "image_size": args.image_size,
               "commit": commit,
               "device": f"{jax.default_backend()} ({platform.processor() or platform.machine()})",
