@@ -66,7 +66,9 @@ class InversionConfig:
       simulate: "gradient" or "fedavg".
       local_steps, local_batch, local_lr: the unrolled FedAvg training.
       masked: compare only the coordinates where the target is non-zero
-        (SGI, paper 002 Alg. 2: the pruning mask is read off the update's zeros).
+        (SGI, paper 002 Alg. 2: the pruning mask is read off the update's zeros,
+        :func:`support_mask`). The one implementation of SGI's masking;
+        :mod:`attacks.sgi` sets it.
     """
 
     loss: str = "cosine"
@@ -160,6 +162,11 @@ def make_simulate(apply_fn, cfg: InversionConfig) -> Callable:
     return fedavg
 
 
+def support_mask(tree: Params) -> Params:
+    """The {0,1} mask of a pytree's nonzero coordinates (SGI, paper 002 Alg 2 line 2)."""
+    return jax.tree_util.tree_map(lambda u: (u != 0).astype(jnp.float32), tree)
+
+
 def matching_loss(sim: Params, target: Params, kind: str) -> jax.Array:
     """Gradient-matching loss between two pytrees (see module docstring)."""
     s = jax.tree_util.tree_leaves(sim)
@@ -201,7 +208,9 @@ def make_inverter(apply_fn, cfg: InversionConfig, batch_size: int,
         y = jax.nn.softmax(z["y"]) if joint else jax.nn.one_hot(labels, num_classes)
         sim = simulate(params, x, y)
         if cfg.masked:
-            sim = jax.tree_util.tree_map(lambda a, t: jnp.where(t != 0, a, 0.0), sim, target)
+            # g(x̂) ⊙ m, m read off the target's zeros: pruned coordinates leave
+            # both the dot product and the norms of the cosine loss.
+            sim = jax.tree_util.tree_map(jnp.multiply, sim, support_mask(target))
         loss = matching_loss(sim, target, cfg.loss)
         return loss + cfg.tv * total_variation(x) if cfg.tv > 0 else loss
 

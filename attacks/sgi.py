@@ -13,90 +13,53 @@ SGI (Alg 2):
    optimiser (signed Adam, step decay, box, restarts) of
    :mod:`attacks.gradient_inversion`.
 
-Implementation: the shared core is reused unchanged. The attacked model's
-parameters become ``{"w": w, "m": m}`` and its apply function uses
-``w ⊙ sg(m) + sg(w ⊙ (1 − m))``: the forward pass is the global model (exactly,
-since m ∈ {0, 1}), the gradient w.r.t. ``w`` is g ⊙ m, and the gradient
-w.r.t. ``m`` is 0 (matched to a zero target, it changes neither the dot
-product nor the norms of the cosine loss). The mask is recovered from the
-observation alone (threat model: the server sees only the upload).
+Implementation: one route. Steps 1–2 are the ``masked`` option of the shared
+core (:class:`attacks.gradient_inversion.InversionConfig`; the mask is
+:func:`attacks.gradient_inversion.support_mask` of the target, recomputed
+inside the jitted loss from the observation alone — threat model: the server
+sees only the upload). This module only sets it, so ``sgi`` and
+``inverting_gradients`` with the same config and key differ in nothing else
+(the paper's Fig 7 comparison, "GI" = Geiping et al.).
 
-Labels: granted ones, else inferred from the (original, unwrapped) upload by
-:func:`attacks.labels.infer_labels` before the wrapping.
+Labels: granted ones, else inferred from the upload by
+:func:`attacks.labels.infer_labels` (as for GI).
 
-Guarantee: none (a heuristic attack). Defaults are those of
-``inverting_gradients`` so that ``sgi`` vs ``inverting_gradients`` isolates
-the masking (the paper's Fig 7 comparison, "GI" = Geiping et al.).
+Guarantee: none (a heuristic attack).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 from attacks.api import Reconstruction, register_attack
-from attacks.gradient_inversion import run_inversion, victim_batch_size
+from attacks.gradient_inversion import run_inversion, support_mask
 from attacks.inverting_gradients import DEFAULTS
-from attacks.labels import infer_labels
 from fedsim.typing import Observation
 
 
 def recover_mask(update) -> Any:
     """Alg 2 line 2: the {0,1} mask of the upload's nonzero coordinates."""
-    return jax.tree_util.tree_map(lambda u: (u != 0).astype(jnp.float32), update)
-
-
-@functools.lru_cache(maxsize=16)
-def masked_apply(apply_fn):
-    """``apply(q, x)`` of the pruned model, ``q = {"w": params, "m": mask}``.
-
-    Cached per ``apply_fn`` so the attack core's jit cache (keyed on the apply
-    function) is hit across calls.
-    """
-
-    def apply(q, x):
-        w, m = q["w"], jax.lax.stop_gradient(q["m"])
-        eff = jax.tree_util.tree_map(
-            lambda a, b: a * b + jax.lax.stop_gradient(a * (1.0 - b)), w, m)
-        return apply_fn(eff, x)
-
-    return apply
-
-
-def sparse_observation(obs: Observation, labels) -> Observation:
-    """The observation with the recovered mask folded into the attacked model."""
-    mask = recover_mask(obs.update)
-    zeros = jax.tree_util.tree_map(jnp.zeros_like, mask)
-    return obs._replace(params={"w": obs.params, "m": mask},
-                        update={"w": obs.update, "m": zeros},
-                        apply_fn=masked_apply(obs.apply_fn), labels=labels)
+    return support_mask(update)
 
 
 def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key
              ) -> list[Reconstruction]:
-    """SGI against several victims at once (one vmapped, jitted loop)."""
-    config = dict(config)
-    joint = config.get("label_mode", DEFAULTS["label_mode"]) == "joint"
-    wrapped = []
-    for i, obs in enumerate(observations):
-        labels = obs.labels
-        if labels is None and not joint:
-            bs = victim_batch_size(obs, config)
-            labels = infer_labels(obs, bs, jax.random.fold_in(key, 1000 + i),
-                                  name=config.get("last_layer"))
-        wrapped.append(sparse_observation(obs, labels))
-    config.pop("last_layer", None)
-    recs = run_inversion(wrapped, config, key, DEFAULTS)
-    return [r._replace(extras={**r.extras, "labels_inferred": observations[i].labels is None,
-                               "mask_density": float(sum(
-                                   jnp.sum(m) for m in jax.tree_util.tree_leaves(
-                                       wrapped[i].params["m"])) / sum(
-                                   m.size for m in jax.tree_util.tree_leaves(
-                                       wrapped[i].params["m"])))})
-            for i, r in enumerate(recs)]
+    """SGI against several victims at once (one vmapped, jitted loop).
+
+    With the same ``config`` and ``key``, victims get the same labels and the
+    same initial dummies as :func:`attacks.inverting_gradients.run_many`
+    (paired comparison).
+    """
+    recs = run_inversion(observations, config, key, DEFAULTS, cfg_overrides={"masked": True})
+    out = []
+    for obs, r in zip(observations, recs):
+        leaves = jax.tree_util.tree_leaves(recover_mask(obs.update))
+        density = float(sum(np.sum(np.asarray(l)) for l in leaves) / sum(l.size for l in leaves))
+        out.append(r._replace(extras={**r.extras, "mask_density": density}))
+    return out
 
 
 @register_attack("sgi")

@@ -66,7 +66,7 @@ def density(mask: PyTree) -> jax.Array:
 
 
 def mask_from_scores(scores: PyTree, p: float, prune: str = "lowest",
-                     eligible: PyTree | None = None) -> PyTree:
+                     eligible: PyTree | None = None, rate_of_eligible: bool = False) -> PyTree:
     """Prune exactly ``round(p·d)`` coordinates ranked by score over the model.
 
     Args:
@@ -79,18 +79,40 @@ def mask_from_scores(scores: PyTree, p: float, prune: str = "lowest",
         eligible count; ineligible coordinates are 1 in the result (combine
         with the eligibility mask yourself). Used by iterative schemes and the
         Mix defense.
+      rate_of_eligible: ``p`` is a rate of the eligible count instead of d
+        (``round(p·#eligible)`` pruned; the count is traced, the shapes static).
+        The defense pruning uses it: its rate is a fraction of what the base
+        scheme lets the client share.
 
     Returns:
-      A {0, 1} float32 mask with ``min(round(p·d), #eligible)`` zeros among
-      the eligible coordinates.
+      A {0, 1} float32 mask with ``min(round(p·d), #eligible)`` (or
+      ``round(p·#eligible)``) zeros among the eligible coordinates.
     """
     p = check_rate(p)
     if prune not in ("lowest", "highest"):
         raise ValueError(f"prune must be 'lowest' or 'highest', got {prune!r}")
     s = flatten(scores).astype(jnp.float32)
-    k = int(round(p * s.shape[0]))
     elig = None if eligible is None else flatten(eligible)
+    if rate_of_eligible:
+        if elig is None:
+            raise ValueError("rate_of_eligible=True needs an eligible mask")
+        # round half to even, as Python's round() for the static count.
+        k = jnp.round(p * jnp.sum(elig > 0)).astype(jnp.int32)
+    else:
+        k = int(round(p * s.shape[0]))
     return unflatten(_keep_vector(s, elig, k, prune == "highest"), scores)
+
+
+def mask_pruning_count(scores: PyTree, k, prune: str, eligible: PyTree) -> PyTree:
+    """Prune exactly ``k`` eligible coordinates (``k`` may be traced), ranked by score.
+
+    The count-level form of :func:`mask_from_scores` for callers whose count
+    depends on the data (the Mix defense: ``round(p̂_random·n_shared)``).
+    """
+    if prune not in ("lowest", "highest"):
+        raise ValueError(f"prune must be 'lowest' or 'highest', got {prune!r}")
+    s = flatten(scores).astype(jnp.float32)
+    return unflatten(_keep_vector(s, flatten(eligible), k, prune == "highest"), scores)
 
 
 @functools.partial(jax.jit, static_argnums=(3,))
@@ -131,9 +153,14 @@ def _keep_vector(s, eligible, k, highest: bool):
     return keep
 
 
-def magnitude_mask(tree: PyTree, p: float, prune: str = "lowest") -> PyTree:
-    """Mask pruning the ``p`` fraction of coordinates of smallest (or largest) |value|."""
-    return mask_from_scores(jax.tree_util.tree_map(jnp.abs, tree), p, prune)
+def magnitude_mask(tree: PyTree, p: float, prune: str = "lowest", eligible: PyTree | None = None,
+                   rate_of_eligible: bool = False) -> PyTree:
+    """Mask pruning the ``p`` fraction of coordinates of smallest (or largest) |value|.
+
+    ``eligible`` / ``rate_of_eligible`` as in :func:`mask_from_scores`.
+    """
+    return mask_from_scores(jax.tree_util.tree_map(jnp.abs, tree), p, prune, eligible,
+                            rate_of_eligible)
 
 
 def random_mask(key: PRNGKey, like: PyTree, p: float) -> PyTree:

@@ -27,7 +27,17 @@ withheld weight. The weight step uses the plain local loss (Pseudo-Pruning
 trains withheld weights locally). θ is updated with Adam (``alpha_lr``): the
 raw per-coordinate gradients of Eq 6 are O(1/d), far below any step size
 shared with the weights, and Adam's scale invariance makes λ_acc:λ_pri:λ_sha
-the only thing that matters. θ starts at logit(``alpha_init``).
+the only thing that matters. θ starts at logit(``alpha_init``); a fresh Adam
+state each round, so one participation moves θ_j by about ±``alpha_lr``.
+
+Balance point (why λ_sha needs the model size): with one local step the
+λ_acc term is ~0 (w = w_g at the step), and the θ_j-gradient of the other two
+terms vanishes at α_j* = λ_pri·c_j/λ_sha with c_j = (N_l/N)·|g_j|/Σ_{j∈l}|g_j|,
+so a weight ends up withheld (α > ½) iff |g_j| > (λ_sha·N / (2·λ_pri)) × the
+mean |g| of its layer. L_pri is normalised, λ_sha·Σα is not, so the same λ's
+mean a different threshold for a different N; the reproduction scales λ_sha
+by N_paper/N (FEMNIST Conv-2, N_paper = 6.6·10⁶) to keep the paper's
+threshold (6.6× the layer mean for λ_pri = 10, λ_sha = 2e-5).
 
 Base pruning is composed through the engine's "layer" defense (e.g.
 :func:`defenses.pruning.global_mask.masked_gradient`): pruned weights get no

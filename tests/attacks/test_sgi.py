@@ -9,7 +9,7 @@ import pytest
 from attacks import run_attack
 from attacks.gradient_inversion import matching_loss
 from attacks.metrics import psnr
-from attacks.sgi import masked_apply, recover_mask
+from attacks.sgi import recover_mask
 from defenses.pruning import apply_mask, random_mask
 from fedsim.client import masked_mean_loss
 from fedsim.models import build_model, init_params, make_apply_fn
@@ -33,19 +33,33 @@ def _pruned_upload(params, apply_fn, x, y, p, key):
     return obs, mask
 
 
-def test_recover_mask_and_masked_model(mlp):
+def test_recover_mask_from_the_upload_zeros(mlp):
     params, apply_fn = mlp
     x = jax.random.uniform(jax.random.key(1), (2, 16, 16, 1))
     y = jnp.array([3, 7])
     obs, mask = _pruned_upload(params, apply_fn, x, y, 0.4, jax.random.key(2))
+    # Every kept coordinate of this MLP's gradient is nonzero, so the zeros are the mask.
     chex.assert_trees_all_close(recover_mask(obs.update), mask)
-    q = {"w": obs.params, "m": mask}
-    f = masked_apply(apply_fn)
-    chex.assert_trees_all_close(f(q, x), apply_fn(obs.params, x))
-    gq = jax.grad(lambda q: jnp.sum(f(q, x) ** 2))(q)
-    g = jax.grad(lambda w: jnp.sum(apply_fn(w, x) ** 2))(obs.params)
-    chex.assert_trees_all_close(gq["w"], apply_mask(g, mask), rtol=1e-5)
-    assert all(float(jnp.abs(l).max()) == 0 for l in jax.tree_util.tree_leaves(gq["m"]))
+
+
+def test_sgi_is_gi_on_a_dense_upload_and_pairs_with_it(mlp):
+    """One route: SGI only switches the core's mask on; without zeros it is GI exactly."""
+    params, apply_fn = mlp
+    x = jax.random.uniform(jax.random.key(1), (1, 16, 16, 1))
+    y = jnp.array([4])
+    obs, _ = _pruned_upload(params, apply_fn, x, y, 0.0, jax.random.key(3))
+    dense = jax.tree_util.tree_map(lambda u: jnp.where(u == 0, 1e-30, u), obs.update)
+    obs = obs._replace(update=dense)
+    cfg = {"iterations": 3, "restarts": 2}
+    gi = run_attack("inverting_gradients", obs, cfg, jax.random.key(7))
+    sgi = run_attack("sgi", obs, cfg, jax.random.key(7))
+    np.testing.assert_array_equal(np.asarray(gi.x), np.asarray(sgi.x))
+    assert sgi.extras["mask_density"] == 1.0
+    # On a sparse upload the two differ (the mask changes the loss).
+    sparse, _ = _pruned_upload(params, apply_fn, x, y, 0.6, jax.random.key(3))
+    gi = run_attack("inverting_gradients", sparse, cfg, jax.random.key(7))
+    sgi = run_attack("sgi", sparse, cfg, jax.random.key(7))
+    assert float(gi.loss) != float(sgi.loss)
 
 
 def test_true_input_is_a_zero_of_sgi_loss_but_not_of_gi(mlp):

@@ -53,6 +53,20 @@ def test_random_and_mix_contract(name, kw):
         assert np.all(np.asarray(flatten(a))[np.argsort(-np.abs(v))[: round(0.2 * 117)]] == 0)
 
 
+def test_rates_are_of_the_shared_coordinates():
+    """After base pruning, p̂ is a fraction of the nonzero coordinates, never of d."""
+    tree = _tree(jax.random.key(0))
+    tree = {**tree, "w": tree["w"].at[:6].set(0.0)}  # 54 of 117 pruned by the base
+    for name, kw, expect in (("prune_largest", {"p": 0.3}, round(0.3 * 63)),
+                             ("prune_mix", {"p_largest": 0.2, "p_random": 0.2},
+                              round(0.2 * 63) + round(0.2 * 63))):
+        d = build_defense(name, **kw)
+        out, _ = d.apply(tree, d.init(tree), key=jax.random.key(1))
+        o = np.asarray(flatten(out))
+        assert int(np.sum(o == 0)) == 54 + expect
+        assert np.all(o[np.asarray(flatten(tree)) == 0] == 0)
+
+
 def test_bad_rates_are_clear_errors():
     with pytest.raises(ValueError, match="p_largest"):
         build_defense("prune_largest", p=2.0)
@@ -100,7 +114,8 @@ def test_observer_never_sees_withheld_or_pruned_weights():
             jax.tree_util.tree_map(lambda s: s[1], state.client_states)["upload"][1]["withheld"]))
         assert np.all(u[b == 0] == 0), "a pruned weight reached the server"
         assert np.all(u[withheld > 0] == 0), "a withheld weight reached the server"
-        assert withheld.sum() == round(0.2 * b.size)
+        # The rate is of what the client would share: the nonzero base-pruned update.
+        assert withheld.sum() == round(0.2 * (np.sum(u != 0) + withheld.sum()))
         # Pruned weights stay zero in the global model (Alg 1 line 11 holds by construction).
         assert np.all(np.asarray(flatten(state.params))[b == 0] == 0)
         del prev_cs
