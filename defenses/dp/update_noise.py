@@ -41,19 +41,26 @@ def _clip(vector, clip_norm, ord_):
     return vector / jnp.maximum(1.0, norm / clip_norm)
 
 
+def _noisy_upload(noise, clip_norm: float | None, ord_: int, name: str) -> Defense:
+    """Upload defense: optionally clip the flat update in L``ord_``, then add ``noise``."""
+
+    def apply(update, state, *, key, context=None):
+        v, unflatten = _flat(update)
+        if clip_norm is not None:
+            v = _clip(v, clip_norm, ord_)
+        return unflatten(v + noise(key, v.shape, v.dtype)), state
+
+    return Defense(lambda p: (), apply, "upload", name)
+
+
 @register_defense("update_gaussian")
 def update_gaussian(sigma: float, clip_norm: float | None = None) -> Defense:
     """Add N(0, σ²) to every coordinate of the upload (Soteria's DP-Gaussian)."""
     sigma = check_positive("sigma", sigma)
     clip = None if clip_norm is None else check_positive("clip_norm", clip_norm)
 
-    def apply(update, state, *, key, context=None):
-        v, unflatten = _flat(update)
-        if clip is not None:
-            v = _clip(v, clip, 2)
-        return unflatten(v + sigma * jax.random.normal(key, v.shape, v.dtype)), state
-
-    return Defense(lambda p: (), apply, "upload", f"update_gaussian(sigma={sigma:g})")
+    noise = lambda key, shape, dtype: sigma * jax.random.normal(key, shape, dtype)
+    return _noisy_upload(noise, clip, 2, f"update_gaussian(sigma={sigma:g})")
 
 
 @register_defense("update_laplace")
@@ -62,13 +69,8 @@ def update_laplace(scale: float, clip_norm: float | None = None) -> Defense:
     scale = check_positive("scale", scale)
     clip = None if clip_norm is None else check_positive("clip_norm", clip_norm)
 
-    def apply(update, state, *, key, context=None):
-        v, unflatten = _flat(update)
-        if clip is not None:
-            v = _clip(v, clip, 1)
-        return unflatten(v + scale * jax.random.laplace(key, v.shape, v.dtype)), state
-
-    return Defense(lambda p: (), apply, "upload", f"update_laplace(b={scale:g})")
+    noise = lambda key, shape, dtype: scale * jax.random.laplace(key, shape, dtype)
+    return _noisy_upload(noise, clip, 1, f"update_laplace(b={scale:g})")
 
 
 @register_defense("client_level_dp")
