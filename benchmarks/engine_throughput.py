@@ -209,7 +209,7 @@ def markdown(result: dict) -> str:
            f"{min(r['loadavg_1min_before'] for r in rows):.1f}–"
            f"{max(r['loadavg_1min_before'] for r in rows):.1f} (shared 2-core machine: noisy).",
            f"Produced by `python benchmarks/engine_throughput.py {' '.join(result['argv'])}` on {result['date']}.",
-           *( [f"Skipped (time budget on the loaded machine): {', '.join(result['skipped'])}."] if result["skipped"] else []),
+           *( [f"Not run (capped by `--slow-impls-max-clients`, to bound the run's time): {', '.join(result['skipped'])}."] if result["skipped"] else []),
            "", "## Seconds per round (peak RSS MiB)", "",
            "| impl | " + " | ".join(f"N={c}" for c in cohorts) + " |",
            "|---" * (len(cohorts) + 1) + "|"]
