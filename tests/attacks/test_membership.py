@@ -3,13 +3,12 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from attacks import membership as MIA
-from fedsim.client import masked_mean_loss
 from fedsim.data import synthetic_dataset
 from fedsim.models import build_model, init_params, make_apply_fn
+from tests.attacks.helpers import train_full_batch
 
 
 def test_auc_matches_pairwise_count():
@@ -34,19 +33,7 @@ def test_attacks_beat_chance_on_overfit_model():
     mem = np.r_[0:100]       # members (trained on); 0..49 known to the attacker
     non = np.r_[200:300]     # non-members with equally random labels; 200..249 known
     y = y.at[200:300].set(jnp.asarray(np.random.default_rng(1).integers(0, 10, 100)))
-    tx = optax.adam(1e-2)
-    xm, ym = x[mem], y[mem]
-
-    @jax.jit
-    def train(p):
-        def step(c, _):
-            p, s = c
-            g = jax.grad(masked_mean_loss, argnums=1)(f, p, xm, ym, jnp.ones(len(ym)))
-            u, s = tx.update(g, s, p)
-            return (optax.apply_updates(p, u), s), None
-        return jax.lax.scan(step, (p, tx.init(p)), None, length=400)[0][0]
-
-    p = train(p)
+    p = train_full_batch(f, p, x[mem], y[mem], steps=400)
     test_m, test_n = mem[50:], non[50:]
     assert MIA.auc(MIA.loss_scores(f, p, x[test_m], y[test_m]), MIA.loss_scores(f, p, x[test_n], y[test_n])) > 0.7
     assert MIA.auc(MIA.gradient_norm_scores(f, p, x[test_m], y[test_m], 10),

@@ -3,16 +3,15 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from attacks import run_attack
 from attacks.gradient_inversion import AttackConfigError
 from attacks.model_inversion import class_centre_mse, class_centres
-from fedsim.client import masked_mean_loss
 from fedsim.data import synthetic_dataset
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.typing import Observation
+from tests.attacks.helpers import train_full_batch
 
 
 def test_model_inversion_approaches_class_centres():
@@ -20,19 +19,8 @@ def test_model_inversion_approaches_class_centres():
     model = build_model("mlp")
     f = make_apply_fn(model)
     p = init_params(model, ds.input_shape, jax.random.key(0))
-    tx = optax.adam(1e-2)
     x, y = jnp.asarray(ds.x_train[:500]), jnp.asarray(ds.y_train[:500])
-
-    @jax.jit
-    def train(p):
-        def step(c, _):
-            p, s = c
-            g = jax.grad(masked_mean_loss, argnums=1)(f, p, x, y, jnp.ones(len(y)))
-            u, s = tx.update(g, s, p)
-            return (optax.apply_updates(p, u), s), None
-        return jax.lax.scan(step, (p, tx.init(p)), None, length=300)[0][0]
-
-    trained = train(p)
+    trained = train_full_batch(f, p, x, y, steps=300)
     zero = jax.tree_util.tree_map(jnp.zeros_like, trained)
     obs = Observation(zero, trained, f, "fedsgd", 0.1, 1, None, None, None, ds.input_shape, 10)
     aux = ds.x_train[500:600]

@@ -1,6 +1,5 @@
 """DP-PSAC (Xia et al. 2023): weight function, sensitivity, noise, contract."""
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +7,7 @@ import pytest
 from scipy import stats
 
 from defenses.dp import dp_parameters, dp_psac, psac_weights
-from tests.defenses.dp_helpers import context, flat_rows, per_example_tree
+from tests.defenses.dp_helpers import check_keyed_randomness, context, flat_rows, per_example_tree
 
 
 def test_weighted_norm_is_below_c_and_non_monotonic_scaling():
@@ -44,13 +43,7 @@ def test_contract():
     tree = per_example_tree(jax.random.key(1))
     d = dp_psac(1.0)
     ctx = context(np.ones(8))
-    a, _ = d.apply(tree, (), key=jax.random.key(1), context=ctx)
-    b, _ = d.apply(tree, (), key=jax.random.key(1), context=ctx)
-    c, _ = d.apply(tree, (), key=jax.random.key(2), context=ctx)
-    j, _ = jax.jit(lambda t, k: d.apply(t, (), key=k, context=ctx))(tree, jax.random.key(1))
-    chex.assert_trees_all_close(a, b)
-    chex.assert_trees_all_close(a, j, rtol=1e-5, atol=1e-6)
-    assert not np.allclose(a["w"], c["w"])
+    check_keyed_randomness(d, tree, ctx, rtol=1e-5, atol=1e-6)
     assert dp_parameters(d).mechanism == "gauss"
     with pytest.raises(ValueError, match="r must"):
         dp_psac(1.0, r=0.0)

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from defenses.dp import dp_parameters, dp_vmf, sample_vmf, sample_vmf_cosine
-from tests.defenses.dp_helpers import context, per_example_tree
+from tests.defenses.dp_helpers import check_keyed_randomness, context, per_example_tree
 
 
 def mean_resultant_length(p, kappa):
@@ -70,13 +70,7 @@ def test_defense_contract_and_errors():
     tree = per_example_tree(jax.random.key(4))
     d = dp_vmf(kappa=10.0)
     ctx = context(np.ones(8))
-    a, _ = d.apply(tree, (), key=jax.random.key(1), context=ctx)
-    b, _ = d.apply(tree, (), key=jax.random.key(1), context=ctx)
-    c, _ = d.apply(tree, (), key=jax.random.key(2), context=ctx)
-    j, _ = jax.jit(lambda t, k: d.apply(t, (), key=k, context=ctx))(tree, jax.random.key(1))
-    chex.assert_trees_all_close(a, b)
-    chex.assert_trees_all_close(a, j, rtol=1e-4, atol=1e-5)
-    assert not np.allclose(a["w"], c["w"])
+    check_keyed_randomness(d, tree, ctx, rtol=1e-4, atol=1e-5)
     assert dp_parameters(d).kappa == 10.0
     with pytest.raises(ValueError, match="kappa"):
         dp_vmf(kappa=0.0)
