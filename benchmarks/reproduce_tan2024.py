@@ -990,9 +990,11 @@ def main(argv=None):
         "deviations": [
             "Fashion-MNIST 32×32×1 only (offline); the paper's Fig 14 numbers are CIFAR-10.",
             "LeNet = fedsim 'lenet5' (ReLU/max-pool LeNet-5, 61,706 parameters; the paper's LeNet "
-            "has 6.20e4). On it IG's own error (no defense) is ~0.05 MSE, from pixels that do not "
-            "reach the gradient through ReLU/max-pool, larger than the Natural channel's noise "
-            "variance at κ = 300 (0.0077). LeNet-DLG = fedsim 'lenet' (the sigmoid LeNet of DLG, "
+            "has 6.20e4). On it IG's own error (no defense) is ~0.05 MSE, larger than the Natural "
+            "channel's noise variance at κ = 300 (0.0077); longer attacks, restarts, other TV "
+            "weights, L-BFGS and a trained model do not lower it, and pixels invisible to the "
+            "upload explain only part of it (benchmarks/results/ig_floor_lenet5.md; blind-pixel "
+            "split in ig_settings). LeNet-DLG = fedsim 'lenet' (the sigmoid LeNet of DLG, "
             "not in the paper) is added as a victim on which IG reconstructs an undefended image "
             "almost exactly, so what the channel adds is visible; both are reported.",
             "AlexNet IG in --quick: 2 victims, 40 iterations, κ ∈ {50, 300} only (one attack "
