@@ -695,9 +695,9 @@ def main(argv=None):
                   "commit": f"A {a.get('commit')}, B {b.get('commit')}"
                             + (f", C {c.get('commit')}" if c["rows"] else "")
                             + (f", D {dd.get('commit')}" if dd["rows"] else ""),
-                  "note": "parts A and B ran as two sequential processes (--parts A, then "
-                          "--parts B) with the same seed, merged by --combine; the commits of "
-                          "each part are recorded" + (f" ({a['commit_note']})"
+                  "note": "parts A, B (and C, D where present) ran as sequential processes "
+                          "(--parts A, --parts B, ...) with the same seed, merged by --combine; "
+                          "the commits of each part are recorded" + (f" ({a['commit_note']})"
                                                       if a.get("commit_note") else ""),
                   "settings_B": b["settings"]}
         ds = load_dataset("fashion_mnist", image_size=a["image_size"])
