@@ -311,6 +311,8 @@ def part_b(args, ds, rows, seed):
                          "attack_seed": seed + 7, "fl_seed": seed,
                          "priprune_defense_rate_client0": rates if name == "priprune" else None,
                          "priprune_defense_rate_mean": mean_rate,
+                         "defense_rate": (args.defense_rate if name not in ("none", "priprune")
+                                          else None),
                          "train_seconds": train_s, "attack_seconds_all": att_s})
 
 
@@ -327,6 +329,23 @@ def part_c(args, ds, rows, seed):
         part_b(a2, ds, sub, seed)
         for r in sub:
             r.update(part="C", lambda_pri=lp)
+        rows.extend(sub)
+
+
+def part_d(args, ds, rows, seed):
+    """Largest and Largest (Pseudo) at the other defense rates (Fig 4(d): p̂ axis).
+
+    Everything else as part B (same seed, clients, attack key; "none" is part
+    B's run); last round only. Rows carry ``defense_rate``.
+    """
+    import copy
+    for rate in args.defense_rate_grid:
+        a2 = copy.copy(args)
+        a2.defense_rate, a2.defenses, a2.rounds_axis = rate, ["largest", "largest_pseudo"], False
+        sub = []
+        part_b(a2, ds, sub, seed)
+        for r in sub:
+            r.update(part="D")
         rows.extend(sub)
 
 
@@ -416,8 +435,9 @@ def finalize(result, ds):
     print(md)
 
 
-def _b_mean(rows, defense, attack, key, last_round):
-    sel = [r[key] for r in rows if r["part"] == "B" and r["defense"] == defense
+def _b_mean(rows, defense, attack, key, last_round, part="B", rate=None):
+    sel = [r[key] for r in rows if r["part"] == part and r["defense"] == defense
+           and (rate is None or r.get("defense_rate") == rate)
            and r["attack"] == attack and r["round"] == last_round and r.get(key) is not None]
     return float(np.mean(sel)) if sel else None
 
@@ -480,6 +500,20 @@ def acceptance_checks(rows):
                                "pass": bool(loss > 0 and rec >= 0.5),
                                "detail": f"none {f('none'):.4f}, largest {f('largest'):.4f}, "
                                f"largest_pseudo {f('largest_pseudo'):.4f} (recovered {rec:.0%})"})
+        d = [r for r in rows if r["part"] == "D"]
+        for rate in sorted({r["defense_rate"] for r in d}):
+            md = lambda n, key: _b_mean(rows, n, "sgi", key, last, part="D", rate=rate)
+            for label, key in (("client-model", "client_model_accuracy"), ("global", "accuracy")):
+                base = acc("none")
+                lo = md("largest", "accuracy")
+                ps = md("largest_pseudo", key)
+                loss = base - lo
+                rec = (ps - lo) / loss if loss > 0 else float("nan")
+                checks.append({"check": f"Largest (Pseudo) recovers most (>= 50 %) of Largest's "
+                               f"{label} accuracy loss at defense rate {rate:g} (part D)",
+                               "pass": bool(loss > 0 and rec >= 0.5),
+                               "detail": f"none {base:.4f}, largest {lo:.4f}, largest_pseudo "
+                               f"{ps:.4f} (recovered {rec:.0%})"})
     return checks
 
 
@@ -568,6 +602,21 @@ def markdown(result) -> str:
             lines.append(f"| {lp:g} | {mean('accuracy'):.4f} | {mean('client_model_accuracy'):.4f} | "
                          f"{mean('nmi'):.4f} | {mean('psnr'):.2f} | "
                          f"{sel[0]['priprune_defense_rate_mean']:.3f} |")
+    d = [r for r in rows if r["part"] == "D"]
+    if d and b:
+        lines += ["", "## D. Largest / Largest (Pseudo) vs defense rate p̂ (Fig 4(d); p̂ = "
+                  f"{sb.get('defense_rate')} is part B's run, 'none' is part B's)", "",
+                  "| p̂ | defense | global acc | client-model acc | SGI NMI | SGI PSNR | GI NMI |",
+                  "|---|---|---|---|---|---|---|"]
+        for rate in sorted({r["defense_rate"] for r in d}):
+            for name in ("largest", "largest_pseudo"):
+                m = lambda att, key: _b_mean(rows, name, att, key, last, part="D", rate=rate)
+                if m("sgi", "accuracy") is None:
+                    continue
+                ca = m("sgi", "client_model_accuracy")
+                lines.append(f"| {rate:g} | {name} | {m('sgi', 'accuracy'):.4f} | "
+                             f"{'—' if ca is None else f'{ca:.4f}'} | {m('sgi', 'nmi'):.4f} | "
+                             f"{m('sgi', 'psnr'):.2f} | {m('gi', 'nmi'):.4f} |")
     if result.get("bound"):
         bd = result["bound"]
         lines += ["", f"## Info bound (Thm 1 / Cor 1), bits; d* = {bd['d_star']}, "
@@ -639,13 +688,16 @@ def main(argv=None):
         b = json.loads((OUT / "chu2023_B.json").read_text())
         cp = OUT / "chu2023_C.json"
         c = json.loads(cp.read_text()) if cp.exists() else {"rows": [], "seconds": 0.0}
-        result = {**a, "rows": a["rows"] + b["rows"] + c["rows"],
-                  "seconds": a["seconds"] + b["seconds"] + c["seconds"],
+        dp = OUT / "chu2023_D.json"
+        dd = json.loads(dp.read_text()) if dp.exists() else {"rows": [], "seconds": 0.0}
+        result = {**a, "rows": a["rows"] + b["rows"] + c["rows"] + dd["rows"],
+                  "seconds": a["seconds"] + b["seconds"] + c["seconds"] + dd["seconds"],
                   "commit": f"A {a.get('commit')}, B {b.get('commit')}"
-                            + (f", C {c.get('commit')}" if c["rows"] else ""),
-                  "note": "parts A and B ran as two sequential processes (--parts A, then "
-                          "--parts B) with the same seed, merged by --combine; the commits of "
-                          "each part are recorded" + (f" ({a['commit_note']})"
+                            + (f", C {c.get('commit')}" if c["rows"] else "")
+                            + (f", D {dd.get('commit')}" if dd["rows"] else ""),
+                  "note": "parts A, B (and C, D where present) ran as sequential processes "
+                          "(--parts A, --parts B, ...) with the same seed, merged by --combine; "
+                          "the commits of each part are recorded" + (f" ({a['commit_note']})"
                                                       if a.get("commit_note") else ""),
                   "settings_B": b["settings"]}
         ds = load_dataset("fashion_mnist", image_size=a["image_size"])
@@ -676,6 +728,8 @@ def main(argv=None):
     args.tau, args.alpha_lr, args.alpha_init = 0.5, 0.5, 0.4
     args.lambda_pri_grid = [1.0, 15.0]  # part C (the paper's other λ_pri values)
     args.defense_rate = 0.3  # p̂ of Largest/Random/Mix (paper: 0.3; Mix 0.15 + 0.15)
+    # Part D: the low end of the paper's fixed-rate range 0.1–0.6 (Fig 4(d)).
+    args.defense_rate_grid = [0.1]
     full = ["none", "largest", "random", "mix", "largest_pseudo", "random_pseudo", "mix_pseudo",
             "priprune"]
     quick = ["none", "largest", "largest_pseudo", "priprune"]
@@ -689,6 +743,8 @@ def main(argv=None):
         part_b(args, ds, rows, args.seed)
     if "C" in args.parts:
         part_c(args, ds, rows, args.seed)
+    if "D" in args.parts:
+        part_d(args, ds, rows, args.seed)
     result = {"mode": "quick" if q else "full", "seed": args.seed, "image_size": args.image_size,
               "commit": commit,
               "device": f"{jax.default_backend()} ({platform.processor() or platform.machine()})",
