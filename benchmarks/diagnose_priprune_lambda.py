@@ -27,38 +27,57 @@ from defenses.pruning.priprune import priprune_client_update, priprune_defense  
 from fedsim.data import load_dataset  # noqa: E402
 from fedsim.simulation import Simulation  # noqa: E402
 
-g = vars(C)
-R = int(sys.argv[1])
-a = argparse.Namespace(image_size=16, clients=50, clients_per_round=10, local_batch=8, lr=0.1,
-                       lambda_acc=1.0, lambda_sha=2e-5, tau=0.5, alpha_lr=0.5, alpha_init=0.4, reconfigs=2)
-ds = load_dataset("fashion_mnist", image_size=16)
-cfg = C.fl_config(a, 0, R, [R - 1])
-out = {}
-for lp in (10.0, 15.0):
-    a.lambda_pri = lp
-    reconfig = [int(R * k / a.reconfigs) for k in range(a.reconfigs)]
+
+def train(rounds, lambda_pri, ds):
+    """Part B's PruneFL (p = 0.3, re-pruned twice) + PriPrune loop, without the attacks.
+
+    Mirrors ``reproduce_chu2023.part_b`` for one λ_pri; prints accuracy and the
+    withheld fraction per round; returns the final global params and withheld masks.
+    """
+    a = argparse.Namespace(image_size=16, clients=50, clients_per_round=10, local_batch=8, lr=0.1,
+                           lambda_acc=1.0, lambda_pri=lambda_pri, lambda_sha=2e-5, tau=0.5,
+                           alpha_lr=0.5, alpha_init=0.4, reconfigs=2)
+    cfg = C.fl_config(a, 0, rounds, [rounds - 1])
+    reconfig = [int(rounds * k / a.reconfigs) for k in range(a.reconfigs)]
     state, mask, sim, k = None, None, None, 0
-    for r in range(R):
+    for r in range(rounds):
         if r in reconfig:
             k += 1
             if sim is None:
                 params = Simulation(cfg, dataset=ds).init_state().params
                 n_params = sum(l.size for l in jax.tree_util.tree_leaves(params))
-                mask = g["initial_mask"]("prunefl", None, params, 0.3)
-            mask = g["prunefl_reprune"](params if state is None else state.params, mask, 0.3, k, a.reconfigs)
+                mask = C.initial_mask("prunefl", None, params, 0.3)
+            mask = C.prunefl_reprune(params if state is None else state.params, mask, 0.3, k,
+                                     a.reconfigs)
             hp = C.priprune_hp(a, n_params)
-            sim = Simulation(cfg, dataset=ds, defenses={"layer": masked_gradient(mask), "upload": priprune_defense(hp)},
+            sim = Simulation(cfg, dataset=ds,
+                             defenses={"layer": masked_gradient(mask), "upload": priprune_defense(hp)},
                              client_update_factory=priprune_client_update(hp))
             if state is None:
                 state = sim.init_state()
-            state = state._replace(params=g["apply_mask"](state.params, mask))
-        state, res = sim.run_round(state, r)
-        state = state._replace(params=g["apply_mask"](state.params, mask))
-        th = state.client_states["upload"]["withheld"]
-        print(lp, r, "acc", round(sim.evaluate(state.params)[0], 4), "withheld frac (all clients)",
-              float(sum(jnp.sum(l) for l in jax.tree_util.tree_leaves(th)) / sum(l.size for l in jax.tree_util.tree_leaves(th))), flush=True)
-    out[lp] = (ravel_pytree(state.params)[0], state.client_states["upload"]["withheld"])
-d = out[10.0][0] - out[15.0][0]
-print("max |global params diff| λ10 vs λ15:", float(jnp.max(jnp.abs(d))), "n differing", int(jnp.sum(d != 0)))
-w10, w15 = (ravel_pytree(out[l][1])[0] for l in (10.0, 15.0))
-print("withheld masks differ at", int(jnp.sum(w10 != w15)), "of", w10.size * 1)
+            state = state._replace(params=C.apply_mask(state.params, mask))
+        state, _ = sim.run_round(state, r)
+        state = state._replace(params=C.apply_mask(state.params, mask))  # Alg 1 line 11
+        leaves = jax.tree_util.tree_leaves(state.client_states["upload"]["withheld"])
+        frac = float(sum(jnp.sum(l) for l in leaves) / sum(l.size for l in leaves))
+        print(lambda_pri, r, "acc", round(sim.evaluate(state.params)[0], 4),
+              "withheld frac (all clients)", frac, flush=True)
+    return ravel_pytree(state.params)[0], ravel_pytree(state.client_states["upload"]["withheld"])[0]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("rounds", type=int, help="FL rounds (the quick reproduction uses 20)")
+    args = ap.parse_args(argv)
+    if args.rounds < 2:
+        ap.error(f"rounds must be >= 2 (PruneFL re-prunes at round rounds/2), got {args.rounds}")
+    ds = load_dataset("fashion_mnist", image_size=16)
+    (p10, w10), (p15, w15) = (train(args.rounds, lp, ds) for lp in (10.0, 15.0))
+    d = p10 - p15
+    print("max |global params diff| λ10 vs λ15:", float(jnp.max(jnp.abs(d))), "n differing",
+          int(jnp.sum(d != 0)))
+    print("withheld masks differ at", int(jnp.sum(w10 != w15)), "of", w10.size)
+
+
+if __name__ == "__main__":
+    main()
