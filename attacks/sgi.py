@@ -21,6 +21,15 @@ sees only the upload). This module only sets it, so ``sgi`` and
 ``inverting_gradients`` with the same config and key differ in nothing else
 (the paper's Fig 7 comparison, "GI" = Geiping et al.).
 
+Weight uploads (the paper's semantics, ``config["upload"] = "weights"``):
+the client uploads its masked weights ŵ; the engine carries them as the update
+ŵ − w_g (:func:`defenses.pruning.masks.withhold`). SGI then reads the mask off
+ŵ's zeros, m_rec = 1[w_g + Δ ≠ 0] (Alg 2 line 3), and attacks
+(ŵ − w_g) ⊙ m_rec (line 4): withheld weights (ŵ = 0, Δ = −w_g) leave the
+target. GI gets ŵ − w_g unmasked (Alg 1 line 8). Coordinates shared with a
+zero change are also left out (the core's mask is the target's support), as
+for update uploads.
+
 Labels: granted ones, else inferred from the upload by
 :func:`attacks.labels.infer_labels` (as for GI).
 
@@ -35,14 +44,28 @@ import jax
 import numpy as np
 
 from attacks.api import Reconstruction, register_attack
-from attacks.gradient_inversion import run_inversion, support_mask
+from attacks.gradient_inversion import AttackConfigError, run_inversion, support_mask
 from attacks.inverting_gradients import DEFAULTS
 from fedsim.typing import Observation
+
+
+UPLOADS = ("update", "weights")
 
 
 def recover_mask(update) -> Any:
     """Alg 2 line 2: the {0,1} mask of the upload's nonzero coordinates."""
     return support_mask(update)
+
+
+def from_weight_upload(obs: Observation) -> Observation:
+    """The SGI view of a weight upload carried as Δ = ŵ − w_g (Alg 2 lines 3–4).
+
+    Returns the observation with ``update`` = Δ ⊙ 1[w_g + Δ ≠ 0]: the change
+    of the shared weights only, withheld (ŵ = 0) coordinates set to 0.
+    """
+    masked = jax.tree_util.tree_map(lambda d, g: d * ((g + d) != 0).astype(d.dtype),
+                                    obs.update, obs.params)
+    return obs._replace(update=masked)
 
 
 def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key
@@ -53,6 +76,13 @@ def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key
     same initial dummies as :func:`attacks.inverting_gradients.run_many`
     (paired comparison).
     """
+    config = dict(config)
+    upload = config.pop("upload", "update")
+    if upload not in UPLOADS:
+        raise AttackConfigError(f"attack.upload: {upload!r} is not allowed; allowed: "
+                                f"{', '.join(UPLOADS)}")
+    if upload == "weights":
+        observations = [from_weight_upload(o) for o in observations]
     recs = run_inversion(observations, config, key, DEFAULTS, cfg_overrides={"masked": True})
     out = []
     for obs, r in zip(observations, recs):

@@ -26,9 +26,19 @@ the local model does not lose what it learnt; the server still never sees
 the withheld coordinates. This uses :attr:`Defense.begin_round` and the
 per-client state ``{"local": w_local_prev, "withheld": m̂}``.
 
+**Upload semantics** (``upload=``, :func:`defenses.pruning.masks.withhold`):
+``"weights"`` is the paper's — the client uploads its masked weights
+ŵ = w ⊙ m̂ and the server averages them with withheld weights counting as 0
+(Alg 1 line 11), so "real" pruning (no Pseudo) shrinks the withheld weights
+of the global model, which is the accuracy cost of Largest in Fig 4;
+``"update"`` (the default, kept for compatibility) uploads Δ ⊙ m̂, so a
+withheld coordinate just keeps its global value. The engine aggregates
+updates: a weight upload travels as ŵ − w_g (exact for FedAvg with server
+SGD lr 1).
+
 Guarantee: a withheld coordinate is exactly 0 in the upload (tested on the
-observer's view). Privacy is empirical (NMI/PSNR under SGI), bounded by
-Thm 1 through the shared fraction.
+observer's view; for weight uploads in ŵ = w_g + upload). Privacy is empirical
+(NMI/PSNR under SGI), bounded by Thm 1 through the shared fraction.
 """
 
 from __future__ import annotations
@@ -37,8 +47,8 @@ import jax
 import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
-from defenses.pruning.masks import apply_mask, check_rate, flatten, magnitude_mask, \
-    mask_pruning_count, num_params, pseudo_pruning_begin, unflatten
+from defenses.pruning.masks import check_rate, check_upload, flatten, magnitude_mask, \
+    mask_pruning_count, num_params, pseudo_pruning_begin, unflatten, withhold
 
 
 def defense_mask(update, key, p_largest: float, p_random: float):
@@ -56,7 +66,8 @@ def defense_mask(update, key, p_largest: float, p_random: float):
     return keep
 
 
-def make_defense_pruning(p_largest: float, p_random: float, pseudo: bool, name: str) -> Defense:
+def make_defense_pruning(p_largest: float, p_random: float, pseudo: bool, name: str,
+                         upload: str = "update") -> Defense:
     """Build an upload defense withholding ``p_largest`` + ``p_random`` of Δ.
 
     Args:
@@ -64,12 +75,16 @@ def make_defense_pruning(p_largest: float, p_random: float, pseudo: bool, name: 
       p_random: rate (of d) of random coordinates withheld among the rest.
       pseudo: keep withheld local weights and compose them back next round.
       name: the defense's display name.
+      upload: ``"update"`` or ``"weights"`` (module docstring).
 
     Raises:
-      ValueError: for rates outside [0, 1] or summing above 1.
+      ValueError: for rates outside [0, 1] or summing above 1, an unknown
+        ``upload``, or (when applied) a weight upload without
+        ``context.global_params``.
     """
     p_largest = check_rate(p_largest, "p_largest")
     p_random = check_rate(p_random, "p_random")
+    upload = check_upload(upload)
     if p_largest + p_random > 1.0 + 1e-12:
         raise ValueError(f"p_largest + p_random must be <= 1, got {p_largest} + {p_random}")
 
@@ -82,7 +97,8 @@ def make_defense_pruning(p_largest: float, p_random: float, pseudo: bool, name: 
 
     def apply(update, state, *, key, context=None):
         keep = defense_mask(update, key, p_largest, p_random)
-        out = apply_mask(update, keep)
+        out = withhold(update, keep, upload,
+                       None if context is None else context.global_params)
         if pseudo:
             if context is None or context.params is None:
                 raise ValueError(f"{name}: Pseudo-Pruning needs context.params (the local "
@@ -97,19 +113,23 @@ def make_defense_pruning(p_largest: float, p_random: float, pseudo: bool, name: 
 
 
 @register_defense("prune_largest")
-def prune_largest(p: float, pseudo: bool = False) -> Defense:
+def prune_largest(p: float, pseudo: bool = False, upload: str = "update") -> Defense:
     """Largest defense (§5): withhold the ``p`` largest-|Δ| shared coordinates."""
-    return make_defense_pruning(p, 0.0, pseudo, f"largest{'_pseudo' if pseudo else ''}(p={p:g})")
+    return make_defense_pruning(p, 0.0, pseudo, f"largest{'_pseudo' if pseudo else ''}(p={p:g})",
+                                upload)
 
 
 @register_defense("prune_random")
-def prune_random(p: float, pseudo: bool = False) -> Defense:
+def prune_random(p: float, pseudo: bool = False, upload: str = "update") -> Defense:
     """Random defense (§5): withhold a random ``p`` fraction of the shared coordinates of Δ."""
-    return make_defense_pruning(0.0, p, pseudo, f"random{'_pseudo' if pseudo else ''}(p={p:g})")
+    return make_defense_pruning(0.0, p, pseudo, f"random{'_pseudo' if pseudo else ''}(p={p:g})",
+                                upload)
 
 
 @register_defense("prune_mix")
-def prune_mix(p_largest: float, p_random: float, pseudo: bool = False) -> Defense:
+def prune_mix(p_largest: float, p_random: float, pseudo: bool = False,
+              upload: str = "update") -> Defense:
     """Mix defense (§5): withhold ``p_largest`` largest plus ``p_random`` random."""
     return make_defense_pruning(p_largest, p_random, pseudo,
-                                f"mix{'_pseudo' if pseudo else ''}({p_largest:g}+{p_random:g})")
+                                f"mix{'_pseudo' if pseudo else ''}({p_largest:g}+{p_random:g})",
+                                upload)

@@ -183,3 +183,41 @@ def pseudo_pruning_begin(global_params: PyTree, state: dict, *, key=None, contex
         lambda g, l, m: g * (1 - m).astype(g.dtype) + l * m.astype(g.dtype),
         global_params, state["local"], state["withheld"])
     return start, state
+
+
+#: What a client of pruned FL uploads (paper 002, Alg 1): ``"weights"`` — its
+#: masked weights ŵ = w ⊙ m̂, averaged by the server with withheld weights
+#: counting as 0 (Alg 1 line 11, the paper's semantics); ``"update"`` — its
+#: masked update Δ ⊙ m̂, so a withheld coordinate keeps its global value.
+UPLOAD_SEMANTICS = ("weights", "update")
+
+
+def check_upload(upload: str) -> str:
+    """Validate an upload semantics name (see :data:`UPLOAD_SEMANTICS`)."""
+    if upload not in UPLOAD_SEMANTICS:
+        raise ValueError(f"upload must be one of {', '.join(UPLOAD_SEMANTICS)}; got {upload!r}")
+    return upload
+
+
+def withhold(update: PyTree, keep: PyTree, upload: str, global_params: PyTree | None = None
+             ) -> PyTree:
+    """The client's upload, in update form, with the coordinates where ``keep == 0`` withheld.
+
+    * ``"update"``: Δ ⊙ keep.
+    * ``"weights"``: the weight upload ŵ = (w_g + Δ) ⊙ keep written as the
+      update ŵ − w_g = Δ ⊙ keep − w_g ⊙ (1 − keep). FedAvg with the server
+      optimizer SGD(lr = 1) turns these into w_g + Σ_i p_i (ŵ_i − w_g) =
+      Σ_i p_i ŵ_i, exactly Alg 1 line 11 (a withheld weight counts as 0 in
+      the average); the server recovers ŵ = w_g + upload and reads the mask
+      off its zeros (SGI, Alg 2 line 3).
+
+    Raises:
+      ValueError: for ``"weights"`` without ``global_params``.
+    """
+    if check_upload(upload) == "update":
+        return apply_mask(update, keep)
+    if global_params is None:
+        raise ValueError("weight uploads need the global params (context.global_params)")
+    return jax.tree_util.tree_map(
+        lambda u, k, g: u * k.astype(u.dtype) - g * (1 - k).astype(g.dtype),
+        update, keep, global_params)

@@ -14,16 +14,24 @@ Local training (Alg 3) interleaves, at every local step on a batch,
   the step's gradient (large-gradient weights are pushed to "not shared").
 
 After local training the defense mask is m̂ = 1[α > ½] (= argmax(α, 1 − α))
-and the client uploads Δ ⊙ (1 − m̂). Pseudo-Pruning: the client keeps its
+and the client uploads its weights ŵ = w ⊙ (1 − m̂) (``upload="weights"``,
+Alg 3 line 13, averaged by the server with withheld weights as 0, Alg 1
+line 11) or its update Δ ⊙ (1 − m̂) (``upload="update"``); see
+:func:`defenses.pruning.masks.withhold`. Pseudo-Pruning: the client keeps its
 local weights and m̂ and starts the next round from
 w_g ⊙ (1 − m̂) + w_local ⊙ m̂; θ carries over across rounds.
 
 Interpretation (the paper's equations are garbled, see
 ``shared/papers/README.md``): L_acc is evaluated on the model the server would
-effectively receive — withheld coordinates keep the global value because their
-Δ is 0 — so withholding a weight costs accuracy there, while λ_pri pushes
-informative (large-gradient) weights to be withheld and λ_sha charges every
-withheld weight. The weight step uses the plain local loss (Pseudo-Pruning
+effectively receive from this client — a withheld coordinate is 0 in a weight
+upload (the global value in an update upload) — so withholding a weight costs
+accuracy there in proportion to how much the model needs it, while λ_pri
+pushes informative (large-gradient) weights to be withheld and λ_sha charges
+every withheld weight. (Alg 3 lines 6–7 compose the soft mask between the
+client's previous local weights and the global ones instead; that term
+rewards withholding wherever the stale local value fits the local data
+better, and says nothing about the model the federation receives, so we use
+the server's view — a stated deviation.) The weight step uses the plain local loss (Pseudo-Pruning
 trains withheld weights locally). θ is updated with Adam (``alpha_lr``): the
 raw per-coordinate gradients of Eq 6 are O(1/d), far below any step size
 shared with the weights, and Adam's scale invariance makes λ_acc:λ_pri:λ_sha
@@ -59,7 +67,7 @@ from fedsim.client import LocalTraining, epoch_order, masked_mean_loss
 from fedsim.hooks import Defense, DefenseContext, identity
 from fedsim.typing import ClientOutput, CohortData
 from defenses.pruning.gumbel import gumbel_tree
-from defenses.pruning.masks import pseudo_pruning_begin
+from defenses.pruning.masks import check_upload, pseudo_pruning_begin, withhold
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +80,10 @@ class PriPruneConfig:
     tau: float = 0.5
     alpha_lr: float = 0.1
     alpha_init: float = 0.1
+    upload: str = "update"
 
     def __post_init__(self):
+        check_upload(self.upload)
         for f in ("lambda_acc", "lambda_pri", "lambda_sha"):
             if getattr(self, f) < 0:
                 raise ValueError(f"priprune {f} must be >= 0, got {getattr(self, f)}")
@@ -100,7 +110,9 @@ def priprune_defense(hp: PriPruneConfig) -> Defense:
     def apply(update, state, *, key=None, context=None):
         del key
         withheld = jax.tree_util.tree_map(lambda t: (t > 0).astype(jnp.float32), state["theta"])
-        out = jax.tree_util.tree_map(lambda u, m: u * (1 - m).astype(u.dtype), update, withheld)
+        keep = jax.tree_util.tree_map(lambda m: 1.0 - m, withheld)
+        out = withhold(update, keep, hp.upload,
+                       None if context is None else context.global_params)
         local = context.params if context is not None and context.params is not None \
             else state["local"]
         return out, {**state, "local": local, "withheld": withheld}
@@ -174,8 +186,12 @@ def priprune_client_update(hp: PriPruneConfig):
 
                     def objective(th):
                         v = gumbel_tree(k_g, th, hp.tau)
+                        # The server's view of this client's model: a withheld
+                        # weight is 0 (weight upload) or the global one (update).
+                        fill = (jax.tree_util.tree_map(jnp.zeros_like, global_params)
+                                if hp.upload == "weights" else global_params)
                         shared = jax.tree_util.tree_map(
-                            lambda w, wg, vv: w * (1 - vv) + wg * vv, params, global_params, v)
+                            lambda w, f, vv: w * (1 - vv) + f * vv, params, fill, v)
                         acc = masked_mean_loss(apply_fn, shared, x, y, mask)
                         pri = privacy_loss(th, jax.lax.stop_gradient(g))
                         sha = sum(jnp.sum(jax.nn.sigmoid(t)) for t in jax.tree_util.tree_leaves(th))

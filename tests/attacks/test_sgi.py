@@ -87,3 +87,25 @@ def test_sgi_beats_gi_on_a_pruned_upload(mlp):
     sgi = run_attack("sgi", obs, cfg, jax.random.key(7))
     assert float(sgi.loss) < float(gi.loss)
     assert float(psnr(sgi.x, x).mean()) > float(psnr(gi.x, x).mean())
+
+
+def test_sgi_on_weight_uploads_reads_the_mask_off_the_weights(mlp):
+    """Alg 2 lines 3–4 on a weight upload ŵ = (w_g + Δ) ⊙ m̂ carried as ŵ − w_g:
+    the SGI view is Δ ⊙ m̂ (withheld coordinates leave), GI's is ŵ − w_g."""
+    from attacks.sgi import from_weight_upload
+    params, apply_fn = mlp
+    x = jax.random.uniform(jax.random.key(1), (1, 16, 16, 1))
+    y = jnp.array([4])
+    obs, _ = _pruned_upload(params, apply_fn, x, y, 0.0, jax.random.key(3))
+    keep = random_mask(jax.random.key(5), params, 0.3)
+    as_weights = jax.tree_util.tree_map(lambda d, g, k: d * k - g * (1 - k), obs.update,
+                                        obs.params, keep)
+    w_obs = obs._replace(update=as_weights)
+    view = from_weight_upload(w_obs)
+    chex.assert_trees_all_close(view.update, apply_mask(obs.update, keep))
+    cfg = {"iterations": 3, "restarts": 1}
+    a = run_attack("sgi", w_obs, {**cfg, "upload": "weights"}, jax.random.key(7))
+    b = run_attack("sgi", view, cfg, jax.random.key(7))
+    np.testing.assert_array_equal(np.asarray(a.x), np.asarray(b.x))
+    with pytest.raises(ValueError, match="attack.upload"):
+        run_attack("sgi", w_obs, {**cfg, "upload": "grads"}, jax.random.key(7))

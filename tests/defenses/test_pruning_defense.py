@@ -119,3 +119,51 @@ def test_observer_never_sees_withheld_or_pruned_weights():
         # Pruned weights stay zero in the global model (Alg 1 line 11 holds by construction).
         assert np.all(np.asarray(flatten(state.params))[b == 0] == 0)
         del prev_cs
+
+
+def test_weight_upload_is_the_masked_weights_as_an_update():
+    """upload='weights': w_g + upload = (w_g + Δ) ⊙ m̂, withheld weights exactly 0."""
+    g = _tree(jax.random.key(0))
+    local = _tree(jax.random.key(1))
+    delta = jax.tree_util.tree_map(lambda a, b: a - b, local, g)
+    d = build_defense("prune_largest", p=0.3, upload="weights")
+    out, _ = d.apply(delta, d.init(g), key=jax.random.key(2),
+                     context=DefenseContext(params=local, global_params=g))
+    ref, _ = build_defense("prune_largest", p=0.3).apply(delta, (), key=jax.random.key(2))
+    kept = np.asarray(flatten(ref)) != 0
+    w_hat = np.asarray(flatten(g)) + np.asarray(flatten(out))
+    np.testing.assert_allclose(w_hat[kept], np.asarray(flatten(local))[kept], atol=1e-6)
+    assert np.all(w_hat[~kept] == 0) and (~kept).sum() == round(0.3 * 117)
+    with pytest.raises(ValueError, match="global params"):
+        d.apply(delta, d.init(g), key=jax.random.key(2))
+    with pytest.raises(ValueError, match="upload must be one of"):
+        build_defense("prune_largest", p=0.3, upload="grads")
+
+
+def test_weight_uploads_aggregate_as_alg1_line11():
+    """FedAvg of weight uploads = Σ_i p_i ŵ_i: a weight withheld by every client becomes 0,
+    while with update uploads it keeps its global value (the two semantics, end to end)."""
+    cfg = small_config(**{"training.rounds": 1, "training.clients_per_round": 4,
+                          "data.num_clients": 4, "observer.clients": "[0,1,2,3]",
+                          "observer.rounds": "[0]"})
+    finals = {}
+    for upload in ("weights", "update"):
+        sim = Simulation(cfg, dataset=small_dataset(),
+                         defenses={"upload": build_defense("prune_largest", p=0.2,
+                                                           upload=upload)})
+        state = sim.init_state()
+        w0 = np.asarray(flatten(state.params))
+        new, res = sim.run_round(state, 0)
+        ups = [np.asarray(flatten(o.observation.update)) for o in res.observed]
+        n = np.asarray([float(o.observation.num_examples or 1) for o in res.observed])
+        w_hat = [w0 + u for u in ups]
+        if upload == "weights":
+            expect = sum(p * w for p, w in zip(n / n.sum(), w_hat))
+            np.testing.assert_allclose(np.asarray(flatten(new.params)), expect, atol=1e-6)
+            every = np.all([w == 0 for w in w_hat], axis=0) & (w0 != 0)
+            assert every.sum() > 0  # some weight withheld by all four clients ...
+            # ... is 0 globally (up to the float32 rounding of Σ p_i (−w_g), ~1e-8)
+            np.testing.assert_allclose(np.asarray(flatten(new.params))[every], 0.0, atol=1e-6)
+        finals[upload] = (np.asarray(flatten(new.params)), w0, every)
+    p_upd, w0, every = finals["update"]
+    np.testing.assert_allclose(p_upd[every], w0[every], atol=1e-6)  # update: unchanged

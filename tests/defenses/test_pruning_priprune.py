@@ -73,3 +73,22 @@ def test_priprune_simulation_withheld_never_uploaded():
         assert np.array_equal(wh, (np.asarray(flatten(cs["theta"])) > 0).astype(np.float32))
         rates.append(float(defense_rate(cs["withheld"])))
     assert 0.0 < rates[-1] < 1.0, rates  # α moved: some, not all, coordinates withheld
+
+
+def test_priprune_weight_upload_zeroes_the_withheld_weights():
+    """upload='weights': w_g + upload is the local model with α > ½ coordinates at 0."""
+    from fedsim.hooks import DefenseContext
+    g = {"w": jax.random.normal(jax.random.key(0), (5, 4))}
+    local = {"w": g["w"] + 0.1 * jax.random.normal(jax.random.key(1), (5, 4))}
+    delta = {"w": local["w"] - g["w"]}
+    d = priprune_defense(PriPruneConfig(upload="weights"))
+    st = d.init(g)
+    theta = {"w": jnp.where(jnp.arange(20).reshape(5, 4) % 3 == 0, 2.0, -2.0)}
+    out, st = d.apply(delta, {**st, "theta": theta}, context=DefenseContext(
+        params=local, global_params=g))
+    w_hat = np.asarray(g["w"] + out["w"])
+    wh = np.asarray(st["withheld"]["w"]) > 0
+    assert wh.sum() == 7 and np.all(w_hat[wh] == 0)
+    np.testing.assert_allclose(w_hat[~wh], np.asarray(local["w"])[~wh], atol=1e-6)
+    with pytest.raises(ValueError, match="upload must be one of"):
+        PriPruneConfig(upload="grads")
