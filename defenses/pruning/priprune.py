@@ -35,8 +35,15 @@ the server's view — a stated deviation.) The weight step uses the plain local 
 trains withheld weights locally). θ is updated with Adam (``alpha_lr``): the
 raw per-coordinate gradients of Eq 6 are O(1/d), far below any step size
 shared with the weights, and Adam's scale invariance makes λ_acc:λ_pri:λ_sha
-the only thing that matters. θ starts at logit(``alpha_init``); a fresh Adam
-state each round, so one participation moves θ_j by about ±``alpha_lr``.
+the only thing that matters. θ starts at logit(``alpha_init``). Like α itself
+(Alg 3 line 3, α_i^t = α_i^{t−1}), θ's Adam state persists across the client's
+rounds (``alpha_state="persist"``, the default), so θ follows the running
+average of the Eq 6 gradient: a coordinate that L_pri pushes in every round
+crosses ½ after about |logit(alpha_init)|/alpha_lr steps, while one whose
+gradient sign changes from step to step (the first-order L_acc term of an
+unimportant weight) wanders much less. With ``alpha_state="fresh"`` (the
+first version) every round starts a new Adam state, whose first step is
+±``alpha_lr`` by the gradient's sign alone.
 
 Balance point (why λ_sha needs the model size): with one local step the
 λ_acc term is ~0 (w = w_g at the step), and the θ_j-gradient of the other two
@@ -81,9 +88,13 @@ class PriPruneConfig:
     alpha_lr: float = 0.1
     alpha_init: float = 0.1
     upload: str = "update"
+    alpha_state: str = "persist"
 
     def __post_init__(self):
         check_upload(self.upload)
+        if self.alpha_state not in ("persist", "fresh"):
+            raise ValueError(f"priprune alpha_state must be 'persist' or 'fresh', got "
+                             f"{self.alpha_state!r}")
         for f in ("lambda_acc", "lambda_pri", "lambda_sha"):
             if getattr(self, f) < 0:
                 raise ValueError(f"priprune {f} must be >= 0, got {getattr(self, f)}")
@@ -96,14 +107,18 @@ class PriPruneConfig:
 def priprune_defense(hp: PriPruneConfig) -> Defense:
     """The upload-stage half of PriPrune: final mask m̂ = 1[α > ½] and Pseudo-Pruning.
 
-    Its state is ``{"theta": logits of α, "local": w_local, "withheld": m̂}``.
+    Its state is ``{"theta": logits of α, "local": w_local, "withheld": m̂}`` and, with
+    ``alpha_state="persist"``, ``"alpha_opt"``: θ's Adam state.
     Used with :func:`priprune_client_update`, which trains θ.
     """
     theta0 = float(jnp.log(hp.alpha_init) - jnp.log1p(-hp.alpha_init))
 
     def init(params):
         f32 = lambda l: jnp.zeros(jnp.shape(l), jnp.float32)
-        return {"theta": jax.tree_util.tree_map(lambda l: f32(l) + theta0, params),
+        theta = jax.tree_util.tree_map(lambda l: f32(l) + theta0, params)
+        extra = ({"alpha_opt": alpha_optimizer(hp).init(theta)} if hp.alpha_state == "persist"
+                 else {})
+        return {**extra, "theta": theta,
                 "local": jax.tree_util.tree_map(jnp.zeros_like, params),
                 "withheld": jax.tree_util.tree_map(f32, params)}
 
@@ -119,6 +134,11 @@ def priprune_defense(hp: PriPruneConfig) -> Defense:
 
     return Defense(init=init, apply=apply, stage="upload", name="priprune",
                    begin_round=pseudo_pruning_begin)
+
+
+def alpha_optimizer(hp: PriPruneConfig) -> optax.GradientTransformation:
+    """The optimizer of θ = logit(α) (module docstring)."""
+    return optax.adam(hp.alpha_lr)
 
 
 def privacy_loss(theta, grad):
@@ -153,7 +173,8 @@ def priprune_client_update(hp: PriPruneConfig):
                              f"got {sorted(extra)}")
         layer = defenses.get("layer", identity("layer"))
         B, spe = settings.effective_batch, settings.steps_per_epoch
-        alpha_tx = optax.adam(hp.alpha_lr)
+        alpha_tx = alpha_optimizer(hp)
+        persist = hp.alpha_state == "persist"
 
         def client_update(global_params, data: CohortData, client_state, key) -> ClientOutput:
             cs = dict(client_state)
@@ -208,14 +229,15 @@ def priprune_client_update(hp: PriPruneConfig):
 
                 return jax.lax.cond(jnp.any(valid & (mask > 0)), do, skip, None)
 
-            carry0 = (params, tx.init(params), theta, alpha_tx.init(theta), cs.get("layer", ()))
-            (params, _, theta, _, lstate), (losses, taken) = jax.lax.scan(
+            a_state0 = cs["upload"]["alpha_opt"] if persist else alpha_tx.init(theta)
+            carry0 = (params, tx.init(params), theta, a_state0, cs.get("layer", ()))
+            (params, _, theta, a_state, lstate), (losses, taken) = jax.lax.scan(
                 step, carry0, (jnp.arange(batches.shape[0]), batches))
             if "layer" in cs:
                 cs["layer"] = lstate
             loss = jnp.sum(losses) / jnp.maximum(jnp.sum(taken), 1.0)
             delta = jax.tree_util.tree_map(lambda a, b: a - b, params, global_params)
-            st = {**cs["upload"], "theta": theta}
+            st = {**cs["upload"], "theta": theta, **({"alpha_opt": a_state} if persist else {})}
             delta, cs["upload"] = up.apply(delta, st, key=k_up,
                                            context=DefenseContext(params=params,
                                                                   global_params=global_params))

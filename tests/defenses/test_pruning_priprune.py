@@ -49,13 +49,14 @@ def test_privacy_loss_pushes_large_gradients_hardest():
 
 
 @pytest.mark.slow
-def test_priprune_simulation_withheld_never_uploaded():
+@pytest.mark.parametrize("upload", ["update", "weights"])
+def test_priprune_simulation_withheld_never_uploaded(upload):
     cfg = small_config(**{"observer.clients": "[1]", "observer.rounds": "[0,1,2]",
                           "training.rounds": 3, "training.algorithm": "fedsgd"})
     ds = small_dataset()
     params = Simulation(cfg, dataset=ds).init_state().params
     base = random_mask(jax.random.key(3), params, 0.3)
-    hp = PriPruneConfig(lambda_pri=50.0, alpha_lr=0.5, alpha_init=0.3)
+    hp = PriPruneConfig(lambda_pri=50.0, alpha_lr=0.5, alpha_init=0.3, upload=upload)
     sim = Simulation(cfg, dataset=ds,
                      defenses={"layer": masked_gradient(base), "upload": priprune_defense(hp)},
                      client_update_factory=priprune_client_update(hp))
@@ -67,9 +68,13 @@ def test_priprune_simulation_withheld_never_uploaded():
         state, res = sim.run_round(state, r)
         (obs,) = res.observed
         u = np.asarray(flatten(obs.observation.update))
+        if upload == "weights":  # the server receives ŵ = w_g + u
+            u = u + np.asarray(flatten(obs.observation.params))
         cs = jax.tree_util.tree_map(lambda s: s[1], state.client_states)["upload"]
         wh = np.asarray(flatten(cs["withheld"]))
         assert np.all(u[wh > 0] == 0) and np.all(u[b == 0] == 0)
+        # θ's Adam state persists across the client's rounds (one local step each).
+        assert int(jax.tree_util.tree_leaves(cs["alpha_opt"])[0]) == r + 1
         assert np.array_equal(wh, (np.asarray(flatten(cs["theta"])) > 0).astype(np.float32))
         rates.append(float(defense_rate(cs["withheld"])))
     assert 0.0 < rates[-1] < 1.0, rates  # α moved: some, not all, coordinates withheld
