@@ -1,0 +1,75 @@
+"""The acceptance rules of benchmarks/reproduce_chu2023.py, on synthetic rows."""
+
+import pytest
+
+from benchmarks.reproduce_chu2023 import acceptance_checks
+
+
+def _a(base, p, attack, nmi, psnr, B=8, model="conv2"):
+    return {"part": "A", "model": model, "B": B, "base": base, "p": p, "attack": attack,
+            "nmi": nmi, "psnr": psnr}
+
+
+def _b(defense, attack, nmi, psnr, acc, cacc=None, local=None, part="B", rate=None):
+    return {"part": part, "defense": defense, "attack": attack, "round": 29, "nmi": nmi,
+            "psnr": psnr, "accuracy": acc, "client_model_accuracy": cacc if cacc is not None else acc,
+            "client_model_local_accuracy": local if local is not None else acc,
+            "defense_rate": rate}
+
+
+def _check(checks, start):
+    (c,) = [c for c in checks if c["check"].startswith(start)]
+    return c
+
+
+def test_p_axis_checks_use_the_p_axis_batch_only():
+    rows = []
+    for base in ("random", "snip"):
+        for p, v in ((0.1, 0.9), (0.5, 0.8), (0.9, 0.7)):
+            rows += [_a(base, p, "sgi", v, 30 * v), _a(base, p, "gi", v - 0.1, 30 * v - 3)]
+    # Other axes: SGI < GI there does not fail the "every p tested" check.
+    rows += [_a("prunefl", 0.3, "sgi", 0.5, 10, B=1), _a("prunefl", 0.3, "gi", 0.6, 12, B=1)]
+    checks = acceptance_checks(rows)
+    assert _check(checks, "SGI >= GI in PSNR")["pass"]
+    assert "B=8" in _check(checks, "SGI >= GI in PSNR")["check"]
+    assert not _check(checks, "(information")["pass"]
+    assert _check(checks, "SGI NMI falls")["pass"] and _check(checks, "GI PSNR falls")["pass"]
+    # One non-monotone step (snip SGI NMI at p = 0.9) fails the SGI NMI check only.
+    bad = [dict(r, nmi=0.85) if (r["base"], r["p"], r["attack"]) == ("snip", 0.9, "sgi") else r
+           for r in rows]
+    checks = acceptance_checks(bad)
+    assert not _check(checks, "SGI NMI falls")["pass"]
+    assert "1/2 schemes: random" in _check(checks, "SGI NMI falls")["detail"]
+    assert _check(checks, "SGI PSNR falls")["pass"]
+    # SGI below GI at one p of the p axis fails the check.
+    bad = [dict(r, psnr=1.0) if (r["base"], r["p"], r["attack"]) == ("random", 0.5, "sgi") else r
+           for r in rows]
+    assert not _check(acceptance_checks(bad), "SGI >= GI in PSNR")["pass"]
+
+
+@pytest.mark.parametrize("reading,passes", [("global model", False),
+                                            ("client models, whole", False),
+                                            ("client models, own", True)])
+def test_priprune_check_per_accuracy_reading(reading, passes):
+    rows = [_b("none", "sgi", 0.46, 14.0, 0.55, local=0.55),
+            _b("priprune", "sgi", 0.40, 11.0, 0.53, cacc=0.36, local=0.57)]
+    c = [c for c in acceptance_checks(rows) if c["check"].startswith("PriPrune")
+         and reading in c["check"]]
+    assert len(c) == 1 and c[0]["pass"] is passes
+    # No privacy gain: fails on every reading.
+    rows[1]["nmi"], rows[1]["psnr"] = 0.455, 13.5
+    assert not any(c["pass"] for c in acceptance_checks(rows) if c["check"].startswith("PriPrune"))
+
+
+def test_largest_pseudo_recovery_per_part_and_reading():
+    rows = [_b("none", "sgi", 0.46, 14.0, 0.55, local=0.55),
+            _b("largest", "sgi", 0.40, 11.0, 0.20, local=0.15),
+            _b("largest_pseudo", "sgi", 0.40, 11.0, 0.10, cacc=0.10, local=0.39),
+            _b("largest", "sgi", 0.40, 11.0, 0.40, part="D", rate=0.1),
+            _b("largest_pseudo", "sgi", 0.40, 11.0, 0.42, part="D", rate=0.1)]
+    checks = [c for c in acceptance_checks(rows) if c["check"].startswith("Largest (Pseudo)")]
+    got = {(("D" if "part D" in c["check"] else "B"), c["check"].split("(")[-1]): c["pass"]
+           for c in checks}
+    assert got[("B", "global model, whole test set)")] is False
+    assert got[("B", "client models, own label mix)")] is True  # (0.39-0.15)/(0.55-0.15) = 60 %
+    assert got[("D", "global model, whole test set)")] is False  # 13 % of the loss recovered
