@@ -92,16 +92,19 @@ def test_pseudo_pruning_state_and_begin_round():
     np.testing.assert_allclose(np.asarray(flatten(start)), expect)
 
 
-def test_observer_never_sees_withheld_or_pruned_weights():
-    """End to end: base mask + Largest (Pseudo) in a simulation, on the observer's view."""
+@pytest.mark.parametrize("upload", ["update", "weights"])
+def test_observer_never_sees_withheld_or_pruned_weights(upload):
+    """End to end: base mask + Largest (Pseudo) in a simulation, on the observer's view
+    (for weight uploads the server receives ŵ = w_g + upload)."""
     cfg = small_config(**{"observer.clients": "[1]", "observer.rounds": "[0,1]",
                           "training.rounds": 2})
     sim0 = Simulation(cfg, dataset=small_dataset())
     params = sim0.init_state().params
     base = random_mask(jax.random.key(7), params, 0.3)
-    upload = chain(masked_upload(base), build_defense("prune_largest", p=0.2, pseudo=True))
+    defense = chain(masked_upload(base), build_defense("prune_largest", p=0.2, pseudo=True,
+                                                       upload=upload))
     sim = Simulation(cfg, dataset=small_dataset(),
-                     defenses={"layer": masked_gradient(base), "upload": upload})
+                     defenses={"layer": masked_gradient(base), "upload": defense})
     state = sim.init_state()
     state = state._replace(params=jax.tree_util.tree_map(lambda p, m: p * m, state.params, base))
     b = np.asarray(flatten(base))
@@ -110,6 +113,8 @@ def test_observer_never_sees_withheld_or_pruned_weights():
         state, res = sim.run_round(state, r)
         (obs,) = res.observed
         u = np.asarray(flatten(obs.observation.update))
+        if upload == "weights":
+            u = u + np.asarray(flatten(obs.observation.params))
         withheld = np.asarray(flatten(
             jax.tree_util.tree_map(lambda s: s[1], state.client_states)["upload"][1]["withheld"]))
         assert np.all(u[b == 0] == 0), "a pruned weight reached the server"
