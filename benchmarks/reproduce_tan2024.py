@@ -414,6 +414,35 @@ def ig_specs(budget, big: bool):
     return specs
 
 
+def victim_noise_key(seed: int, victim: int):
+    """The channel-noise key of victim ``victim`` in the Fig 14 experiment (every mechanism, κ)."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), victim)
+
+
+def noisy_input_mse(ds, stats, seed: int, victim_idx, cells) -> dict:
+    """MSE to the clean image of what the channel feeds the client, for the Fig 14 noise draws.
+
+    For each (channel, κ) in ``cells`` and each victim (test-set indices
+    ``victim_idx``, victim i's noise key :func:`victim_noise_key`, as in
+    :func:`gradient_inversion_experiment`): the MSE of the noisy input
+    D̃ = D + ξ to D, raw (the mean of ξ²) and clipped to [0, 1] (IG's box) —
+    what an attacker that recovered the noisy input exactly would score.
+
+    Returns {"kind|κ": {"raw": [V], "clipped": [V]}}.
+    """
+    xs = np.asarray(ds.x_test)[np.asarray(victim_idx)]
+    out = {}
+    for kind, kappa in cells:
+        ch = data_channel(kind, kappa, stats)
+        raw, clipped = [], []
+        for vi in range(len(xs)):
+            xt = np.asarray(ch.apply(jnp.asarray(xs[vi:vi + 1]), (), key=victim_noise_key(seed, vi))[0])[0]
+            raw.append(mse(xt, xs[vi]))
+            clipped.append(mse(np.clip(xt, 0.0, 1.0), xs[vi]))
+        out[f"{kind}|{float(kappa)}"] = {"raw": raw, "clipped": clipped}
+    return out
+
+
 def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool):
     """IG MSE of every mechanism against the same victims (paired comparison).
 
@@ -434,7 +463,6 @@ def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool
     idx = rng.choice(len(ds.x_test), n_vict, replace=False)  # unseen images as victims
     xs, ys = ds.x_test[idx], ds.y_test[idx]
     specs = ig_specs(budget, big)
-    noise_key = jax.random.fold_in(key, 1)
     attack_key = jax.random.fold_in(key, 2)
     iters = budget.ig_iterations_big if big else budget.ig_iterations
     restarts = budget.big_restarts if big else budget.ig_restarts
@@ -452,7 +480,7 @@ def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool
         grads = []
         for vi in range(n_vict):
             x, y = jnp.asarray(xs[vi:vi + 1]), jnp.asarray(ys[vi:vi + 1])
-            k = jax.random.fold_in(noise_key, vi)  # same draw for every mechanism and κ
+            k = victim_noise_key(seed, vi)  # same draw for every mechanism and κ
             if kind in ("dpsgd", "dppsac"):
                 m = dp_multiplier_for_capacity(par, 1)
                 multipliers[name(kind, par)] = m
@@ -1103,8 +1131,18 @@ def paper_fig14_ratios() -> dict:
     return {"per_model": per, "smallest": smallest}
 
 
-def acceptance_checks(rows, timing):
+def _noisy_input_note(info, channel, kappa, none) -> str:
+    nim = info.get("noisy_input_mse", {}).get(f"{channel}|{float(kappa)}")
+    if not nim:
+        return ""
+    c, r = float(np.mean(nim["clipped"])), float(np.mean(nim["raw"]))
+    return (f"; an attacker that recovered the noisy input exactly would score {c:.4f} "
+            f"({c / none:.2f} × no defense; clipped to [0, 1], unclipped mean ξ² {r:.4f})")
+
+
+def acceptance_checks(rows, timing, ig_settings=None):
     checks = {}
+    ig_settings = ig_settings or {}
     ig = [r for r in rows if r["source"] == "ig"]
     for m in sorted({r["model"] for r in ig}):
         mono, white_ge, pers_ge, above = [], [], [], []
@@ -1135,7 +1173,8 @@ def acceptance_checks(rows, timing):
                     f"[{s['geometric_t_interval'][0]:.2f}, {s['geometric_t_interval'][1]:.2f}], "
                     f"median {s['median']:.2f}; ratio of means {s['ratio_of_means']:.2f} [95 % "
                     f"bootstrap {s['bootstrap_interval'][0]:.2f}, {s['bootstrap_interval'][1]:.2f}]; "
-                    f"{s['victims_above_1_5']}/{s['victims']} victims above 1.5")
+                    f"{s['victims_above_1_5']}/{s['victims']} victims above 1.5"
+                    + _noisy_input_note(ig_settings.get(m, {}), ch, k_min, none))
         pr = paper_fig14_ratios()
         sm = pr["smallest"]
         this = pr["per_model"].get(m)
@@ -1541,8 +1580,14 @@ def main(argv=None):
         # Written before parts were recorded: its model-inversion budget is its mode's.
         result["train_settings"].setdefault("mi_iterations", BUDGETS[result["mode"]].mi_iterations)
     refresh_train_ig(result["rows"])
+    for m, info in result["ig_settings"].items():  # cheap: no attack, the Fig 14 noise draws again
+        cells = sorted({(r["channel"], r["kappa"]) for r in result["rows"] if r["source"] == "ig"
+                        and r["model"] == m and r["channel"] in ("natural", "white", "personalized")})
+        info["noisy_input_mse"] = noisy_input_mse(
+            ds_full, stats, result["parts"].get(f"ig:{m}", {}).get("seed", seed),
+            info["victim_indices_test"], cells)
     result["deviations"] = deviation_texts(result)
-    result["checks"] = acceptance_checks(result["rows"], result["timing"])
+    result["checks"] = acceptance_checks(result["rows"], result["timing"], result["ig_settings"])
     result["seconds_total"] = (sum(p["seconds"] for p in result["parts"].values()
                                    if p.get("seconds") is not None and "source" not in p)
                                if args.merge_into is not None else time.perf_counter() - t_start)

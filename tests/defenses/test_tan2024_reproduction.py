@@ -115,3 +115,24 @@ def test_merge_replaces_ig_per_model_and_refreshes_training_rows():
     assert tr[0]["ig_mse"] == 0.05 and tr[1]["ig_mse"] == 0.07
     from defenses.channels import gdc, imp_dra
     assert tr[1]["imp_dra"] == imp_dra(0.07, 0.05) and tr[1]["gdc"] == gdc(0.1, imp_dra(0.07, 0.05))
+
+
+def test_noisy_input_mse_uses_the_fig14_noise_draw():
+    from types import SimpleNamespace
+
+    from defenses.channels import data_statistics
+
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 4, 4, 1)).astype(np.float32)
+    stats = data_statistics(x)
+    ds = SimpleNamespace(x_test=x)
+    out = R.noisy_input_mse(ds, stats, 3, [5, 9], [("natural", 1.0), ("white", 2.0)])
+    assert set(out) == {"natural|1.0", "white|2.0"}
+    ch = R.data_channel("natural", 1.0, stats)
+    for vi, i in enumerate([5, 9]):
+        xt = np.asarray(ch.apply(jnp.asarray(x[i:i + 1]), (), key=R.victim_noise_key(3, vi))[0])[0]
+        assert np.isclose(out["natural|1.0"]["raw"][vi], np.mean((xt - x[i]) ** 2))
+        assert np.isclose(out["natural|1.0"]["clipped"][vi], np.mean((np.clip(xt, 0, 1) - x[i]) ** 2))
+        assert out["natural|1.0"]["clipped"][vi] <= out["natural|1.0"]["raw"][vi]
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(3), 1), 1)  # the experiment's derivation
+    assert np.array_equal(jax.random.key_data(R.victim_noise_key(3, 1)), jax.random.key_data(key))
