@@ -39,6 +39,10 @@ Usage:
   python benchmarks/reproduce_tan2024.py --quick   # ~30 min on 2 shared CPU cores
   python benchmarks/reproduce_tan2024.py           # default budget
   python benchmarks/reproduce_tan2024.py --full    # + VGG16/ResNet10 IG, AlexNet training/timing
+  # re-run one part with a changed budget and merge it into the committed results:
+  python benchmarks/reproduce_tan2024.py --quick --parts ig --budget ig_models=alexnet \
+      --budget big_victims=4 --budget ig_iterations_big=400 --budget none_long_factor=2 \
+      --merge-into benchmarks/results/tan2024.json
 """
 
 from __future__ import annotations
