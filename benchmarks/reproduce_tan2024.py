@@ -39,15 +39,22 @@ Usage:
   python benchmarks/reproduce_tan2024.py --quick   # ~30 min on 2 shared CPU cores
   python benchmarks/reproduce_tan2024.py           # default budget
   python benchmarks/reproduce_tan2024.py --full    # + VGG16/ResNet10 IG, AlexNet training/timing
+  # re-run one part with a changed budget and merge it into the committed results:
+  python benchmarks/reproduce_tan2024.py --quick --parts ig --budget ig_models=alexnet \
+      --budget big_victims=4 --budget ig_iterations_big=400 --budget none_long_factor=2 \
+      --merge-into benchmarks/results/tan2024.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
+import math
 import platform
 import statistics as pystats
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -60,9 +67,12 @@ from jax.flatten_util import ravel_pytree
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from attacks import gradient_inversion as GI  # noqa: E402
 from attacks import membership as mia  # noqa: E402
 from attacks.api import observation_from_gradient  # noqa: E402
+from attacks.inverting_gradients import DEFAULTS as IG_DEFAULTS  # noqa: E402
 from attacks.inverting_gradients import run_many as ig_run_many  # noqa: E402
+from attacks.labels import observed_gradient  # noqa: E402
 from defenses.bounds import dp_capacity_from_noise  # noqa: E402
 from defenses.channels import (  # noqa: E402
     attach_leakage_ledger,
@@ -147,6 +157,8 @@ class Budget:
     timing_repeats: int
     fig9_seeds: tuple[int, ...] = (0, 1, 2)  # Fig 9 accuracy vs κ: one run per seed and κ
     fig9_rounds: int = 8
+    ig_trace_points: int = 20     # IG dummy snapshots per attack (the MSE-vs-iteration curve)
+    none_long_factor: int = 0     # > 0: attack the undefended uploads again with this × iterations
 
 
 # The training setting is small on purpose (5 clients x 128 examples, 5 local
@@ -236,6 +248,127 @@ def attack(apply_fn, params, grads, batch_size, iterations, key, restarts=1):
     return np.stack([np.asarray(r.x[0]) for r in recs])
 
 
+# IG with the dummy image recorded every `every` iterations: the MSE-vs-iteration
+# curve that shows whether an attack's budget is enough. The loop is the one of
+# attacks.gradient_inversion.make_inverter (Adam, given/inferred labels), cut into
+# chunks of `every` steps; tests/defenses/test_tan2024_reproduction.py checks that
+# its result equals attacks.inverting_gradients.run_many's for the same key.
+
+@functools.lru_cache(maxsize=8)
+def _traced_inverter(apply_fn, cfg, batch_size, input_shape, num_classes, every, shared):
+    simulate = GI.make_simulate(apply_fn, cfg)
+    opt = GI._optimizer(cfg)
+
+    def objective(z, params, target, labels):
+        x = z["x"]
+        sim = simulate(params, x, jax.nn.one_hot(labels, num_classes))
+        if cfg.masked:
+            sim = jax.tree_util.tree_map(jnp.multiply, sim, GI.support_mask(target))
+        loss = GI.matching_loss(sim, target, cfg.loss)
+        return loss + cfg.tv * GI.total_variation(x) if cfg.tv > 0 else loss
+
+    def one_restart(params, target, labels, key):
+        kx, ky = jax.random.split(key)
+        shape = (batch_size, *input_shape)
+        x0 = (jax.random.uniform(kx, shape) if cfg.init == "uniform"
+              else 0.5 + 0.25 * jax.random.normal(kx, shape))
+        z = {"x": x0, "y": jax.random.normal(ky, (batch_size, num_classes))}
+        fn = functools.partial(objective, params=params, target=target, labels=labels)
+        vg = jax.value_and_grad(fn)
+
+        def step(carry, _):
+            z, state = carry
+            value, g = vg(z)
+            g = {**g, "y": jnp.zeros_like(g["y"])}
+            upd, state = opt.update(g, state, z)
+            z = optax.apply_updates(z, upd)
+            if cfg.box:
+                z = {**z, "x": jnp.clip(z["x"], 0.0, 1.0)}
+            return (z, state), value
+
+        def chunk(carry, _):
+            carry, values = jax.lax.scan(step, carry, None, length=every)
+            return carry, (carry[0]["x"], values[-1])
+
+        (z, _), (snaps, losses) = jax.lax.scan(chunk, (z, opt.init(z)), None,
+                                               length=cfg.iterations // every)
+        final = fn(z)
+        return z["x"], jnp.where(jnp.isfinite(final), final, jnp.inf), snaps, losses
+
+    def invert(params, target, labels, key):
+        keys = jax.random.split(key, cfg.restarts)
+        return jax.vmap(one_restart, in_axes=(None, None, None, 0))(params, target, labels, keys)
+
+    return jax.jit(jax.vmap(invert, in_axes=(None if shared else 0, 0, 0, 0)))
+
+
+def ig_run_traced(observations, config, key, every):
+    """Inverting Gradients on every observation (vmapped), keeping the dummy every ``every`` steps.
+
+    Same config keys, defaults, key use (labels, per-victim attack keys,
+    restarts) and result as :func:`attacks.inverting_gradients.run_many`; Adam
+    with given or inferred labels only.
+
+    Returns:
+      dict with ``x`` [V, B, ...] (best restart by final attack loss), ``loss``
+      [V], ``snapshots`` [V, T, B, ...] (the best restart's dummy after
+      every, 2·every, …, iterations steps; T = iterations / every),
+      ``loss_trace`` [V, T] (its attack loss at the last step of each chunk),
+      ``steps`` [T].
+
+    Raises:
+      ValueError: ``every`` does not divide the iterations, or an unsupported
+        optimizer / label mode.
+    """
+    merged = GI.parse_config(IG_DEFAULTS, config, extra_keys=("batch_size", "last_layer"))
+    fields = {f.name for f in dataclasses.fields(GI.InversionConfig)}
+    settings = {k: v for k, v in merged.items() if k in fields}
+    if settings.get("label_mode") == "infer":
+        settings["label_mode"] = "given"
+    cfg = GI.InversionConfig(**settings)
+    if cfg.optimizer != "adam" or cfg.label_mode != "given" or cfg.simulate != "gradient":
+        raise ValueError("ig_run_traced supports Adam, given/inferred labels, simulate='gradient'")
+    if every < 1 or cfg.iterations % every:
+        raise ValueError(f"every={every} must divide iterations={cfg.iterations}")
+    first = observations[0]
+    bs, params, targets, labels, keys, _, shared = GI.prepare_victims(
+        observations, merged, cfg, key, observed_gradient)
+    fn = _traced_inverter(first.apply_fn, cfg, bs, tuple(first.input_shape), first.num_classes,
+                          int(every), bool(shared))
+    x_all, losses, snaps, trace = (np.asarray(a) for a in
+                                   jax.block_until_ready(fn(params, targets, labels, keys)))
+    if not np.all(np.isfinite(losses).any(axis=1)):
+        raise FloatingPointError("attack loss is NaN/inf for every restart of some victim")
+    best = np.argmin(losses, axis=1)
+    v = np.arange(len(best))
+    return {"x": x_all[v, best], "loss": losses[v, best], "snapshots": snaps[v, best],
+            "loss_trace": trace[v, best], "steps": (np.arange(cfg.iterations // every) + 1) * every}
+
+
+def _trace_every(iterations: int, budget) -> int:
+    """Snapshot interval: about ``budget.ig_trace_points`` snapshots, dividing ``iterations``."""
+    return math.gcd(iterations, max(1, iterations // max(1, budget.ig_trace_points)))
+
+
+def attack_traced(apply_fn, params, grads, iterations, key, restarts, every, targets):
+    """IG on every upload in ``grads`` (as :func:`attack`), plus its MSE-vs-iteration curve.
+
+    Returns (reconstructions [V, 32, 32, 1], curve) with curve = {"steps": [T],
+    "mse_per_victim": [V][T]} (MSE of the dummy against ``targets`` after each
+    ``every`` steps) and "loss_per_victim" [V][T] (the attack loss there).
+    """
+    obs = [observation_from_gradient(g, params, apply_fn, input_shape=(32, 32, 1), num_classes=10,
+                                     lr=1.0, batch_size=1) for g in grads]
+    out = ig_run_traced(obs, {"iterations": iterations, "batch_size": 1, "restarts": restarts},
+                        key, every)
+    snaps = out["snapshots"][:, :, 0].astype(np.float64)  # [V, T, 32, 32, 1]
+    err = np.asarray(targets[:len(grads)], np.float64)[:, None]
+    curve = {"steps": out["steps"].tolist(),
+             "mse_per_victim": np.mean((snaps - err) ** 2, axis=(2, 3, 4)).tolist(),
+             "loss_per_victim": out["loss_trace"].tolist()}
+    return out["x"][:, 0], curve
+
+
 def mse(a, b) -> float:
     return float(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
 
@@ -285,6 +418,35 @@ def ig_specs(budget, big: bool):
     return specs
 
 
+def victim_noise_key(seed: int, victim: int):
+    """The channel-noise key of victim ``victim`` in the Fig 14 experiment (every mechanism, κ)."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), victim)
+
+
+def noisy_input_mse(ds, stats, seed: int, victim_idx, cells) -> dict:
+    """MSE to the clean image of what the channel feeds the client, for the Fig 14 noise draws.
+
+    For each (channel, κ) in ``cells`` and each victim (test-set indices
+    ``victim_idx``, victim i's noise key :func:`victim_noise_key`, as in
+    :func:`gradient_inversion_experiment`): the MSE of the noisy input
+    D̃ = D + ξ to D, raw (the mean of ξ²) and clipped to [0, 1] (IG's box) —
+    what an attacker that recovered the noisy input exactly would score.
+
+    Returns {"kind|κ": {"raw": [V], "clipped": [V]}}.
+    """
+    xs = np.asarray(ds.x_test)[np.asarray(victim_idx)]
+    out = {}
+    for kind, kappa in cells:
+        ch = data_channel(kind, kappa, stats)
+        raw, clipped = [], []
+        for vi in range(len(xs)):
+            xt = np.asarray(ch.apply(jnp.asarray(xs[vi:vi + 1]), (), key=victim_noise_key(seed, vi))[0])[0]
+            raw.append(mse(xt, xs[vi]))
+            clipped.append(mse(np.clip(xt, 0.0, 1.0), xs[vi]))
+        out[f"{kind}|{float(kappa)}"] = {"raw": raw, "clipped": clipped}
+    return out
+
+
 def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool):
     """IG MSE of every mechanism against the same victims (paired comparison).
 
@@ -305,11 +467,12 @@ def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool
     idx = rng.choice(len(ds.x_test), n_vict, replace=False)  # unseen images as victims
     xs, ys = ds.x_test[idx], ds.y_test[idx]
     specs = ig_specs(budget, big)
-    noise_key = jax.random.fold_in(key, 1)
     attack_key = jax.random.fold_in(key, 2)
     iters = budget.ig_iterations_big if big else budget.ig_iterations
     restarts = budget.big_restarts if big else budget.ig_restarts
     per, example, multipliers, diag = {}, {"victim": xs[0], "recs": {}}, {}, None
+    curves, none_long = {}, None
+    every = _trace_every(iters, budget)
     name = lambda k, p: f"{k}|{None if p is None else float(p)}"
     t0 = time.perf_counter()
     for kind, par in specs:
@@ -321,7 +484,7 @@ def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool
         grads = []
         for vi in range(n_vict):
             x, y = jnp.asarray(xs[vi:vi + 1]), jnp.asarray(ys[vi:vi + 1])
-            k = jax.random.fold_in(noise_key, vi)  # same draw for every mechanism and κ
+            k = victim_noise_key(seed, vi)  # same draw for every mechanism and κ
             if kind in ("dpsgd", "dppsac"):
                 m = dp_multiplier_for_capacity(par, 1)
                 multipliers[name(kind, par)] = m
@@ -330,9 +493,24 @@ def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool
                 xt = x if mech is None else mech.apply(x, (), key=k)[0]
                 g = victim_gradient_jit(apply_fn, params, xt, y)
             grads.append(g)
-        recs = attack(apply_fn, params, grads, 1, iters, attack_key, restarts)
+        recs, curve = attack_traced(apply_fn, params, grads, iters, attack_key, restarts, every, xs)
         per[name(kind, par)] = [mse(rec, xs[vi]) for vi, rec in enumerate(recs)]
+        curves[name(kind, par)] = curve
+        log(f"IG {model_name} {name(kind, par)}: mean MSE {np.mean(per[name(kind, par)]):.4f} "
+            f"({time.perf_counter() - t0:.0f} s so far)")
         example["recs"][name(kind, par)] = recs[0]
+        if kind == "none" and budget.none_long_factor > 0:
+            # Is the budget enough? The same undefended uploads, the same attack key
+            # (same initialisation), factor × more iterations (and a later step decay).
+            n_long = budget.none_long_factor * iters
+            t1 = time.perf_counter()
+            recs_long, curve_long = attack_traced(apply_fn, params, grads, n_long, attack_key,
+                                                  restarts, _trace_every(n_long, budget), xs)
+            none_long = {"iterations": n_long, "seconds": time.perf_counter() - t1,
+                         "mse_per_victim": [mse(r, xs[vi]) for vi, r in enumerate(recs_long)],
+                         "curve": curve_long}
+            log(f"IG {model_name} none x{budget.none_long_factor}: "
+                f"{np.mean(none_long['mse_per_victim']):.4f} vs {np.mean(per['none|None']):.4f}")
         if kind == "none" and not big:  # where does the undefended attack's error come from?
             blind = [gradient_blind_pixels(apply_fn, params, xs[vi], jnp.asarray(ys[vi]))
                      for vi in range(n_vict)]
@@ -348,6 +526,9 @@ def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool
     return per, {"victims": int(n_vict), "iterations": iters, "restarts": restarts,
                  "seconds": seconds, "victim_indices_test": idx.tolist(),
                  "dp_noise_multiplier_b1": multipliers,
+                 "kappas": sorted({float(p) for k, p in specs if k == "natural"}),
+                 "mse_curves": curves,
+                 **({"no_defense_longer": none_long} if none_long else {}),
                  **({"no_defense_error_by_pixel": diag} if diag else {})}, example
 
 
@@ -590,6 +771,30 @@ def make_figures(result, examples, out_dir: Path, tag: str):
     fig.tight_layout()
     fig.savefig(out_dir / f"tan2024_fig14{tag}.png", dpi=120)
     plt.close(fig)
+    # IG MSE vs iteration: undefended (each victim and the mean), Natural κ = 300, longer re-run.
+    conv = {m: i for m, i in result["ig_settings"].items() if "none|None" in i.get("mse_curves", {})}
+    if conv:
+        fig, axes = plt.subplots(1, len(conv), figsize=(4.5 * len(conv), 3.5), squeeze=False)
+        for a, (m, info) in zip(axes[0], conv.items()):
+            c = info["mse_curves"]["none|None"]
+            pv = np.asarray(c["mse_per_victim"])
+            for v in pv:
+                a.plot(c["steps"], v, color="gray", lw=0.6, alpha=0.6)
+            a.plot(c["steps"], pv.mean(0), "k-", lw=2, label=f"no defense (mean of {len(pv)})")
+            n3 = info["mse_curves"].get("natural|300.0")
+            if n3:
+                a.plot(n3["steps"], np.mean(n3["mse_per_victim"], 0), "C0-", lw=2,
+                       label="natural κ=300 (mean)")
+            lg = info.get("no_defense_longer")
+            if lg:
+                a.plot(lg["curve"]["steps"], np.mean(lg["curve"]["mse_per_victim"], 0), "C3--",
+                       lw=1.5, label=f"no defense, {lg['iterations']} it (mean)")
+            a.set(xlabel="IG iteration", ylabel="MSE to the victim", yscale="log",
+                  title=f"IG convergence: {m}")
+            a.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / f"tan2024_ig_convergence{tag}.png", dpi=120)
+        plt.close(fig)
     # Fig 12: accuracy vs n at κ = 300.
     n300 = [r for r in nat if r["kappa"] == 300]
     if n300:
@@ -675,15 +880,92 @@ def blind_pixel_lines(result) -> list[str]:
     return (["Where the undefended attack's error comes from:", "", *out, ""] if out else [])
 
 
+_FRACTIONS = (1 / 8, 1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4, 1)
+
+
+def _curve_cells(curve, n) -> list[str]:
+    """'mean MSE (step)' at the snapshots nearest to the fractions of ``n`` iterations."""
+    steps = np.asarray(curve["steps"])
+    mean = np.mean(np.asarray(curve["mse_per_victim"]), axis=0)
+    idx = [int(np.argmin(np.abs(steps - f * n))) for f in _FRACTIONS]
+    return [f"{mean[i]:.4f} ({steps[i]})" for i in idx]
+
+
+def convergence_lines(result) -> list[str]:
+    """Markdown: IG MSE vs iteration (mean over victims) and the undefended k× longer re-run."""
+    rows, notes = [], []
+    for m, info in result["ig_settings"].items():
+        curves = info.get("mse_curves", {})
+        c = curves.get("none|None")
+        if not c:
+            continue
+        n = info["iterations"]
+        rows.append(f"| {m} | no defense | {info['victims']} | {n} | " + " | ".join(_curve_cells(c, n)) + " |")
+        n3 = curves.get("natural|300.0")
+        if n3:
+            rows.append(f"| {m} | natural κ = 300 | {info['victims']} | {n} | "
+                        + " | ".join(_curve_cells(n3, n)) + " |")
+        lg = info.get("no_defense_longer")
+        if lg:
+            nl = lg["iterations"]
+            rows.append(f"| {m} | no defense, re-run | {info['victims']} | {nl} | "
+                        + " | ".join(_curve_cells(lg["curve"], nl)) + " |")
+            short, long = np.asarray(per_victim_final(c)), np.asarray(lg["mse_per_victim"])
+            notes.append(f"- {m}: the undefended attack with {nl} instead of {n} iterations (same "
+                         f"uploads, same initialisations): mean MSE {long.mean():.4f} vs "
+                         f"{short.mean():.4f} ({100 * (long.mean() / short.mean() - 1):+.0f} %); "
+                         f"per victim {', '.join(f'{a:.4f} → {b:.4f}' for a, b in zip(short, long))}.")
+    if not rows:
+        return []
+    return ["### IG convergence (tan2024_ig_convergence.png)", "",
+            "Mean MSE of the dummy image to the victim over the attack, at the snapshot nearest to "
+            "each fraction of the budget (iteration in brackets); IG's step size drops ×0.1 at 3/8, "
+            "5/8 and 7/8 of the budget, so the last columns flatten by construction and only a "
+            "longer re-run shows whether the budget was enough.", "",
+            "| model | attack | victims | iterations | ⅛ | ¼ | ⅜ | ½ | ⅝ | ¾ | end |",
+            "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "", *notes, ""]
+
+
+def per_victim_final(curve) -> list[float]:
+    return [v[-1] for v in curve["mse_per_victim"]]
+
+
+def provenance_lines(result) -> list[str]:
+    parts = result.get("parts")
+    if not parts:
+        return []
+    out = ["## Provenance", "", "| part | commit | command / source | seed | seconds | date |",
+           "|---|---|---|---|---|---|"]
+    for name, p in parts.items():
+        if "source" in p:
+            src = (f"{p['source']} (mode {p.get('mode')}, {p.get('seconds_whole_run') or 0:.0f} s "
+                   f"for all parts; results last committed in {p.get('results_last_committed_in')})")
+            commit = "–"
+        else:
+            src = f"`{p['command']}`"
+            commit = (p.get("commit") or "?")[:10] + (" (+ uncommitted changes)" if p.get("dirty") else "")
+        sec = f"{p['seconds']:.0f}" if p.get("seconds") is not None else "–"
+        out.append(f"| {name} | {commit} | {src} | {p.get('seed')} | {sec} | {p.get('date', '–')} |")
+    return out + ["", "Budgets of every part: JSON `parts.<part>.budget`.", ""]
+
+
 def write_markdown(result, path: Path):
     rows = result["rows"]
     p14 = PAPER["fig14_ig_mse_cifar10"]
+    runs = {json.dumps({k: v for k, v in p.items() if k not in ("date", "seconds")}, sort_keys=True)
+            for p in result.get("parts", {}).values()}
+    if len(runs) > 1:
+        made = ("Produced by `benchmarks/reproduce_tan2024.py` in several runs merged with "
+                "`--merge-into` (parts, commits, commands and budgets in the Provenance section), "
+                f"seed {result['seed']}")
+    else:
+        made = (f"Produced by `benchmarks/reproduce_tan2024.py"
+                f"{' --' + result['mode'] if result['mode'] != 'default' else ''}` in one run "
+                f"({result['seconds_total']:.0f} s), seed {result['seed']}")
     lines = [f"# Tan et al. 2024 (000) reproduction — mode `{result['mode']}`", "",
-             f"Produced by `benchmarks/reproduce_tan2024.py{' --' + result['mode'] if result['mode'] != 'default' else ''}` "
-             f"in one run ({result['seconds_total']:.0f} s), seed {result['seed']}, device "
-             f"{result['device']}. Dataset: Fashion-MNIST resized to 32×32×1 (the paper's Fig 14 "
-             "numbers are CIFAR-10; CIFAR-10/SVHN/CelebA are not available offline here). "
-             "MSE on [0, 1] images (the paper's scale differs, e.g. normalised CIFAR-10).", "",
+             f"{made}, device {result['device']}. Dataset: Fashion-MNIST resized to 32×32×1 (the "
+             "paper's Fig 14 numbers are CIFAR-10; CIFAR-10/SVHN/CelebA are not available offline "
+             "here). MSE on [0, 1] images (the paper's scale differs, e.g. normalised CIFAR-10).", "",
              "## Fig 14 — gradient-inversion MSE vs κ (ours | paper CIFAR-10)", "",
              "| model | channel | κ=50 | κ=100 | κ=200 | κ=300 | no defense |", "|---|---|---|---|---|---|---|"]
     ig = [r for r in rows if r["source"] == "ig"]
@@ -701,8 +983,12 @@ def write_markdown(result, path: Path):
     lines += ["", "Ours: mean ± std over the victims (paired: same victims, noise draw and attack "
               "initialisation for every cell of a model). IG: Inverting Gradients "
               "(attacks.inverting_gradients), one image per upload at the random-init model, label "
-              f"inferred (iDLG); budgets: {json.dumps(result['ig_settings'])}.", "",
-              *blind_pixel_lines(result), 
+              "inferred (iDLG). Budgets: "
+              + "; ".join(f"{m}: {i['victims']} victims × {i['iterations']} iterations × "
+                          f"{i['restarts']} restart(s), test-set victims {i['victim_indices_test']}"
+                          for m, i in result["ig_settings"].items())
+              + " (per-victim values, DP multipliers and MSE curves in the JSON's ig_settings).", "",
+              *blind_pixel_lines(result), *convergence_lines(result),
               "## Fig 8 — eigen-compression (IG MSE, same victims as Fig 14; no defense in the Fig 14 table)", "",
               "| compressed | eigenvalue (ours, [0,1] pixels) | ×4 (pixels in [−1,1]) | paper FMNIST | "
               "IG MSE LeNet | IG MSE LeNet-DLG |",
@@ -781,14 +1067,86 @@ def write_markdown(result, path: Path):
     lines += ["", "## Acceptance checks (computed from the rows above)", ""]
     for k, v in result["checks"].items():
         lines.append(f"- {k}: **{'PASS' if v['pass'] else 'FAIL'}** — {v['detail']}")
+        lines += [f"  - {n}" for n in v.get("notes", [])]
     lines += ["", "## Deviations", "", *[f"- {d}" for d in result["deviations"]], ""]
+    lines += provenance_lines(result)
     if result.get("note_on_text"):
         lines += [f"Note: {result['note_on_text']}", ""]
     path.write_text("\n".join(lines))
 
 
-def acceptance_checks(rows, timing):
+def paired_ratio_summary(channel_mse, none_mse, *, level=0.95, n_boot=10_000, seed=0) -> dict:
+    """Per-victim paired ratios channel MSE / no-defense MSE, with intervals.
+
+    Victim i's ratio r_i = channel_i / none_i (same victim, noise draw and
+    attack initialisation). Reports their mean with a t-interval, their
+    geometric mean with a t-interval on log r, and the ratio of the means (the
+    statistic of the ≫ check) with a percentile bootstrap interval over
+    victims (resampled jointly, ``n_boot`` resamples from
+    ``np.random.default_rng(seed)``).
+
+    Raises:
+      ValueError: unequal lengths, fewer than 2 victims, or a non-positive MSE.
+    """
+    from scipy import stats as sps
+
+    c, n = np.asarray(channel_mse, np.float64), np.asarray(none_mse, np.float64)
+    if c.shape != n.shape or c.ndim != 1 or c.size < 2:
+        raise ValueError(f"need two equal-length 1-D arrays of >= 2 victims, got {c.shape}, {n.shape}")
+    if np.any(c <= 0) or np.any(n <= 0):
+        raise ValueError("MSEs must be positive")
+    r = c / n
+    t = float(sps.t.ppf(0.5 + level / 2, r.size - 1))
+    half = t * r.std(ddof=1) / np.sqrt(r.size)
+    lr = np.log(r)
+    lhalf = t * lr.std(ddof=1) / np.sqrt(r.size)
+    idx = np.random.default_rng(seed).integers(0, r.size, (n_boot, r.size))
+    boot = c[idx].mean(1) / n[idx].mean(1)
+    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    return {"victims": int(r.size), "level": level, "per_victim": r.tolist(),
+            "mean": float(r.mean()), "std": float(r.std(ddof=1)),
+            "t_interval": [float(r.mean() - half), float(r.mean() + half)],
+            "median": float(np.median(r)),
+            "geometric_mean": float(np.exp(lr.mean())),
+            "geometric_t_interval": [float(np.exp(lr.mean() - lhalf)), float(np.exp(lr.mean() + lhalf))],
+            "ratio_of_means": float(c.mean() / n.mean()),
+            "bootstrap_interval": [float(lo), float(hi)],
+            "victims_above_1_5": int(np.sum(r > 1.5)),
+            "bootstrap": {"resamples": n_boot, "seed": seed}}
+
+
+def paper_fig14_ratios() -> dict:
+    """The paper's Fig 14 (CIFAR-10): min over κ of each channel's MSE / no-defense MSE.
+
+    Returns {"per_model": {model: {channel: {"ratio", "kappa"}}}, "smallest":
+    {"model", "channel", "kappa", "ratio"}}, computed from :data:`PAPER`.
+    """
+    p = PAPER["fig14_ig_mse_cifar10"]
+    per, smallest = {}, None
+    for m, d in p.items():
+        if m == "kappas":
+            continue
+        for ch in ("natural", "white", "personalized"):
+            i = int(np.argmin(d[ch]))
+            entry = {"ratio": d[ch][i] / d["none"], "kappa": p["kappas"][i]}
+            per.setdefault(m, {})[ch] = entry
+            if smallest is None or entry["ratio"] < smallest["ratio"]:
+                smallest = {"model": m, "channel": ch, **entry}
+    return {"per_model": per, "smallest": smallest}
+
+
+def _noisy_input_note(info, channel, kappa, none) -> str:
+    nim = info.get("noisy_input_mse", {}).get(f"{channel}|{float(kappa)}")
+    if not nim:
+        return ""
+    c, r = float(np.mean(nim["clipped"])), float(np.mean(nim["raw"]))
+    return (f"; an attacker that recovered the noisy input exactly would score {c:.4f} "
+            f"({c / none:.2f} × no defense; clipped to [0, 1], unclipped mean ξ² {r:.4f})")
+
+
+def acceptance_checks(rows, timing, ig_settings=None):
     checks = {}
+    ig_settings = ig_settings or {}
     ig = [r for r in rows if r["source"] == "ig"]
     for m in sorted({r["model"] for r in ig}):
         mono, white_ge, pers_ge, above = [], [], [], []
@@ -796,12 +1154,40 @@ def acceptance_checks(rows, timing):
         ks = sorted({r["kappa"] for r in ig if r["model"] == m and r["channel"] == "natural"})
         get = lambda ch, k: next(r["ig_mse"] for r in ig if r["model"] == m and r["channel"] == ch
                                  and r["kappa"] == k)
-        ratios = []
+        per_victim = lambda ch, k: next(r.get("ig_mse_per_victim") for r in ig if r["model"] == m
+                                        and r["channel"] == ch and r["kappa"] == k)
+        none_pv = next(r.get("ig_mse_per_victim") for r in ig if r["model"] == m
+                       and r["channel"] == "none")
+        ratios, paired, notes = [], {}, []
         for ch in ("natural", "white", "personalized"):
             vals = [get(ch, k) for k in ks]
             mono.append(all(a >= b for a, b in zip(vals, vals[1:])))
             above.append(min(vals) > 1.5 * none)
             ratios.append(round(min(vals) / none, 2))
+            # Context for the ≫ check (it stays on the means): the paired per-victim
+            # ratios at the κ of the channel's smallest mean MSE.
+            k_min = ks[int(np.argmin(vals))]
+            if none_pv is not None and len(none_pv) > 1:
+                s = paired_ratio_summary(per_victim(ch, k_min), none_pv)
+                paired[ch] = {"kappa": k_min, **s}
+                notes.append(
+                    f"{ch} κ = {k_min:g}, paired per-victim ratio channel / none ({s['victims']} "
+                    f"victims): mean {s['mean']:.2f} [95 % t-interval {s['t_interval'][0]:.2f}, "
+                    f"{s['t_interval'][1]:.2f}], geometric mean {s['geometric_mean']:.2f} "
+                    f"[{s['geometric_t_interval'][0]:.2f}, {s['geometric_t_interval'][1]:.2f}], "
+                    f"median {s['median']:.2f}; ratio of means {s['ratio_of_means']:.2f} [95 % "
+                    f"bootstrap {s['bootstrap_interval'][0]:.2f}, {s['bootstrap_interval'][1]:.2f}]; "
+                    f"{s['victims_above_1_5']}/{s['victims']} victims above 1.5"
+                    + _noisy_input_note(ig_settings.get(m, {}), ch, k_min, none))
+        pr = paper_fig14_ratios()
+        sm = pr["smallest"]
+        this = pr["per_model"].get(m)
+        notes.append(
+            f"paper's Fig 14 (CIFAR-10) for context: its smallest min-over-κ / none ratio is "
+            f"{sm['ratio']:.2f} ({sm['model']} {sm['channel']} κ = {sm['kappa']})"
+            + (("; this model in the paper: " + ", ".join(
+                f"{ch} {this[ch]['ratio']:.2f}" for ch in ("natural", "white", "personalized")))
+               if this else ""))
         for k in ks:
             white_ge.append(get("white", k) >= get("natural", k))
             pers_ge.append(get("personalized", k) >= get("natural", k))
@@ -813,7 +1199,8 @@ def acceptance_checks(rows, timing):
             "pass": all(white_ge) and all(pers_ge), "detail": f"white {white_ge}, personalized {pers_ge}"}
         checks[f"{m}: every channel ≫ no defense (min MSE > 1.5 × none = {1.5 * none:.4f})"] = {
             "pass": all(above), "detail": f"{above}; min over κ / none (natural, white, "
-                                          f"personalized) = {ratios}"}
+                                          f"personalized) = {ratios}",
+            "notes": notes, "paired_ratio": paired, "paper_ratios": pr}
     fig9 = sorted([r for r in rows if r["source"] == "fig9" and r["channel"] == "natural"],
                   key=lambda r: r["kappa"])
     if fig9:
@@ -844,6 +1231,160 @@ def acceptance_checks(rows, timing):
     return checks
 
 
+PARTS = ("ig", "fig9", "batch", "train", "timing")
+
+
+def apply_budget_overrides(budget: Budget, items) -> Budget:
+    """``budget`` with ``KEY=VALUE`` overrides (tuple fields comma-separated).
+
+    Raises:
+      ValueError: naming the key, for an unknown key or a value of the wrong type.
+    """
+    fields = {f.name for f in dataclasses.fields(Budget)}
+    changes = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or k not in fields:
+            raise ValueError(f"budget override {item!r}: expected KEY=VALUE, KEY one of "
+                             f"{', '.join(sorted(fields))}")
+        cur = getattr(budget, k)
+        try:
+            if isinstance(cur, tuple):
+                elem = type(cur[0]) if cur else str
+                changes[k] = tuple(elem(x) for x in v.split(",") if x)
+            else:
+                changes[k] = type(cur)(v)
+        except ValueError as e:
+            raise ValueError(f"budget override {k}: {v!r} is not a valid {type(cur).__name__}") from e
+    return dataclasses.replace(budget, **changes)
+
+
+def git_state() -> dict:
+    """HEAD commit and whether code outside benchmarks/results differs from it."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no", "--", ".", ":!benchmarks/results"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": head, "dirty": bool(dirty)}
+
+
+def _last_commit_of(path: Path):
+    try:
+        return subprocess.run(["git", "-C", str(path.parent), "log", "-1", "--format=%h", "--",
+                               path.name], capture_output=True, text=True,
+                              check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def refresh_train_ig(rows) -> None:
+    """Training rows' IG MSE, IMP_DRA and GDC from the IG rows of the same model/mechanism/κ.
+
+    IMP_DRA of a training row is the one-image IG MSE under the same mechanism
+    at the same capacity (see the deviations), so it follows the IG rows; in
+    place, also after a merge that re-ran only the IG part.
+    """
+    ig = {(r["model"], r["channel"], r["kappa"]): r["ig_mse"] for r in rows if r["source"] == "ig"}
+    base = {r["model"]: r for r in rows if r["source"] == "train" and r["channel"] == "none"}
+    for r in rows:
+        if r["source"] != "train":
+            continue
+        r["ig_mse"] = ig.get((r["model"], r["channel"], r["kappa"]))
+        b = base.get(r["model"])
+        if r["channel"] != "none" and r["ig_mse"] is not None and b and b["ig_mse"] is not None:
+            r["imp_dra"] = imp_dra(r["ig_mse"], b["ig_mse"])
+            r["gdc"] = gdc(r["imp_mia"], r["imp_dra"])
+
+
+def merge_results(old: dict, new: dict, parts_run, ig_models_run) -> dict:
+    """``new`` (the parts just run) over ``old`` (an earlier results JSON).
+
+    IG rows and settings are replaced per model (the models in
+    ``ig_models_run``); the Fig 9, training, batch-size and timing parts are
+    replaced whole when they were run, kept otherwise. ``parts`` records, for
+    every part, the run it comes from (commit, command, seed, budget, seconds).
+    """
+    names = list(MODEL_NAMES.values())
+    take_new = lambda r: ((r["source"] == "ig" and r["model"] in ig_models_run)
+                          or (r["source"] != "ig" and r["source"] in parts_run))
+    rows = [r for r in old["rows"] if not take_new(r)] + [r for r in new["rows"] if take_new(r)]
+    order = {"ig": 0, "fig9": 1, "train": 2}
+    rows.sort(key=lambda r: (order[r["source"]], names.index(r["model"]) if r["source"] == "ig" else 0))
+    out = {**old, "rows": rows, "paper": PAPER, "eigenvalues": new["eigenvalues"]}
+    out["ig_settings"] = {**old.get("ig_settings", {}),
+                          **{m: s for m, s in new.get("ig_settings", {}).items() if m in ig_models_run}}
+    out["ig_settings"] = {m: out["ig_settings"][m] for m in names if m in out["ig_settings"]}
+    for part, key in (("batch", "batch_size_effect"), ("train", "train_settings"), ("timing", "timing")):
+        if part in parts_run:
+            out[key] = new[key]
+    out["parts"] = {**old["parts"], **new["parts"]}
+    return out
+
+
+def parts_of_unrecorded_run(result: dict, path: Path) -> dict:
+    """Provenance entries for a results JSON written before parts were recorded."""
+    src = {"source": "an earlier single run of all parts; its script commit was not recorded",
+           "results_last_committed_in": _last_commit_of(path), "mode": result.get("mode"),
+           "seed": result.get("seed"), "device": result.get("device"),
+           "seconds": None, "seconds_whole_run": result.get("seconds_total"),
+           "budget": dataclasses.asdict(BUDGETS[result["mode"]]) if result.get("mode") in BUDGETS else None}
+    names = [f"ig:{m}" for m in result.get("ig_settings", {})] + ["fig9", "batch", "train", "timing"]
+    return {n: dict(src) for n in names}
+
+
+def deviation_texts(result) -> list[str]:
+    """The deviations written into the JSON and the markdown, from the result itself."""
+    ts = result["train_settings"]
+    tb = ts["batch_size"]
+    out = [
+        "Fashion-MNIST 32×32×1 only (offline); the paper's Fig 14 numbers are CIFAR-10.",
+        "LeNet = fedsim 'lenet5' (ReLU/max-pool LeNet-5, 61,706 parameters; the paper's LeNet "
+        "has 6.20e4). On it IG's own error (no defense) is ~0.05 MSE, larger than the Natural "
+        "channel's noise variance at κ = 300 (0.0077); longer attacks, restarts, other TV "
+        "weights, L-BFGS and a trained model do not lower it, and pixels invisible to the "
+        "upload explain only part of it (benchmarks/results/ig_floor_lenet5.md; blind-pixel "
+        "split in ig_settings). LeNet-DLG = fedsim 'lenet' (the sigmoid LeNet of DLG, "
+        "not in the paper) is added as a victim on which IG reconstructs an undefended image "
+        "almost exactly, so what the channel adds is visible; both are reported.",
+    ]
+    for m, info in result["ig_settings"].items():
+        out.append(f"{m} IG: {info['victims']} victims × {info['iterations']} iterations × "
+                   f"{info['restarts']} restart(s)"
+                   + (f", κ ∈ {{{', '.join(f'{k:g}' for k in info['kappas'])}}}" if info.get("kappas") else "")
+                   + ("; the undefended attack's MSE-vs-iteration curve and a "
+                      f"{info['no_defense_longer']['iterations']}-iteration re-run are in the "
+                      "convergence section" if info.get("no_defense_longer") else ""))
+    out += [
+        "Budgets: per part in the Provenance section (JSON `parts`).",
+        "MIA: the learned white-box attack of attacks.membership (the paper's four features; "
+        "embedding/MLP widths ours), partial knowledge: trained on half of the members and as "
+        "many test images, AUC on the other halves (n_train/2 each); the loss-threshold AUC "
+        "on the same halves is in the JSON (mia_auc_loss_threshold). The training setting "
+        f"({ts['num_clients']} clients × {ts['examples_per_client']} examples, "
+        f"{ts['local_epochs']} local epochs) is chosen so the undefended model overfits "
+        "and has a membership signal; it is far from the paper's n = 1e4 rounds.",
+        "Model inversion: local implementation of §6.1 (mean of unseen images as start, "
+        f"Adam lr 1e-2, {ts['mi_iterations']} iterations, MSE to the class centre of the "
+        "training images, median over the 10 classes).",
+        "IMP_DRA of training rows: IG MSE of a one-step upload of one image (B = 1) under the "
+        "same mechanism at the same capacity κ (the Fig 14 IG rows of the same model); for DP "
+        f"that is the multiplier sqrt(1/κ) whose Thm 4 capacity at B = 1 is κ (training uses "
+        f"sqrt({tb}/κ) at B = {tb}; both recorded).",
+        "Fig 14 IG: paired — the same victims, the same channel noise draw z per victim (ξ = "
+        "Σ_ξ^{1/2} z) and the same attack initialisation for every mechanism and κ; mean over "
+        "victims in the table, std/median/per-victim values in the JSON.",
+        "n in Fig 12/13: local steps taken by the most-used client (ledger), not the paper's "
+        "n = 1e4 optimisation rounds.",
+        "Per-dataset Σ_D (one covariance for all clients).",
+    ]
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group()
@@ -852,14 +1393,49 @@ def main(argv=None):
     g.add_argument("--smoke", action="store_true", help="tiny budgets to check the script runs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help=f"comma-separated subset of {','.join(PARTS)} (default: all); a subset "
+                         "needs --merge-into")
+    ap.add_argument("--budget", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one field of the mode's budget (repeatable; tuples "
+                         "comma-separated), e.g. --budget ig_models=alexnet --budget big_victims=4")
+    ap.add_argument("--merge-into", type=Path, default=None, metavar="JSON",
+                    help="an earlier results JSON: replace the parts run now (IG per model), keep "
+                         "the others, recompute checks, markdown and figures, write in place")
     args = ap.parse_args(argv)
+    parts = tuple(p for p in args.parts.split(",") if p)
+    if not parts or set(parts) - set(PARTS):
+        ap.error(f"--parts: choose from {', '.join(PARTS)}")
+    if set(parts) != set(PARTS) and args.merge_into is None:
+        ap.error("--parts other than all needs --merge-into")
     mode = ("quick" if args.quick else "full" if args.full else "smoke" if args.smoke
             else "default")
-    budget = BUDGETS[mode]
-    tag = "" if mode == "quick" else f"_{mode}"
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        budget = apply_budget_overrides(BUDGETS[mode], args.budget)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.merge_into is not None:
+        out_json = args.merge_into
+        tag = out_json.stem[len("tan2024"):] if out_json.stem.startswith("tan2024") else f"_{out_json.stem}"
+        json.loads(out_json.read_text())  # fail now, not after hours; re-read at the end
+    else:
+        tag = "" if mode == "quick" else f"_{mode}"
+        out_json = args.out / f"tan2024{tag}.json"
+    out_dir = out_json.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    partial = out_dir / f"{out_json.stem}.partial.json"
     t_start = time.perf_counter()
     seed = args.seed
+    device = f"{jax.default_backend()} ({platform.processor() or platform.machine()}), jax {jax.__version__}"
+    provenance = {"mode": mode, "seed": seed, "device": device, **git_state(),
+                  "command": "python benchmarks/reproduce_tan2024.py "
+                             + " ".join(sys.argv[1:] if argv is None else argv),
+                  "budget": dataclasses.asdict(budget)}
+    new_parts = {}
+
+    def done(name, t0):
+        new_parts[name] = {**provenance, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                           "seconds": time.perf_counter() - t0}
 
     ds_full = load_dataset("fashion_mnist", image_size=32)
     stats = data_statistics(ds_full.x_train)
@@ -874,13 +1450,14 @@ def main(argv=None):
 
     rows = []
     ig_settings, examples = {}, None
-    ig_mse_by_model = {}
-    for m in budget.ig_models:
+    ig_models = budget.ig_models if "ig" in parts else ()
+    for m in ig_models:
+        t0 = time.perf_counter()
         big = m not in ("lenet5", "lenet")
         res, info, ex = gradient_inversion_experiment(m, ds_full, stats, budget, seed, big)
         ig_settings[MODEL_NAMES[m]] = info
-        ig_mse_by_model[m] = res
-        if m == "lenet" or examples is None:  # show the DLG LeNet's reconstructions if run
+        # Show the DLG LeNet's reconstructions if run (a merge redraws them only then).
+        if m == "lenet" or (examples is None and args.merge_into is None):
             examples = ex
         for key, per_victim in res.items():
             kind, par = key.split("|")
@@ -896,26 +1473,35 @@ def main(argv=None):
             elif kind == "compress":
                 row.update(kappa=None, component=int(par))
             rows.append(row)
-        (args.out / f"tan2024{tag}.partial.json").write_text(json.dumps(rows, indent=1))
+        done(f"ig:{MODEL_NAMES[m]}", t0)
+        partial.write_text(json.dumps({"rows": rows, "ig_settings": ig_settings,
+                                       "parts": new_parts}, indent=1))
 
-    rows += accuracy_vs_kappa(ds_full, stats, budget)
-    (args.out / f"tan2024{tag}.partial.json").write_text(json.dumps(rows, indent=1))
+    if "fig9" in parts:
+        t0 = time.perf_counter()
+        rows += accuracy_vs_kappa(ds_full, stats, budget)
+        done("fig9", t0)
+        partial.write_text(json.dumps({"rows": rows, "ig_settings": ig_settings,
+                                       "parts": new_parts}, indent=1))
 
-    bs_mse, bs_settings = batch_size_experiment(ds_full, budget, seed)
-    log("batch-size experiment done")
+    bs_mse = bs_settings = None
+    if "batch" in parts:
+        t0 = time.perf_counter()
+        bs_mse, bs_settings = batch_size_experiment(ds_full, budget, seed)
+        done("batch", t0)
+        log("batch-size experiment done")
 
-    rng = np.random.default_rng(seed)
     unseen = ds_full.x_test[2000:]  # never used for training or evaluation here
     mi_start = jnp.asarray(unseen.mean(0))
     centres = np.stack([ds.x_train[ds.y_train == c].mean(0) for c in range(10)])
-    del rng
 
     train_specs = [("none", None, None)]
     train_specs += [("natural", k, k) for k in budget.natural_kappas]
     train_specs += [(c, k, k) for c in ("white", "personalized") for k in budget.wide_kappas]
     # DP rows: the multiplier whose Thm 4 capacity B·S²/σ at the training batch size equals κ.
     train_specs += [(m, k, k) for m in ("dpsgd", "dppsac") for k in budget.dp_kappas]
-    for model_name in budget.train_models:
+    for model_name in (budget.train_models if "train" in parts else ()):
+        t0 = time.perf_counter()
         base = None
         for kind, par, cap in train_specs:
             if kind in ("natural", "white", "personalized"):
@@ -930,15 +1516,13 @@ def main(argv=None):
                 if (kind == "natural" and par == 300) else ()
             out = train_run(model_name, ds, budget, seed, defs, kappa, stats, mi_start, centres,
                             mi_rounds)
-            ig_key = f"{kind}|{None if par is None else float(par)}"
-            ig_per = ig_mse_by_model.get(model_name, {}).get(ig_key)
-            ig_v = float(np.mean(ig_per)) if ig_per is not None else None
+            # ig_mse / imp_dra / gdc come from the IG rows (refresh_train_ig, below).
             row = {"source": "train", "dataset": "fashion_mnist", "model": MODEL_NAMES[model_name],
                    "channel": kind, "kappa": cap,
                    "noise_multiplier": (dp_multiplier_for_capacity(par, TRAIN_BATCH)
                                         if kind.startswith("dp") else None),
                    "dp_batch_size": TRAIN_BATCH if kind.startswith("dp") else None,
-                   "accuracy": out["accuracy"], "ig_mse": ig_v, "mi_mse": out["mi_mse"],
+                   "accuracy": out["accuracy"], "ig_mse": None, "mi_mse": out["mi_mse"],
                    "mia_auc_learned": out["mia_auc"],
                    "mia_auc_loss_threshold": out["mia_auc_loss_threshold"],
                    "mia_sizes": out["mia_sizes"], "gdc": None, "seconds": out["seconds"],
@@ -957,21 +1541,23 @@ def main(argv=None):
             row["mia_auc"] = row[f"mia_auc_{mia_attack}"]
             if kind != "none":
                 row["imp_mia"] = imp_mia(row["mia_auc"], base["mia_auc"])
-                if ig_v is not None:
-                    row["imp_dra"] = imp_dra(ig_v, base["ig_mse"])
-                    row["gdc"] = gdc(row["imp_mia"], row["imp_dra"])
             rows.append(row)
             log(f"train {model_name} {kind} {par}: acc {out['accuracy']:.4f} AUC {row['mia_auc']:.3f} "
                 f"MI {out['mi_mse']:.4f} ({out['seconds']:.0f} s)")
-            (args.out / f"tan2024{tag}.partial.json").write_text(json.dumps(rows, indent=1))
+            partial.write_text(json.dumps({"rows": rows, "ig_settings": ig_settings,
+                                           "parts": new_parts}, indent=1))
+        done("train", t0)
 
     timing = []
-    for model_name in ("lenet5",) + (("alexnet",) if mode == "full" else ()):
-        timing.append(timing_experiment(model_name, ds_full, stats, budget, seed))
-        log(f"timing {model_name}: {timing[-1]['seconds_per_epoch_median']}")
+    if "timing" in parts:
+        t0 = time.perf_counter()
+        for model_name in ("lenet5",) + (("alexnet",) if mode == "full" else ()):
+            timing.append(timing_experiment(model_name, ds_full, stats, budget, seed))
+            log(f"timing {model_name}: {timing[-1]['seconds_per_epoch_median']}")
+        done("timing", t0)
 
     result = {
-        "mode": mode, "seed": seed, "device": f"{jax.default_backend()} ({platform.processor() or platform.machine()}), jax {jax.__version__}",
+        "mode": mode, "seed": seed, "device": device,
         "rows": rows, "timing": timing, "paper": PAPER, "eigenvalues": eig,
         "ig_settings": ig_settings,
         "batch_size_effect": {"mse": bs_mse, "settings": bs_settings},
@@ -986,50 +1572,34 @@ def main(argv=None):
                            "optimizer": "momentum 0.9, lr 0.05", "partition": "iid",
                            "natural_noise_variance": {str(k): natural_noise_variance(stats, k)
                                                       for k in budget.natural_kappas},
-                           "statistics": "per-dataset Σ_D (60,000 training images)"},
-        "deviations": [
-            "Fashion-MNIST 32×32×1 only (offline); the paper's Fig 14 numbers are CIFAR-10.",
-            "LeNet = fedsim 'lenet5' (ReLU/max-pool LeNet-5, 61,706 parameters; the paper's LeNet "
-            "has 6.20e4). On it IG's own error (no defense) is ~0.05 MSE, larger than the Natural "
-            "channel's noise variance at κ = 300 (0.0077); longer attacks, restarts, other TV "
-            "weights, L-BFGS and a trained model do not lower it, and pixels invisible to the "
-            "upload explain only part of it (benchmarks/results/ig_floor_lenet5.md; blind-pixel "
-            "split in ig_settings). LeNet-DLG = fedsim 'lenet' (the sigmoid LeNet of DLG, "
-            "not in the paper) is added as a victim on which IG reconstructs an undefended image "
-            "almost exactly, so what the channel adds is visible; both are reported.",
-            "AlexNet IG in --quick: 2 victims, 40 iterations, κ ∈ {50, 300} only (one attack "
-            "iteration costs ~0.5 s on the shared CPU); far from converged, a smoke-level check.",
-            f"Budgets of mode '{mode}': {dataclasses.asdict(budget)}.",
-            "MIA: the learned white-box attack of attacks.membership (the paper's four features; "
-            "embedding/MLP widths ours), partial knowledge: trained on half of the members and as "
-            "many test images, AUC on the other halves (n_train/2 each); the loss-threshold AUC "
-            "on the same halves is in the JSON (mia_auc_loss_threshold). The training setting "
-            "(5 clients × 128 examples, 5 local epochs) is chosen so the undefended model overfits "
-            "and has a membership signal; it is far from the paper's n = 1e4 rounds.",
-            "Model inversion: local implementation of §6.1 (mean of unseen images as start, "
-            f"Adam lr 1e-2, {budget.mi_iterations} iterations, MSE to the class centre of the "
-            "training images, median over the 10 classes).",
-            "IMP_DRA of training rows: IG MSE of a one-step upload of one image (B = 1) under the "
-            "same mechanism at the same capacity κ; for DP that is the multiplier sqrt(1/κ) whose "
-            f"Thm 4 capacity at B = 1 is κ (training uses sqrt({TRAIN_BATCH}/κ) at B = "
-            f"{TRAIN_BATCH}; both recorded).",
-            "Fig 14 IG: paired — the same victims, the same channel noise draw z per victim (ξ = "
-            "Σ_ξ^{1/2} z) and the same attack initialisation for every mechanism and κ; mean over "
-            "victims in the table, std/median/per-victim values in the JSON.",
-            "n in Fig 12/13: local steps taken by the most-used client (ledger), not the paper's "
-            "n = 1e4 optimisation rounds.",
-            "Per-dataset Σ_D (one covariance for all clients).",
-        ],
+                           "statistics": "per-dataset Σ_D (60,000 training images)",
+                           "mi_iterations": budget.mi_iterations},
+        "parts": new_parts,
     }
-    result["checks"] = acceptance_checks(rows, timing)
-    result["seconds_total"] = time.perf_counter() - t_start
-    json_rows = [{k: v for k, v in r.items()} for r in rows]
-    result["rows"] = json_rows
-    (args.out / f"tan2024{tag}.json").write_text(json.dumps(result, indent=1))
-    write_markdown(result, args.out / f"tan2024{tag}.md")
-    make_figures(result, examples, args.out, tag)
-    (args.out / f"tan2024{tag}.partial.json").unlink(missing_ok=True)
-    log(f"done in {result['seconds_total']:.0f} s; checks: "
+    if args.merge_into is not None:
+        old = json.loads(out_json.read_text())  # as it is now: another merge may have finished
+        if "parts" not in old:
+            old["parts"] = parts_of_unrecorded_run(old, out_json)
+        result = merge_results(old, result, parts, {MODEL_NAMES[m] for m in ig_models})
+        # Written before parts were recorded: its model-inversion budget is its mode's.
+        result["train_settings"].setdefault("mi_iterations", BUDGETS[result["mode"]].mi_iterations)
+    refresh_train_ig(result["rows"])
+    for m, info in result["ig_settings"].items():  # cheap: no attack, the Fig 14 noise draws again
+        cells = sorted({(r["channel"], r["kappa"]) for r in result["rows"] if r["source"] == "ig"
+                        and r["model"] == m and r["channel"] in ("natural", "white", "personalized")})
+        info["noisy_input_mse"] = noisy_input_mse(
+            ds_full, stats, result["parts"].get(f"ig:{m}", {}).get("seed", seed),
+            info["victim_indices_test"], cells)
+    result["deviations"] = deviation_texts(result)
+    result["checks"] = acceptance_checks(result["rows"], result["timing"], result["ig_settings"])
+    result["seconds_total"] = (sum(p["seconds"] for p in result["parts"].values()
+                                   if p.get("seconds") is not None and "source" not in p)
+                               if args.merge_into is not None else time.perf_counter() - t_start)
+    out_json.write_text(json.dumps(result, indent=1))
+    write_markdown(result, out_dir / f"{out_json.stem}.md")
+    make_figures(result, examples, out_dir, tag)
+    partial.unlink(missing_ok=True)
+    log(f"done in {time.perf_counter() - t_start:.0f} s; checks: "
         + ", ".join(f"{k}: {'PASS' if v['pass'] else 'FAIL'}" for k, v in result["checks"].items()))
 
 

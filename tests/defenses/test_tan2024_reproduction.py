@@ -1,0 +1,138 @@
+"""Helpers of benchmarks/reproduce_tan2024.py: the traced IG run and the paired-ratio summary."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attacks.api import observation_from_gradient
+from attacks.inverting_gradients import run_many
+from benchmarks import reproduce_tan2024 as R
+from fedsim.client import masked_mean_loss
+from fedsim.models import build_model, init_params, make_apply_fn
+
+SHAPE = (16, 16, 1)
+
+
+@pytest.fixture(scope="module")
+def victims():
+    m = build_model("mlp")
+    f, p = make_apply_fn(m), init_params(m, SHAPE, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    obs, xs = [], []
+    for i in range(3):
+        x = jnp.asarray(rng.random((1, *SHAPE)), jnp.float32)
+        g = jax.grad(masked_mean_loss, argnums=1)(f, p, x, jnp.asarray([i], jnp.int32), jnp.ones(1))
+        obs.append(observation_from_gradient(g, p, f, input_shape=SHAPE, num_classes=10, lr=1.0,
+                                             batch_size=1))
+        xs.append(np.asarray(x))
+    return obs, xs
+
+
+@pytest.mark.parametrize("restarts", [1, 2])
+def test_traced_ig_equals_run_many(victims, restarts):
+    obs, _ = victims
+    cfg = {"iterations": 24, "batch_size": 1, "restarts": restarts, "signed": False}
+    key = jax.random.key(3)
+    ref = run_many(obs, cfg, key)
+    out = R.ig_run_traced(obs, cfg, key, every=8)
+    assert out["snapshots"].shape == (3, 3, 1, *SHAPE) and out["loss_trace"].shape == (3, 3)
+    np.testing.assert_array_equal(out["steps"], [8, 16, 24])
+    for i, r in enumerate(ref):
+        np.testing.assert_allclose(out["x"][i], np.asarray(r.x), atol=1e-5)
+        np.testing.assert_allclose(out["loss"][i], float(r.loss), rtol=1e-4, atol=1e-7)
+    np.testing.assert_array_equal(out["snapshots"][:, -1], out["x"])  # last snapshot = result
+
+
+def test_traced_ig_rejects_bad_every(victims):
+    with pytest.raises(ValueError, match="divide"):
+        R.ig_run_traced(victims[0], {"iterations": 10, "batch_size": 1}, jax.random.key(0), every=3)
+
+
+def test_paired_ratio_summary():
+    none = np.array([0.1, 0.2, 0.05, 0.1])
+    ch = np.array([0.2, 0.3, 0.1, 0.1])
+    s = R.paired_ratio_summary(ch, none, n_boot=2000, seed=1)
+    r = ch / none
+    assert s["victims"] == 4 and np.allclose(s["per_victim"], r)
+    assert np.isclose(s["mean"], r.mean()) and np.isclose(s["ratio_of_means"], ch.mean() / none.mean())
+    assert np.isclose(s["geometric_mean"], np.exp(np.log(r).mean()))
+    half = 3.182446305284263 * r.std(ddof=1) / 2  # t_{0.975, 3} * s / sqrt(4)
+    np.testing.assert_allclose(s["t_interval"], [r.mean() - half, r.mean() + half], rtol=1e-6)
+    lo, hi = s["bootstrap_interval"]
+    assert lo <= s["ratio_of_means"] <= hi and s["victims_above_1_5"] == 2  # 1.5 itself is not above
+    assert R.paired_ratio_summary(ch, none, n_boot=2000, seed=1) == s  # seeded
+    with pytest.raises(ValueError):
+        R.paired_ratio_summary(ch[:3], none)
+    with pytest.raises(ValueError):
+        R.paired_ratio_summary([0.1], [0.1])
+
+
+def test_paper_smallest_fig14_ratio_is_vgg16_natural_300():
+    pr = R.paper_fig14_ratios()
+    sm = pr["smallest"]
+    assert (sm["model"], sm["channel"], sm["kappa"]) == ("VGG16", "natural", 300)
+    assert abs(sm["ratio"] - 0.2623 / 0.1955) < 1e-12 and round(sm["ratio"], 2) == 1.34
+    assert abs(pr["per_model"]["LeNet"]["natural"]["ratio"] - 0.3337 / 0.1448) < 1e-12
+
+
+def test_budget_overrides():
+    b = R.apply_budget_overrides(R.BUDGETS["quick"], ["ig_models=alexnet", "big_victims=4",
+                                                      "big_kappas=50,100,200,300"])
+    assert b.ig_models == ("alexnet",) and b.big_victims == 4 and b.big_kappas == (50, 100, 200, 300)
+    assert b.ig_victims == R.BUDGETS["quick"].ig_victims
+    with pytest.raises(ValueError, match="KEY"):
+        R.apply_budget_overrides(b, ["nope=1"])
+    with pytest.raises(ValueError, match="big_victims"):
+        R.apply_budget_overrides(b, ["big_victims=four"])
+
+
+def _ig(model, channel, kappa, mse):
+    return {"source": "ig", "model": model, "channel": channel, "kappa": kappa, "ig_mse": mse}
+
+
+def test_merge_replaces_ig_per_model_and_refreshes_training_rows():
+    train = lambda ch, k, auc: {"source": "train", "model": "LeNet", "channel": ch, "kappa": k,
+                                "ig_mse": 9.0, "mia_auc": auc, "imp_mia": None if ch == "none" else 0.1}
+    old = {"mode": "quick", "rows": [_ig("LeNet", "none", None, 0.05), _ig("LeNet", "natural", 300.0, 0.07),
+                                     _ig("AlexNet", "none", None, 0.13), train("none", None, 0.6),
+                                     train("natural", 300, 0.55)],
+           "ig_settings": {"LeNet": {"victims": 8}, "AlexNet": {"victims": 2}},
+           "batch_size_effect": "old", "train_settings": "old", "timing": "old",
+           "parts": {"ig:LeNet": {"source": "x"}, "ig:AlexNet": {"source": "x"}, "train": {"source": "x"}}}
+    new = {"rows": [_ig("AlexNet", "none", None, 0.11), _ig("AlexNet", "natural", 300.0, 0.2)],
+           "ig_settings": {"AlexNet": {"victims": 4}}, "eigenvalues": {}, "batch_size_effect": "new",
+           "train_settings": "new", "timing": "new", "parts": {"ig:AlexNet": {"commit": "abc"}}}
+    out = R.merge_results(old, new, ("ig",), {"AlexNet"})
+    alex = [r for r in out["rows"] if r["model"] == "AlexNet"]
+    assert [r["ig_mse"] for r in alex] == [0.11, 0.2]
+    assert [r["ig_mse"] for r in out["rows"] if r["source"] == "ig" and r["model"] == "LeNet"] == [0.05, 0.07]
+    assert out["ig_settings"] == {"LeNet": {"victims": 8}, "AlexNet": {"victims": 4}}
+    assert out["batch_size_effect"] == "old" and out["timing"] == "old"
+    assert out["parts"]["ig:AlexNet"] == {"commit": "abc"} and out["parts"]["train"] == {"source": "x"}
+    R.refresh_train_ig(out["rows"])
+    tr = [r for r in out["rows"] if r["source"] == "train"]
+    assert tr[0]["ig_mse"] == 0.05 and tr[1]["ig_mse"] == 0.07
+    from defenses.channels import gdc, imp_dra
+    assert tr[1]["imp_dra"] == imp_dra(0.07, 0.05) and tr[1]["gdc"] == gdc(0.1, imp_dra(0.07, 0.05))
+
+
+def test_noisy_input_mse_uses_the_fig14_noise_draw():
+    from types import SimpleNamespace
+
+    from defenses.channels import data_statistics
+
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 4, 4, 1)).astype(np.float32)
+    stats = data_statistics(x)
+    ds = SimpleNamespace(x_test=x)
+    out = R.noisy_input_mse(ds, stats, 3, [5, 9], [("natural", 1.0), ("white", 2.0)])
+    assert set(out) == {"natural|1.0", "white|2.0"}
+    ch = R.data_channel("natural", 1.0, stats)
+    for vi, i in enumerate([5, 9]):
+        xt = np.asarray(ch.apply(jnp.asarray(x[i:i + 1]), (), key=R.victim_noise_key(3, vi))[0])[0]
+        assert np.isclose(out["natural|1.0"]["raw"][vi], np.mean((xt - x[i]) ** 2))
+        assert np.isclose(out["natural|1.0"]["clipped"][vi], np.mean((np.clip(xt, 0, 1) - x[i]) ** 2))
+        assert out["natural|1.0"]["clipped"][vi] <= out["natural|1.0"]["raw"][vi]
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(3), 1), 1)  # the experiment's derivation
+    assert np.array_equal(jax.random.key_data(R.victim_noise_key(3, 1)), jax.random.key_data(key))
