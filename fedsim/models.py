@@ -206,6 +206,34 @@ class LeNet5(nn.Module):
         return nn.Dense(self.num_classes)(x)
 
 
+@register_model("lenet5_1998")
+class LeNet5LeCun(nn.Module):
+    """LeNet-5 of LeCun et al. 1998 (paper 000's "LeNet [33]"): tanh, average pooling.
+
+    C1 conv 6@5×5 → tanh → S2 2×2 average subsampling → C3 conv 16@5×5 → tanh
+    → S4 → C5 120 → tanh → F6 84 → tanh → 10 logits: the 1998 layer sizes
+    with the squashing function tanh and average subsampling (what ``lenet5``
+    replaces by ReLU and max pooling). Deviations from 1998, as in common
+    re-implementations: S2/S4 are plain averages (no trainable coefficient and
+    bias per map), C3 connects to all 6 maps (no partial connection table), and
+    the output is a dense layer, not RBF units. With full C3 the parameter count
+    is 62,006 for 32×32×3 inputs, paper 000's "6.20e4" (Table 2); 28×28 inputs
+    are padded ("SAME") in C1, as the 1998 net was fed 32×32 fields.
+    """
+
+    num_classes: int = 10
+
+    @nn.compact
+    def __call__(self, x):
+        padding = "SAME" if x.shape[1] < 32 else "VALID"
+        x = nn.avg_pool(jnp.tanh(nn.Conv(6, (5, 5), padding=padding)(x)), (2, 2), (2, 2))
+        x = nn.avg_pool(jnp.tanh(nn.Conv(16, (5, 5), padding="VALID")(x)), (2, 2), (2, 2))
+        x = x.reshape(x.shape[0], -1)
+        x = jnp.tanh(nn.Dense(120)(x))
+        x = jnp.tanh(nn.Dense(84)(x))
+        return nn.Dense(self.num_classes)(x)
+
+
 @register_model("convnet")
 class ConvNet(nn.Module):
     """Geiping et al.'s ConvNet (width 32), ReLU, no batch norm."""

@@ -14,6 +14,8 @@ EXPECTED = [
     ("lenet", (32, 32, 3), 10, 19_438),
     ("lenet5", (28, 28, 1), 10, 61_706),
     ("lenet5", (32, 32, 3), 10, 62_006),
+    ("lenet5_1998", (28, 28, 1), 10, 61_706),
+    ("lenet5_1998", (32, 32, 3), 10, 62_006),
     ("convnet", (32, 32, 3), 10, 732_042),
     ("conv2", (28, 28, 1), 62, 6_603_710),
     ("alexnet", (32, 32, 3), 10, 23_272_266),
@@ -32,12 +34,40 @@ def test_parameter_counts(name, shape, classes, expected):
 
 
 @pytest.mark.parametrize("name,shape", [("mlp", (16, 16, 1)), ("lenet", (28, 28, 1)),
-                                        ("lenet5", (28, 28, 1)), ("convnet", (32, 32, 3))])
+                                        ("lenet5", (28, 28, 1)), ("lenet5_1998", (28, 28, 1)),
+                                        ("convnet", (32, 32, 3))])
 def test_forward_shapes(name, shape):
     model = build_model(name, 10)
     params = init_params(model, shape, jax.random.key(0))
     logits = make_apply_fn(model)(params, jnp.zeros((3, *shape)))
     assert logits.shape == (3, 10)
+
+
+def test_lenet5_1998_is_tanh_and_average_pooling():
+    """LeCun et al. 1998's squashing and subsampling: the logits equal a hand-written
+    tanh / 2×2-mean forward pass, and every input pixel moves them (no dead paths)."""
+    model = build_model("lenet5_1998")
+    params = init_params(model, (32, 32, 1), jax.random.key(0))
+    x = jax.random.uniform(jax.random.key(1), (2, 32, 32, 1))
+
+    def conv(h, layer):
+        out = jax.lax.conv_general_dilated(h, layer["kernel"], (1, 1), "VALID",
+                                           dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return out + layer["bias"]
+
+    def mean2x2(h):
+        n, hh, ww, c = h.shape
+        return h.reshape(n, hh // 2, 2, ww // 2, 2, c).mean(axis=(2, 4))
+
+    h = mean2x2(jnp.tanh(conv(x, params["Conv_0"])))
+    h = mean2x2(jnp.tanh(conv(h, params["Conv_1"]))).reshape(2, -1)
+    for name in ("Dense_0", "Dense_1"):
+        h = jnp.tanh(h @ params[name]["kernel"] + params[name]["bias"])
+    ref = h @ params["Dense_2"]["kernel"] + params["Dense_2"]["bias"]
+    apply_fn = make_apply_fn(model)
+    np.testing.assert_allclose(np.asarray(apply_fn(params, x)), np.asarray(ref), atol=1e-5)
+    g = jax.grad(lambda v: jnp.sum(apply_fn(params, v) ** 2))(x[:1])
+    assert np.all(np.abs(np.asarray(g)) > 0)
 
 
 def test_mlp_has_no_biases():
