@@ -505,6 +505,28 @@ def git_commit():
         return None
 
 
+def legacy_parts(old, json_path):
+    """Provenance of the parts of a results JSON written before ``parts_run``."""
+    import subprocess
+    try:
+        commit = subprocess.run(["git", "-C", str(Path(json_path).resolve().parent), "log",
+                                 "-1", "--format=%h", "--", Path(json_path).name],
+                                capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        commit = None
+    cmd = old.get("command", "benchmarks/reproduce_sun2021.py --quick")
+    runs = {}
+    for part, present in (("dlg", any(r["attack"] == "dlg" for r in old["rows"])),
+                          ("gs", any(r["attack"] == "gs" for r in old["rows"])),
+                          ("cor", bool(old.get("cor"))),
+                          ("logreg", "convergence_logreg" in old)):
+        if present:
+            runs[part] = {"command": f"{cmd} (an earlier version of the script; results "
+                          f"committed in {commit})", "git_commit": commit,
+                          "complete": bool(old.get("complete")), "seconds": None}
+    return runs
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -612,7 +634,8 @@ def main(argv=None):
                      f"{result['mode']}")
         result.update({k: v for k, v in old.items() if k not in ("paper", "device")})
         result["rows"] = [r for r in old["rows"] if r["attack"] not in parts]
-        result.setdefault("parts_run", {})
+        if "parts_run" not in old:  # a JSON written before parts_run existed
+            result["parts_run"] = legacy_parts(old, json_path)
         for part in parts:
             result["parts_run"].pop(part, None)
         if "cor" in parts:
