@@ -101,3 +101,21 @@ def test_acceptance_flags_an_incomplete_grid():
     rows = [_row("none", 0, 0.60, 0.001), _row("soteria", 0.2, 0.595, 0.3),
             _row("gc", 0.1, 0.60, 0.01), _row("gc", 0.5, "pending", 0.5)]
     assert acceptance(rows, "dlg")["verdict"] == "PASS (accuracy grid incomplete)"
+
+
+def test_mask_agreement_on_a_stub_simulation():
+    from types import SimpleNamespace
+
+    from benchmarks.reproduce_sun2021 import mask_agreement
+    model = build_model("lenet")
+    apply_fn = make_apply_fn(model)
+    params = init_params(model, (16, 16, 1), jax.random.key(0))
+    rng = np.random.default_rng(0)
+    n = 8
+    data = CohortData(jnp.asarray(rng.uniform(size=(n, 16, 16, 1)), jnp.float32),
+                      jnp.asarray(rng.integers(0, 10, n), jnp.int32), jnp.ones(n), jnp.int32(n))
+    sim = SimpleNamespace(apply_fn=apply_fn, client_data=lambda cid: data)
+    out = mask_agreement(sim, params, 0.2, jax.random.key(1), clients=2, batch=4)
+    assert 0.0 < out["jaccard_pruned_sets"] <= 1.0 and out["relative_gradient_error"] >= 0.0
+    same = mask_agreement(sim, params, 0.0, jax.random.key(1), clients=1, batch=4)
+    assert same["jaccard_pruned_sets"] == 1.0 and same["relative_gradient_error"] == 0.0
