@@ -907,7 +907,7 @@ def write_markdown(res, path):
                     continue
                 se = "" if b.get("accuracy_se") is None else f" ± {b['accuracy_se']:.4f}"
                 lines.append(f"| {d} | {b['param']:g} | {b['accuracy']:.4f}{se} | "
-                             f"{b['mse']:.4g} | {'—' if ratio is None else f'{ratio:.2f}×'} |")
+                             f"{b['mse']:.4g} | {'—' if ratio is None else f'{ratio:.3g}×'} |")
             lines += ["", f"Verdict (Soteria MSE ≥ {acc_['factor']:g}× each baseline): "
                       f"**{acc_['verdict']}**"]
         else:
