@@ -3,7 +3,8 @@
 Experiments (paper figure → what runs here):
 
 * Fig 14 — gradient-inversion (Inverting Gradients) MSE vs κ for the Natural,
-  White and Personalized channels on LeNet (the classic ReLU LeNet-5), the
+  White and Personalized channels on LeNet (the classic ReLU LeNet-5), LeNet-1998
+  (LeCun et al. 1998's tanh / average-pool LeNet-5, the paper's LeNet [33]), the
   sigmoid DLG LeNet and AlexNet (VGG16/ResNet10 in ``--full``). Victim: one
   FedSGD upload of ONE image at the randomly initialised model, computed on
   the channel's noisy image D̃ = D + ξ; MSE of the reconstruction against the
@@ -1363,6 +1364,10 @@ def deviation_texts(result) -> list[str]:
         "split in ig_settings). LeNet-DLG = fedsim 'lenet' (the sigmoid LeNet of DLG, "
         "not in the paper) is added as a victim on which IG reconstructs an undefended image "
         "almost exactly, so what the channel adds is visible; both are reported.",
+        "LeNet-1998 = fedsim 'lenet5_1998' (LeCun et al. 1998's LeNet-5: tanh, average "
+        "subsampling; 62,006 parameters at 32×32×3), the network the paper cites as LeNet [33]; "
+        "its Fig 14 rows are compared with the paper's LeNet column like 'lenet5''s. Fig 9 and "
+        "the training parts (accuracy, MIA, model inversion, timing) use the ReLU 'lenet5'.",
     ]
     for m, info in result["ig_settings"].items():
         out.append(f"{m} IG: {info['victims']} victims × {info['iterations']} iterations × "
