@@ -448,6 +448,39 @@ def bound_table(ds, seed, d_star=8, n_examples=256, chunk=16):
                                                             rounds=T)}
 
 
+def other_seed_tables(result) -> list[str]:
+    """Markdown for part B re-run at other seeds (replications, not in the main rows)."""
+    lines = []
+    for o in result.get("other_seeds_B", []):
+        rows = o["rows"]
+        last = max(r["round"] for r in rows)
+        lines += ["", f"## B at seed {o['seed']} (replication; commit {o.get('commit')}, "
+                  f"{o['seconds']:.0f} s; same settings: "
+                  f"{_same_b_settings(o['settings'], result.get('settings_B', {}))})", "",
+                  "| defense | global acc | client-model acc | client-model acc, own label mix | "
+                  "SGI NMI | SGI PSNR | GI NMI | GI PSNR |", "|---|---|---|---|---|---|---|---|"]
+        fmt = lambda v: "—" if v is None else f"{v:.4f}"
+        for name in dict.fromkeys(r["defense"] for r in rows):
+            m = lambda att, key: _b_mean(rows, name, att, key, last)
+            lines.append(f"| {name} | {fmt(m('sgi', 'accuracy'))} | "
+                         f"{fmt(m('sgi', 'client_model_accuracy'))} | "
+                         f"{fmt(m('sgi', 'client_model_local_accuracy'))} | "
+                         f"{fmt(m('sgi', 'nmi'))} | {m('sgi', 'psnr'):.2f} | "
+                         f"{fmt(m('gi', 'nmi'))} | {m('gi', 'psnr'):.2f} |")
+        lines += ["", f"Checks at seed {o['seed']} (same rules as above):", ""]
+        lines += [f"- **{'PASS' if c['pass'] else 'FAIL'}** {c['check']}: {c['detail']}"
+                  for c in o["checks"]]
+    return lines
+
+
+def _same_b_settings(other: dict, main: dict) -> str:
+    """'yes', or the settings that differ from the seed-0 part B (seed aside)."""
+    skip = {"seed", "parts", "combine", "out"}
+    diff = [k for k in sorted(set(other) | set(main)) if k not in skip
+            and other.get(k) != main.get(k)]
+    return "yes" if not diff else "differ in " + ", ".join(diff)
+
+
 def add_round_bounds(result, bd):
     """Thm 1 / Cor 1 per round: each part-B row gets the bound after T = round + 1
     rounds at its upload's zero fraction (the effective p) and B; plus the
@@ -693,6 +726,7 @@ def markdown(result) -> str:
                              f"{'—' if ca is None else f'{ca:.4f}'} | "
                              f"{'—' if cl is None else f'{cl:.4f}'} | {m('sgi', 'nmi'):.4f} | "
                              f"{m('sgi', 'psnr'):.2f} | {m('gi', 'nmi'):.4f} |")
+    lines += other_seed_tables(result)
     if result.get("bound"):
         bd = result["bound"]
         lines += ["", f"## Info bound (Thm 1 / Cor 1), bits; d* = {bd['d_star']}, "
@@ -757,7 +791,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parts", default="AB")
     ap.add_argument("--combine", action="store_true",
-                    help="merge chu2023_A.json and chu2023_B.json (two processes of one commit)")
+                    help="merge chu2023_A.json and chu2023_B.json (two processes of one commit) with "
+                         "C and D where present; chu2023_B_seed<N>.json (--parts B --seed N) "
+                         "are reported as replications")
     ap.add_argument("--rounds", type=int, default=None, help="override the FL rounds")
     ap.add_argument("--defenses", default=None, help="comma list overriding part B's defenses")
     ap.add_argument("--upload", choices=("weights", "update"), default="weights",
@@ -786,6 +822,12 @@ def main(argv=None):
                           "the commits of each part are recorded" + (f" ({a['commit_note']})"
                                                       if a.get("commit_note") else ""),
                   "settings_B": b["settings"]}
+        result["other_seeds_B"] = [
+            {"seed": o["seed"], "commit": o.get("commit"), "seconds": o["seconds"],
+             "settings": o["settings"], "rows": o["rows"],
+             "checks": acceptance_checks(o["rows"])}
+            for o in (json.loads(f.read_text())
+                      for f in sorted(OUT.glob("chu2023_B_seed*.json")))]
         ds = load_dataset("fashion_mnist", image_size=a["image_size"])
         finalize(result, ds)
         return
@@ -857,7 +899,11 @@ def main(argv=None):
         finalize(result, ds)
         return
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"chu2023_{args.parts}.json").write_text(json.dumps(result, indent=1, default=float))
+    # A part at another seed (a replication) does not replace the seed-0 part that
+    # --combine merges; --combine reports it beside it (see other_seed_tables).
+    suffix = "" if args.seed == 0 else f"_seed{args.seed}"
+    (OUT / f"chu2023_{args.parts}{suffix}.json").write_text(
+        json.dumps(result, indent=1, default=float))
     print(markdown(result))
 
 if __name__ == "__main__":

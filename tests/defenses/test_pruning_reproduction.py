@@ -73,3 +73,28 @@ def test_largest_pseudo_recovery_per_part_and_reading():
     assert got[("B", "global model, whole test set)")] is False
     assert got[("B", "client models, own label mix)")] is True  # (0.39-0.15)/(0.55-0.15) = 60 %
     assert got[("D", "global model, whole test set)")] is False  # 13 % of the loss recovered
+
+
+def test_other_seed_replications_are_reported_with_their_own_checks():
+    from benchmarks.reproduce_chu2023 import other_seed_tables
+
+    def b_rows(acc_pri):
+        rows = [_b("none", "sgi", 0.46, 14.0, 0.55), _b("priprune", "sgi", 0.40, 11.0, acc_pri)]
+        for r in list(rows):
+            rows.append(dict(r, attack="gi"))
+        return [dict(r, client_id=0) for r in rows]
+
+    main_settings = {"seed": 0, "parts": "B", "rounds": 30, "lr": 0.1}
+    result = {"settings_B": main_settings, "other_seeds_B": [
+        {"seed": 1, "commit": "abc", "seconds": 10.0, "rows": b_rows(0.50),
+         "settings": dict(main_settings, seed=1), "checks": acceptance_checks(b_rows(0.50))},
+        {"seed": 2, "commit": "abc", "seconds": 10.0, "rows": b_rows(0.55),
+         "settings": dict(main_settings, seed=2, lr=0.2), "checks": acceptance_checks(b_rows(0.55))}]}
+    text = "\n".join(other_seed_tables(result))
+    assert "## B at seed 1" in text and "same settings: yes" in text
+    assert "## B at seed 2" in text and "same settings: differ in lr" in text
+    seed1, seed2 = text.split("## B at seed 2")
+    # A 5-point accuracy loss fails seed 1's PriPrune check; no loss passes seed 2's.
+    assert "**FAIL** PriPrune" in seed1 and "**PASS** PriPrune" not in seed1
+    assert "**PASS** PriPrune" in seed2
+    assert "| priprune | 0.5000 |" in seed1
