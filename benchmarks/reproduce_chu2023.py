@@ -817,7 +817,7 @@ def main(argv=None):
                   "commit": f"A {a.get('commit')}, B {b.get('commit')}"
                             + (f", C {c.get('commit')}" if c["rows"] else "")
                             + (f", D {dd.get('commit')}" if dd["rows"] else ""),
-                  "note": "parts A, B (and C, D where present) ran as sequential processes "
+                  "note": "parts A, B (and C, D where present) ran as separate processes "
                           "(--parts A, --parts B, ...) with the same seed, merged by --combine; "
                           "the commits of each part are recorded" + (f" ({a['commit_note']})"
                                                       if a.get("commit_note") else ""),
