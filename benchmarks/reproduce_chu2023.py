@@ -799,6 +799,8 @@ def main(argv=None):
     ap.add_argument("--upload", choices=("weights", "update"), default="weights",
                     help="what pruned-FL clients upload: their masked weights (the paper, Alg 1 "
                          "line 11: the server averages withheld weights as 0) or masked updates")
+    ap.add_argument("--lambda-pri", type=float, default=None,
+                    help="override PriPrune's λ_pri in part B (default 10; exploratory runs)")
     ap.add_argument("--out", default=None,
                     help="write the results here instead of benchmarks/results (exploratory runs)")
     args = ap.parse_args(argv)
@@ -861,7 +863,8 @@ def main(argv=None):
     # quick mode gives ~15 (one per participation), Adam on logit(α) with its state
     # kept across rounds, so a coordinate pushed the same way every time crosses
     # ½ from α = 0.1 (logit −2.2) after ~5 steps of 0.5.
-    args.lambda_acc, args.lambda_pri, args.lambda_sha = 1.0, 10.0, 2e-5
+    args.lambda_acc, args.lambda_sha = 1.0, 2e-5
+    args.lambda_pri = 10.0 if args.lambda_pri is None else args.lambda_pri
     args.tau, args.alpha_lr, args.alpha_init = 0.5, 0.5, 0.1
     args.lambda_pri_grid = [1.0, 15.0]  # part C (the paper's other λ_pri values)
     args.defense_rate = 0.3  # p̂ of Largest/Random/Mix (paper: 0.3; Mix 0.15 + 0.15)

@@ -97,3 +97,30 @@ def test_priprune_weight_upload_zeroes_the_withheld_weights():
     np.testing.assert_allclose(w_hat[~wh], np.asarray(local["w"])[~wh], atol=1e-6)
     with pytest.raises(ValueError, match="upload must be one of"):
         PriPruneConfig(upload="grads")
+
+
+@pytest.mark.parametrize("upload", ["update", "weights"])
+def test_priprune_that_withholds_nothing_trains_like_plain_fedavg(upload):
+    """With α pinned near 0 (nothing ever withheld) PriPrune's client update is the
+    engine's: same global model after two rounds (weight step, data order, keys)."""
+    cfg = small_config(**{"training.rounds": 2})
+    ds = small_dataset()
+    params = Simulation(cfg, dataset=ds).init_state().params
+    base = random_mask(jax.random.key(3), params, 0.3)
+    hp = PriPruneConfig(lambda_pri=0.0, alpha_lr=1e-6, alpha_init=1e-4, upload=upload)
+    runs = {
+        "plain": Simulation(cfg, dataset=ds, defenses={"layer": masked_gradient(base)}),
+        "priprune": Simulation(cfg, dataset=ds, defenses={"layer": masked_gradient(base),
+                                                          "upload": priprune_defense(hp)},
+                               client_update_factory=priprune_client_update(hp))}
+    final = {}
+    for name, sim in runs.items():
+        state = sim.init_state()
+        state = state._replace(params=jax.tree_util.tree_map(jnp.multiply, state.params, base))
+        for r in range(2):
+            state, _ = sim.run_round(state, r)
+        final[name] = np.asarray(flatten(state.params))
+        if name == "priprune":
+            wh = jax.tree_util.tree_leaves(state.client_states["upload"]["withheld"])
+            assert all(float(jnp.sum(w)) == 0 for w in wh)
+    np.testing.assert_allclose(final["priprune"], final["plain"], rtol=1e-5, atol=1e-6)
