@@ -192,15 +192,13 @@ def _optimizer(cfg: InversionConfig) -> optax.GradientTransformation:
     return optax.chain(*parts)
 
 
-def make_inverter(apply_fn, cfg: InversionConfig, batch_size: int,
-                  input_shape: tuple[int, ...], num_classes: int) -> Callable:
-    """Build ``invert(params, target, labels, key) -> (x_all, y_all, losses)`` for one victim.
+def make_objective(simulate: Callable, cfg: InversionConfig, num_classes: int) -> Callable:
+    """Build ``objective(z, params, target, labels) -> loss``, the attack loss of a dummy.
 
-    ``x_all``: [R, B, ...] every restart's inputs; ``y_all``: [R, B] labels;
-    ``losses``: [R] final attack loss per restart. Pure, jit- and vmap-able.
+    ``z`` is ``{"x": inputs [B, ...], "y": label logits [B, K]}`` (the logits are
+    used in joint label mode only; otherwise ``labels`` are). ``simulate`` comes
+    from :func:`make_simulate`.
     """
-    simulate = make_simulate(apply_fn, cfg)
-    opt = _optimizer(cfg)
     joint = cfg.label_mode == "joint"
 
     def objective(z, params, target, labels):
@@ -214,12 +212,56 @@ def make_inverter(apply_fn, cfg: InversionConfig, batch_size: int,
         loss = matching_loss(sim, target, cfg.loss)
         return loss + cfg.tv * total_variation(x) if cfg.tv > 0 else loss
 
+    return objective
+
+
+def initial_dummy(key: jax.Array, cfg: InversionConfig, batch_size: int,
+                  input_shape: tuple[int, ...], num_classes: int) -> dict:
+    """The starting dummy ``{"x": [B, ...], "y": [B, K]}`` of one restart (``cfg.init``)."""
+    kx, ky = jax.random.split(key)
+    shape = (batch_size, *input_shape)
+    x0 = (jax.random.uniform(kx, shape) if cfg.init == "uniform"
+          else 0.5 + 0.25 * jax.random.normal(kx, shape))
+    return {"x": x0, "y": jax.random.normal(ky, (batch_size, num_classes))}
+
+
+def first_order_step(fn: Callable, opt: optax.GradientTransformation,
+                     cfg: InversionConfig) -> Callable:
+    """One step ``(z, opt_state), _ -> ((z, opt_state), loss)`` of a first-order optimizer.
+
+    Outside joint label mode the label logits stay fixed; with ``cfg.box`` the
+    inputs are clipped to [0, 1] after the step. For ``lax.scan``.
+    """
+    vg = jax.value_and_grad(fn)
+    joint = cfg.label_mode == "joint"
+
+    def step(carry, _):
+        z, state = carry
+        value, g = vg(z)
+        if not joint:
+            g = {**g, "y": jnp.zeros_like(g["y"])}
+        upd, state = opt.update(g, state, z)
+        z = optax.apply_updates(z, upd)
+        if cfg.box:
+            z = {**z, "x": jnp.clip(z["x"], 0.0, 1.0)}
+        return (z, state), value
+
+    return step
+
+
+def make_inverter(apply_fn, cfg: InversionConfig, batch_size: int,
+                  input_shape: tuple[int, ...], num_classes: int) -> Callable:
+    """Build ``invert(params, target, labels, key) -> (x_all, y_all, losses)`` for one victim.
+
+    ``x_all``: [R, B, ...] every restart's inputs; ``y_all``: [R, B] labels;
+    ``losses``: [R] final attack loss per restart. Pure, jit- and vmap-able.
+    """
+    objective = make_objective(make_simulate(apply_fn, cfg), cfg, num_classes)
+    opt = _optimizer(cfg)
+    joint = cfg.label_mode == "joint"
+
     def one_restart(params, target, labels, key):
-        kx, ky = jax.random.split(key)
-        shape = (batch_size, *input_shape)
-        x0 = (jax.random.uniform(kx, shape) if cfg.init == "uniform"
-              else 0.5 + 0.25 * jax.random.normal(kx, shape))
-        z = {"x": x0, "y": jax.random.normal(ky, (batch_size, num_classes))}
+        z = initial_dummy(key, cfg, batch_size, input_shape, num_classes)
         fn = functools.partial(objective, params=params, target=target, labels=labels)
         state = opt.init(z)
         if cfg.optimizer == "lbfgs":
@@ -234,18 +276,7 @@ def make_inverter(apply_fn, cfg: InversionConfig, batch_size: int,
                     z = {**z, "x": jnp.clip(z["x"], 0.0, 1.0)}
                 return (z, state), value
         else:
-            vg = jax.value_and_grad(fn)
-
-            def step(carry, _):
-                z, state = carry
-                value, g = vg(z)
-                if not joint:
-                    g = {**g, "y": jnp.zeros_like(g["y"])}
-                upd, state = opt.update(g, state, z)
-                z = optax.apply_updates(z, upd)
-                if cfg.box:
-                    z = {**z, "x": jnp.clip(z["x"], 0.0, 1.0)}
-                return (z, state), value
+            step = first_order_step(fn, opt, cfg)
 
         (z, _), trace = jax.lax.scan(step, (z, state), None, length=cfg.iterations)
         final = fn(z)

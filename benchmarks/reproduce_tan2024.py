@@ -262,42 +262,21 @@ def attack(apply_fn, params, grads, batch_size, iterations, key, restarts=1):
 
 
 # IG with the dummy image recorded every `every` iterations: the MSE-vs-iteration
-# curve that shows whether an attack's budget is enough. The loop is the one of
-# attacks.gradient_inversion.make_inverter (Adam, given/inferred labels), cut into
-# chunks of `every` steps; tests/defenses/test_tan2024_reproduction.py checks that
+# curve that shows whether an attack's budget is enough. It is
+# attacks.gradient_inversion.make_inverter's restart (its objective, initial
+# dummy and first-order step; Adam, given/inferred labels) cut into chunks of
+# `every` steps; tests/defenses/test_tan2024_reproduction.py checks that
 # its result equals attacks.inverting_gradients.run_many's for the same key.
 
 @functools.lru_cache(maxsize=8)
 def _traced_inverter(apply_fn, cfg, batch_size, input_shape, num_classes, every, shared):
-    simulate = GI.make_simulate(apply_fn, cfg)
+    objective = GI.make_objective(GI.make_simulate(apply_fn, cfg), cfg, num_classes)
     opt = GI._optimizer(cfg)
 
-    def objective(z, params, target, labels):
-        x = z["x"]
-        sim = simulate(params, x, jax.nn.one_hot(labels, num_classes))
-        if cfg.masked:
-            sim = jax.tree_util.tree_map(jnp.multiply, sim, GI.support_mask(target))
-        loss = GI.matching_loss(sim, target, cfg.loss)
-        return loss + cfg.tv * GI.total_variation(x) if cfg.tv > 0 else loss
-
     def one_restart(params, target, labels, key):
-        kx, ky = jax.random.split(key)
-        shape = (batch_size, *input_shape)
-        x0 = (jax.random.uniform(kx, shape) if cfg.init == "uniform"
-              else 0.5 + 0.25 * jax.random.normal(kx, shape))
-        z = {"x": x0, "y": jax.random.normal(ky, (batch_size, num_classes))}
+        z = GI.initial_dummy(key, cfg, batch_size, input_shape, num_classes)
         fn = functools.partial(objective, params=params, target=target, labels=labels)
-        vg = jax.value_and_grad(fn)
-
-        def step(carry, _):
-            z, state = carry
-            value, g = vg(z)
-            g = {**g, "y": jnp.zeros_like(g["y"])}
-            upd, state = opt.update(g, state, z)
-            z = optax.apply_updates(z, upd)
-            if cfg.box:
-                z = {**z, "x": jnp.clip(z["x"], 0.0, 1.0)}
-            return (z, state), value
+        step = GI.first_order_step(fn, opt, cfg)
 
         def chunk(carry, _):
             carry, values = jax.lax.scan(step, carry, None, length=every)
