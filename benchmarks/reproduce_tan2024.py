@@ -164,6 +164,7 @@ class Budget:
     mia_steps: int                # training steps of the learned (white-box) MIA
     timing_examples: int
     timing_repeats: int
+    # train_models[0] is also the model of Fig 9, Fig 6 and Table 2 (the paper's LeNet).
     fig9_seeds: tuple[int, ...] = (0, 1, 2)  # Fig 9 accuracy vs κ: one run per seed and κ
     fig9_rounds: int = 8
     ig_trace_points: int = 20     # IG dummy snapshots per attack (the MSE-vs-iteration curve)
@@ -187,7 +188,7 @@ FIG9 = dict(num_clients=10, clients_per_round=10, examples_per_client=400, local
 FIG9_BATCH = 32
 
 BUDGETS = {
-    "smoke": Budget(("lenet5", "lenet5_1998", "lenet", "alexnet"), 1, 5, 1, 2, 1, 1, (50, 300), (1, 4), 1, 5, ("lenet5",),
+    "smoke": Budget(("lenet5", "lenet5_1998", "lenet", "alexnet"), 1, 5, 1, 2, 1, 1, (50, 300), (1, 4), 1, 5, ("lenet5_1998",),
                     4, 2, 64, 1, 2, (50, 300), (500,), (100,), 5, 5, 128, 1, (0,), 1),
     # Quick IG: 16 victims on the small models, AlexNet 4 victims × 400 iterations
     # (the budget of the committed rows; the AlexNet part alone takes ~2 h here).
@@ -195,14 +196,14 @@ BUDGETS = {
                     ig_iterations=300, ig_restarts=1, ig_iterations_big=400, big_restarts=1,
                     big_victims=4,
                     big_kappas=(50, 300), batch_sizes=(1, 4, 16, 64), batch_repeats=2,
-                    batch_iterations=250, train_models=("lenet5",), rounds=8,
+                    batch_iterations=250, train_models=("lenet5_1998",), rounds=8,
                     natural_kappas=(50, 100, 200, 300), wide_kappas=(500, 1500),
                     dp_kappas=(100, 1500), mi_iterations=200, mia_steps=300,
                     timing_examples=1024, timing_repeats=3, **_TRAIN),
     "default": Budget(ig_models=("lenet5", "lenet5_1998", "lenet", "alexnet"), ig_victims=16, ig_iterations=1000,
                       ig_restarts=4, ig_iterations_big=500, big_restarts=2, big_victims=4,
                       big_kappas=(50, 100, 200, 300), batch_sizes=(1, 4, 16, 64),
-                      batch_repeats=4, batch_iterations=1000, train_models=("lenet5",),
+                      batch_repeats=4, batch_iterations=1000, train_models=("lenet5_1998",),
                       rounds=20, natural_kappas=(50, 100, 200, 300),
                       wide_kappas=(500, 800, 1000, 1500), dp_kappas=(100, 200, 300, 1500),
                       mi_iterations=600, mia_steps=500, timing_examples=2048, timing_repeats=5,
@@ -211,7 +212,7 @@ BUDGETS = {
                    ig_victims=30,
                    ig_iterations=2000, ig_restarts=4, ig_iterations_big=1000, big_restarts=4,
                    big_victims=8, big_kappas=(50, 100, 200, 300), batch_sizes=(1, 4, 16, 64),
-                   batch_repeats=8, batch_iterations=2000, train_models=("lenet5", "alexnet"),
+                   batch_repeats=8, batch_iterations=2000, train_models=("lenet5_1998", "alexnet"),
                    rounds=50, natural_kappas=(50, 100, 200, 300),
                    wide_kappas=(500, 800, 1000, 1500), dp_kappas=(100, 200, 300, 1500),
                    mi_iterations=600, mia_steps=500, timing_examples=2048, timing_repeats=5,
@@ -526,7 +527,8 @@ def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool
 
 def batch_size_experiment(ds, budget, seed):
     """Fig 6 / App. D: mean restoration from a batch gradient vs B for none / DP / constant noise."""
-    model = build_model("lenet5", 10)
+    model_name = budget.train_models[0]
+    model = build_model(model_name, 10)
     apply_fn = make_apply_fn(model)
     key = jax.random.key(seed + 17)
     params = init_params(model, (32, 32, 1), jax.random.fold_in(key, 0))
@@ -554,7 +556,8 @@ def batch_size_experiment(ds, budget, seed):
     for (mech, b), rec, m in zip(labels, recs, means):
         per.setdefault(mech, {}).setdefault(b, []).append(mse(rec, m))
     return {mech: {str(b): float(np.mean(v)) for b, v in d.items()} for mech, d in per.items()}, \
-        {"dp_multiplier": 1.3, "clip_norm": 1.0, "constant_noise_std": const_std,
+        {"model": MODEL_NAMES[model_name], "dp_multiplier": 1.3, "clip_norm": 1.0,
+         "constant_noise_std": const_std,
          "repeats": budget.batch_repeats, "iterations": budget.batch_iterations}
 
 
@@ -651,7 +654,9 @@ def train_run(model_name, ds, budget, seed, defenses, kappa, stats, mi_start, ce
 
 
 def accuracy_vs_kappa(ds_full, stats, budget):
-    """Fig 9: LeNet test accuracy vs κ (Natural) and without defense, over seeds.
+    """Fig 9: test accuracy vs κ (Natural) and without defense, over seeds.
+
+    The model is ``budget.train_models[0]`` (the paper's LeNet, 'lenet5_1998').
 
     The utility setting :data:`FIG9` (not the overfitting MIA setting); one run
     per (κ, seed), the seed setting initialisation, client sampling, batch order
@@ -662,17 +667,18 @@ def accuracy_vs_kappa(ds_full, stats, budget):
     n = b.num_clients * b.examples_per_client
     ds = dataclasses.replace(ds_full, x_train=ds_full.x_train[:n], y_train=ds_full.y_train[:n],
                              x_test=ds_full.x_test[:2000], y_test=ds_full.y_test[:2000])
+    model_name = budget.train_models[0]
     rows = []
     for kappa in (None, *budget.natural_kappas):
         per_seed = []
         for seed in budget.fig9_seeds:
             defs = {"data": data_channel("natural", kappa, stats)} if kappa else {}
-            out = train_run("lenet5", ds, b, seed, defs, None, stats, None, None, privacy=False,
+            out = train_run(model_name, ds, b, seed, defs, None, stats, None, None, privacy=False,
                             batch_size=FIG9_BATCH)
             per_seed.append(float(np.mean([c["test_accuracy"] for c in out["curve"][-3:]])))
             log(f"fig9 κ={kappa} seed {seed}: acc {per_seed[-1]:.4f} ({out['seconds']:.0f} s)")
         v = np.asarray(per_seed)
-        rows.append({"source": "fig9", "dataset": "fashion_mnist", "model": "LeNet",
+        rows.append({"source": "fig9", "dataset": "fashion_mnist", "model": MODEL_NAMES[model_name],
                      "channel": "natural" if kappa else "none", "kappa": kappa,
                      "accuracy": float(v.mean()),
                      "accuracy_std": float(v.std(ddof=1)) if v.size > 1 else None,
@@ -995,7 +1001,7 @@ def write_markdown(result, path: Path):
     f9 = [r for r in rows if r["source"] == "fig9"]
     if f9:
         st = f9[0]["setting"]
-        lines += ["", "## Fig 9 — accuracy vs κ (Natural), LeNet, utility setting", "",
+        lines += ["", f"## Fig 9 — accuracy vs κ (Natural), {f9[0]['model']}, utility setting", "",
                   "| channel | κ | accuracy (mean ± std) | per seed |", "|---|---|---|---|"]
         for r in f9:
             lines.append(f"| {r['channel']} | {fmt(r['kappa'], 0) if r['kappa'] else '–'} | "
@@ -1004,13 +1010,14 @@ def write_markdown(result, path: Path):
         lines += ["", f"Seeds {f9[0]['seeds']}; setting {json.dumps(st)} (IID, momentum 0.9, lr "
                   "0.05). A separate setting from the MIA runs below, whose 640 examples are seen "
                   "~40 times, so that the channel's noise there also acts as augmentation."]
-    lines += ["", "## Fig 9 / 10 / 15 / 16 — FedAvg training (LeNet)", "",
-              "| channel | κ (nats/step) | accuracy | MIA AUC (learned NN) | MIA AUC (loss thr.) | "
+    trained = ", ".join(dict.fromkeys(r["model"] for r in rows if r["source"] == "train")) or "–"
+    lines += ["", f"## Fig 9 / 10 / 15 / 16 — FedAvg training ({trained})", "",
+              "| model | channel | κ (nats/step) | accuracy | MIA AUC (learned NN) | MIA AUC (loss thr.) | "
               "model-inv. MSE | IG MSE (1-step) | IMP_MIA | IMP_DRA | GDC | n·κ (ledger) | "
               "Thm 1 MSE floor |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in [r for r in rows if r["source"] == "train"]:
-        lines.append(f"| {r['channel']} | {fmt(r['kappa'], 1) if r['kappa'] else '–'} | "
+        lines.append(f"| {r['model']} | {r['channel']} | {fmt(r['kappa'], 1) if r['kappa'] else '–'} | "
                      f"{fmt(r['accuracy'])} | {fmt(r['mia_auc_learned'])} | "
                      f"{fmt(r.get('mia_auc_loss_threshold'))} | {fmt(r['mi_mse'])} | "
                      f"{fmt(r['ig_mse'])} | {fmt(r.get('imp_mia'))} | {fmt(r.get('imp_dra'))} | "
@@ -1037,7 +1044,8 @@ def write_markdown(result, path: Path):
         lines += ["", "Fig 13 (model-inversion MSE vs n): " + ", ".join(
             f"n={c['steps']}: {c['mi_mse']:.4f}" for c in n300["mi_curve"])]
     bs = result["batch_size_effect"]
-    lines += ["", "## Fig 6 — batch size vs mean-restoration MSE (LeNet)", "",
+    lines += ["", f"## Fig 6 — batch size vs mean-restoration MSE "
+                  f"({bs['settings'].get('model', 'LeNet')})", "",
               "| mechanism | " + " | ".join(f"B={b}" for b in sorted(bs["mse"]["none"], key=int)) + " |",
               "|---|" + "---|" * len(bs["mse"]["none"])]
     for mech, d in bs["mse"].items():
@@ -1050,7 +1058,7 @@ def write_markdown(result, path: Path):
     for t in result["timing"]:
         m = t["seconds_per_epoch_median"]
         o = t["overhead_vs_sgd"]
-        p = PAPER["table2_seconds_25_epochs_A100"].get(t["model"], {})
+        p = PAPER["table2_seconds_25_epochs_A100"].get(PAPER_MODEL.get(t["model"], t["model"]), {})
         ptxt = (f"SGD {p['sgd']} / DP-SGD {p['dpsgd']} (+{100 * (p['dpsgd'] / p['sgd'] - 1):.0f} %) / "
                 f"ours {p['channel']} (+{100 * (p['channel'] / p['sgd'] - 1):.1f} %)") if p else "–"
         lines.append(f"| {t['model']} | {t['params']} | {m['sgd']:.3f} | {m['dpsgd']:.3f} "
@@ -1329,6 +1337,24 @@ def parts_of_unrecorded_run(result: dict, path: Path) -> dict:
     return {n: dict(src) for n in names}
 
 
+def training_models_by_part(result) -> list[tuple[str, str]]:
+    """(part, model) of the training-side parts, read off the result (merged runs may differ)."""
+    rows = result["rows"]
+    out = []
+    for part in ("fig9", "train"):
+        models = list(dict.fromkeys(r["model"] for r in rows if r["source"] == part))
+        if models:
+            out.append((part, " and ".join(models)))
+    bs = (result.get("batch_size_effect") or {}).get("settings") or {}
+    if bs:
+        # Runs before the model was recorded used the ReLU LeNet ('lenet5').
+        out.append(("Fig 6 (batch)", bs.get("model", "LeNet")))
+    timing = [t["model"] for t in result.get("timing", [])]
+    if timing:
+        out.append(("Table 2 (timing)", " and ".join(timing)))
+    return out
+
+
 def deviation_texts(result) -> list[str]:
     """The deviations written into the JSON and the markdown, from the result itself."""
     ts = result["train_settings"]
@@ -1345,8 +1371,10 @@ def deviation_texts(result) -> list[str]:
         "almost exactly, so what the channel adds is visible; both are reported.",
         "LeNet-1998 = fedsim 'lenet5_1998' (LeCun et al. 1998's LeNet-5: tanh, average "
         "subsampling; 62,006 parameters at 32×32×3), the network the paper cites as LeNet [33]; "
-        "its Fig 14 rows are compared with the paper's LeNet column like 'lenet5''s. Fig 9 and "
-        "the training parts (accuracy, MIA, model inversion, timing) use the ReLU 'lenet5'.",
+        "its Fig 14 rows are compared with the paper's LeNet column like 'lenet5''s.",
+        "Training parts (Fig 9, the accuracy / MIA / model-inversion runs, Fig 6, Table 2): "
+        + ", ".join(f"{part} on {model}" for part, model in training_models_by_part(result))
+        + ".",
     ]
     for m, info in result["ig_settings"].items():
         out.append(f"{m} IG: {info['victims']} victims × {info['iterations']} iterations × "
@@ -1547,7 +1575,8 @@ def main(argv=None):
     timing = []
     if "timing" in parts:
         t0 = time.perf_counter()
-        for model_name in ("lenet5",) + (("alexnet",) if mode == "full" else ()):
+        for model_name in dict.fromkeys((budget.train_models[0],)
+                                        + (("alexnet",) if mode == "full" else ())):
             timing.append(timing_experiment(model_name, ds_full, stats, budget, seed))
             log(f"timing {model_name}: {timing[-1]['seconds_per_epoch_median']}")
         done("timing", t0)
