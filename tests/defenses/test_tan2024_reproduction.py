@@ -136,3 +136,21 @@ def test_noisy_input_mse_uses_the_fig14_noise_draw():
         assert out["natural|1.0"]["clipped"][vi] <= out["natural|1.0"]["raw"][vi]
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(3), 1), 1)  # the experiment's derivation
     assert np.array_equal(jax.random.key_data(R.victim_noise_key(3, 1)), jax.random.key_data(key))
+
+
+def test_training_models_by_part_reads_each_part_off_the_result():
+    rows = [{"source": "ig", "model": "LeNet"}, {"source": "fig9", "model": "LeNet-1998"},
+            {"source": "train", "model": "LeNet"}, {"source": "train", "model": "LeNet"}]
+    result = {"rows": rows, "batch_size_effect": {"settings": {"iterations": 5}},
+              "timing": [{"model": "LeNet-1998"}]}
+    assert R.training_models_by_part(result) == [
+        ("fig9", "LeNet-1998"), ("train", "LeNet"), ("Fig 6 (batch)", "LeNet"),
+        ("Table 2 (timing)", "LeNet-1998")]
+    result["batch_size_effect"]["settings"]["model"] = "LeNet-1998"
+    assert R.training_models_by_part(result)[2] == ("Fig 6 (batch)", "LeNet-1998")
+    assert R.training_models_by_part({"rows": [], "timing": []}) == []
+
+
+def test_every_mode_trains_the_papers_lenet_first():
+    # Fig 9, Fig 6 and Table 2 use train_models[0]: the paper's LeNet [33].
+    assert all(b.train_models[0] == "lenet5_1998" for b in R.BUDGETS.values())
