@@ -154,3 +154,64 @@ def test_training_models_by_part_reads_each_part_off_the_result():
 def test_every_mode_trains_the_papers_lenet_first():
     # Fig 9, Fig 6 and Table 2 use train_models[0]: the paper's LeNet [33].
     assert all(b.train_models[0] == "lenet5_1998" for b in R.BUDGETS.values())
+
+
+def _ig_rows(model, none, natural):
+    """IG rows of one model: no defense, and every channel at κ 50/300 (natural's values)."""
+    rows = [{"source": "ig", "model": model, "channel": "none", "kappa": None, "ig_mse": none}]
+    for ch, scale in (("natural", 1.0), ("white", 2.0), ("personalized", 3.0)):
+        rows += [{"source": "ig", "model": model, "channel": ch, "kappa": k, "ig_mse": scale * v}
+                 for k, v in zip((50.0, 300.0), natural)]
+    return rows
+
+
+def test_acceptance_is_decided_on_the_papers_models_and_extra_victims_are_reported():
+    # LeNet-1998 (the paper's LeNet [33]) passes; the ReLU LeNet-5 ("LeNet", not in the
+    # paper) fails "≫ no defense" (natural 0.06 < 1.5 × 0.05): reported, scope "extra".
+    rows = _ig_rows("LeNet-1998", 0.01, (0.09, 0.02)) + _ig_rows("LeNet", 0.05, (0.16, 0.06))
+    checks = R.acceptance_checks(rows, [])
+    scopes = {k.split(":")[0]: v["scope"] for k, v in checks.items() if ":" in k}  # IG checks
+    assert scopes == {"LeNet-1998": "paper", "LeNet": "extra"}
+    assert checks["accuracy increases with κ (Natural)"]["scope"] == "paper"
+    failed = [k for k, v in checks.items() if not v["pass"]]
+    assert len(failed) == 1 and failed[0].startswith("LeNet: every channel ≫ no defense")
+    summary = R.check_summary(checks)
+    assert summary[0].startswith("the paper's models") and ": 4/4 PASS" in summary[0]
+    assert summary[1].startswith("extra victims") and "2/3 PASS; FAIL: LeNet: every" in summary[1]
+    # The same failure on the paper's LeNet fails the paper scope.
+    bad = R.acceptance_checks(_ig_rows("LeNet-1998", 0.05, (0.16, 0.06)), [])
+    assert "3/4 PASS; FAIL: LeNet-1998: every" in R.check_summary(bad)[0]
+
+
+def test_table2_discards_a_warmup_pass(monkeypatch):
+    # Every method runs once untimed after compiling, then `timing_repeats` timed passes.
+    import dataclasses
+    import types
+
+    from fedsim.data import Dataset
+
+    calls = []
+    real = R.make_client_update
+
+    def counting(*a, **k):
+        fn, idx = real(*a, **k), len(calls)
+        calls.append(0)
+
+        def wrapped(*args):
+            calls[idx] += 1
+            return fn(*args)
+        return wrapped
+
+    monkeypatch.setattr(R, "make_client_update", counting)
+    # Unjitted inside timing_experiment, so every call reaches the counter.
+    monkeypatch.setattr(R, "jax", types.SimpleNamespace(
+        random=jax.random, block_until_ready=jax.block_until_ready, jit=lambda f: f))
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 32, 32, 1)).astype(np.float32)
+    y = rng.integers(0, 10, 64).astype(np.int32)
+    ds = Dataset("test", x, y, x[:8], y[:8], 10, x.mean((0, 1, 2)), x.std((0, 1, 2)))
+    budget = dataclasses.replace(R.BUDGETS["smoke"], timing_examples=64, timing_repeats=2)
+    out = R.timing_experiment("lenet5_1998", ds, R.data_statistics(x), budget, 0)
+    assert out["warmup_passes"] == 1 and out["repeats"] == 2
+    assert calls == [1 + 1 + 2] * 4  # compile call, warm-up, 2 timed passes; 4 methods
+    assert all(len(v) == 2 for v in out["all_seconds"].values())
