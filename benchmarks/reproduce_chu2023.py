@@ -200,6 +200,24 @@ def fl_config(args, seed, rounds, observe_rounds):
 N_PAPER = 6_603_710
 
 
+UPLOADS = ("weights", "update", "split")
+
+
+def upload_of(name: str, upload: str) -> str:
+    """What defense ``name``'s clients upload under the run's ``--upload`` semantics.
+
+    ``"weights"`` / ``"update"``: every defense alike (see ``--upload``).
+    ``"split"``: real pruning (none, Largest, Random, Mix) uploads weights, so a
+    pruned weight is a 0 that the server averages in (Alg 1 line 11); Pseudo-Pruning
+    and PriPrune upload updates, so a withheld weight is not sent and the server
+    keeps its global value there ("the parameters are not actually pruned, but
+    retained for local training", §5 Insight 2).
+    """
+    if upload != "split":
+        return upload
+    return "update" if name == "priprune" or name.endswith("_pseudo") else "weights"
+
+
 def upload_state(client_states, name):
     """The per-client state of the defense that keeps Pseudo-Pruning's ``local``/``withheld``."""
     up = client_states["upload"]
@@ -318,7 +336,7 @@ def part_b(args, ds, rows, seed):
             if ob.round == R - 1 or (ob.client_id == 0 and name in ("none", "priprune")
                                      and getattr(args, "rounds_axis", True)):
                 pending.append((name, acc, cm, train_s, rates, mean_rate, o))
-        print(f"[B] {name} ({args.upload} uploads): acc {acc:.4f} client-model acc {cacc} "
+        print(f"[B] {name} ({upload_of(name, args.upload)} uploads): acc {acc:.4f} client-model acc {cacc} "
               f"local-mix acc: client models {cm['local']}, global {cm['global_local']:.4f} "
               f"({train_s:.0f}s train)", flush=True)
     # One vmapped attack over every upload (one compile per attack), paired keys.
@@ -326,15 +344,19 @@ def part_b(args, ds, rows, seed):
            for p in pending]
     t1 = time.perf_counter()
     akey = jax.random.key(seed + 7)
-    # SGI reads the mask off the weights the server receives (Alg 2 line 3); GI
-    # attacks ŵ − w_g as it is (Alg 1 line 8).
-    sg = sgi.run_many(obs, {**args.attack_b, "upload": args.upload}, akey)
+    # SGI reads the mask off the weights the server receives (Alg 2 line 3; weight
+    # uploads are put in that view here, so one call keeps every victim's attack key
+    # whatever its defense's semantics); GI attacks ŵ − w_g as it is (Alg 1 line 8).
+    uploads = [upload_of(p[0], args.upload) for p in pending]
+    sg = sgi.run_many([sgi.from_weight_upload(o) if u == "weights" else o
+                       for o, u in zip(obs, uploads)], {**args.attack_b, "upload": "update"}, akey)
     gi = inverting_gradients.run_many(obs, args.attack_b, akey)
     att_s = time.perf_counter() - t1
     print(f"[B] attacks: {len(obs)} victims x 2 attacks in {att_s:.0f}s", flush=True)
-    for (name, acc, cm, train_s, rates, mean_rate, o), ob, rs, rg in zip(pending, obs, sg, gi):
+    for (name, acc, cm, train_s, rates, mean_rate, o), ob, up, rs, rg in zip(pending, obs, uploads,
+                                                                             sg, gi):
         # The fraction of coordinates the server receives as 0 (pruned or withheld).
-        received = ob.update if args.upload == "update" else jax.tree_util.tree_map(
+        received = ob.update if up == "update" else jax.tree_util.tree_map(
             jnp.add, ob.update, ob.params)
         zf = float(np.mean(np.asarray(flatten(received)) == 0))
         for att, rec in (("sgi", rs), ("gi", rg)):
@@ -342,7 +364,7 @@ def part_b(args, ds, rows, seed):
             rows.append({"part": "B", "dataset": "fashion_mnist", "model": "conv2",
                          "base": "prunefl", "defense": name, "p": 0.3, "B": args.local_batch,
                          "attack": att, "nmi": n, "psnr": ps, "accuracy": acc,
-                         "upload": args.upload,
+                         "upload": up, "upload_semantics": args.upload,
                          "client_model_accuracy": cm["global"], "client_model_ids": cm["ids"],
                          "client_model_local_accuracy": cm["local"],
                          "global_local_accuracy": cm["global_local"],
@@ -394,11 +416,11 @@ def priprune_hp(args, n_params):
     return PriPruneConfig(lambda_acc=args.lambda_acc, lambda_pri=args.lambda_pri,
                           lambda_sha=args.lambda_sha * N_PAPER / n_params, tau=args.tau,
                           alpha_lr=args.alpha_lr, alpha_init=args.alpha_init,
-                          upload=args.upload)
+                          upload=upload_of("priprune", args.upload))
 
 
 def defense_factory(name, args):
-    p, up = args.defense_rate, args.upload
+    p, up = args.defense_rate, upload_of(name, args.upload)
     table = {
         "none": lambda: None,
         "largest": lambda: prune_largest(p, upload=up), "random": lambda: prune_random(p, upload=up),
@@ -796,9 +818,11 @@ def main(argv=None):
                          "are reported as replications")
     ap.add_argument("--rounds", type=int, default=None, help="override the FL rounds")
     ap.add_argument("--defenses", default=None, help="comma list overriding part B's defenses")
-    ap.add_argument("--upload", choices=("weights", "update"), default="weights",
+    ap.add_argument("--upload", choices=UPLOADS, default="weights",
                     help="what pruned-FL clients upload: their masked weights (the paper, Alg 1 "
-                         "line 11: the server averages withheld weights as 0) or masked updates")
+                         "line 11: the server averages withheld weights as 0), masked updates "
+                         "(a withheld weight keeps its global value), or 'split': real pruning "
+                         "uploads weights, Pseudo-Pruning and PriPrune updates (upload_of)")
     ap.add_argument("--lambda-pri", type=float, default=None,
                     help="override PriPrune's λ_pri in part B (default 10; exploratory runs)")
     ap.add_argument("--out", default=None,
@@ -904,7 +928,9 @@ def main(argv=None):
     OUT.mkdir(parents=True, exist_ok=True)
     # A part at another seed (a replication) does not replace the seed-0 part that
     # --combine merges; --combine reports it beside it (see other_seed_tables).
-    suffix = "" if args.seed == 0 else f"_seed{args.seed}"
+    # Other upload semantics than the default are exploratory: their own file.
+    suffix = ("" if args.upload == "weights" else f"_{args.upload}_uploads") \
+        + ("" if args.seed == 0 else f"_seed{args.seed}")
     (OUT / f"chu2023_{args.parts}{suffix}.json").write_text(
         json.dumps(result, indent=1, default=float))
     print(markdown(result))

@@ -98,3 +98,28 @@ def test_other_seed_replications_are_reported_with_their_own_checks():
     assert "**FAIL** PriPrune" in seed1 and "**PASS** PriPrune" not in seed1
     assert "**PASS** PriPrune" in seed2
     assert "| priprune | 0.5000 |" in seed1
+
+
+def test_split_uploads_prune_real_weights_and_withhold_pseudo_ones():
+    from benchmarks.reproduce_chu2023 import upload_of
+    for name in ("none", "largest", "random", "mix"):
+        assert upload_of(name, "split") == "weights"
+    for name in ("largest_pseudo", "random_pseudo", "mix_pseudo", "priprune"):
+        assert upload_of(name, "split") == "update"
+    for up in ("weights", "update"):
+        assert {upload_of(n, up) for n in ("none", "largest", "largest_pseudo", "priprune")} == {up}
+
+
+@pytest.mark.slow
+def test_part_b_smoke_with_split_uploads(tmp_path):
+    # Real Largest uploads ŵ (withheld weights arrive as 0), Largest (Pseudo) and
+    # PriPrune upload Δ ⊙ m̂; every row records its own semantics.
+    import json
+
+    from benchmarks.reproduce_chu2023 import main
+    main(["--smoke", "--parts", "B", "--upload", "split", "--out", str(tmp_path),
+          "--defenses", "none,largest,largest_pseudo,priprune"])
+    rows = json.loads((tmp_path / "chu2023_B_split_uploads.json").read_text())["rows"]
+    got = {(r["defense"], r["upload"], r["upload_semantics"]) for r in rows}
+    assert got == {("none", "weights", "split"), ("largest", "weights", "split"),
+                   ("largest_pseudo", "update", "split"), ("priprune", "update", "split")}
