@@ -470,13 +470,68 @@ def bound_table(ds, seed, d_star=8, n_examples=256, chunk=16):
                                                             rounds=T)}
 
 
+def other_b_runs(out: Path) -> list[dict]:
+    """Part-B runs beside the main one: other seeds (``chu2023_B_seed<N>.json``) and other
+    upload semantics (``chu2023_B_<upload>_uploads[_seed<N>].json``), each with its checks."""
+    files = sorted(out.glob("chu2023_B_seed*.json")) + sorted(out.glob("chu2023_B_*_uploads*.json"))
+    runs = []
+    for f in files:
+        o = json.loads(f.read_text())
+        runs.append({"file": f.name, "seed": o["seed"], "commit": o.get("commit"),
+                     "seconds": o["seconds"], "upload": o["settings"].get("upload", "weights"),
+                     "settings": o["settings"], "rows": o["rows"],
+                     "checks": acceptance_checks(o["rows"])})
+    return runs
+
+
+def semantics_summary(result) -> list[str]:
+    """One row per part-B run (main, other seeds, other upload semantics): its PriPrune and
+    Largest (Pseudo) verdicts per accuracy reading."""
+    runs = [{"file": "chu2023_B.json (main)", "seed": result["seed"],
+             "upload": result.get("settings_B", result.get("settings", {})).get("upload", "weights"),
+             "checks": [c for c in result.get("checks", []) if "part D" not in c["check"]]}]
+    runs += result.get("other_seeds_B", [])
+    runs = [r for r in runs if any(c["check"].startswith(("PriPrune", "Largest")) for c in r["checks"])]
+    if not runs:
+        return []
+    short = {"global model, whole test set": "global", "client models, whole test set": "client",
+             "client models, own label mix": "own mix"}
+
+    def verdicts(checks, start):
+        out = []
+        for label, tag in short.items():
+            c = next((c for c in checks if c["check"].startswith(start)
+                      and c["check"].endswith(f"({label})") and "part D" not in c["check"]), None)
+            out.append("—" if c is None else ("PASS" if c["pass"] else "FAIL"))
+        return out
+
+    lines = ["", "## Part B verdicts by upload semantics and seed", "",
+             "Upload semantics: `weights` — every client uploads masked weights and the server "
+             "averages a withheld weight as 0 (Alg 1 line 11 as printed); `update` — masked "
+             "updates, a withheld weight keeps its global value; `split` — real pruning (none, "
+             "Largest) uploads weights, Pseudo-Pruning and PriPrune leave withheld weights out "
+             "(update). Each cell: global model / client models / client models on their own "
+             "label mix.", "",
+             "| run | upload | seed | PriPrune: privacy + accuracy within 1 point | "
+             "Largest (Pseudo) recovers ≥ 50 % |", "|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: ({"weights": 0, "update": 1, "split": 2}.get(r["upload"], 3),
+                                         r["seed"])):
+        lines.append(f"| {r['file']} | {r['upload']} | {r['seed']} | "
+                     f"{' / '.join(verdicts(r['checks'], 'PriPrune'))} | "
+                     f"{' / '.join(verdicts(r['checks'], 'Largest (Pseudo)'))} |")
+    return lines
+
+
 def other_seed_tables(result) -> list[str]:
-    """Markdown for part B re-run at other seeds (replications, not in the main rows)."""
+    """Markdown for part B re-run at other seeds or upload semantics (not in the main rows)."""
     lines = []
     for o in result.get("other_seeds_B", []):
         rows = o["rows"]
         last = max(r["round"] for r in rows)
-        lines += ["", f"## B at seed {o['seed']} (replication; commit {o.get('commit')}, "
+        what = ("replication" if o.get("upload", "weights") == "weights"
+                else f"{o['upload']} uploads")
+        lines += ["", f"## B at seed {o['seed']}, {o.get('upload', 'weights')} uploads ({what}; "
+                  f"{o.get('file', '')}, commit {o.get('commit')}, "
                   f"{o['seconds']:.0f} s; same settings: "
                   f"{_same_b_settings(o['settings'], result.get('settings_B', {}))})", "",
                   "| defense | global acc | client-model acc | client-model acc, own label mix | "
@@ -748,6 +803,7 @@ def markdown(result) -> str:
                              f"{'—' if ca is None else f'{ca:.4f}'} | "
                              f"{'—' if cl is None else f'{cl:.4f}'} | {m('sgi', 'nmi'):.4f} | "
                              f"{m('sgi', 'psnr'):.2f} | {m('gi', 'nmi'):.4f} |")
+    lines += semantics_summary(result)
     lines += other_seed_tables(result)
     if result.get("bound"):
         bd = result["bound"]
@@ -848,12 +904,7 @@ def main(argv=None):
                           "the commits of each part are recorded" + (f" ({a['commit_note']})"
                                                       if a.get("commit_note") else ""),
                   "settings_B": b["settings"]}
-        result["other_seeds_B"] = [
-            {"seed": o["seed"], "commit": o.get("commit"), "seconds": o["seconds"],
-             "settings": o["settings"], "rows": o["rows"],
-             "checks": acceptance_checks(o["rows"])}
-            for o in (json.loads(f.read_text())
-                      for f in sorted(OUT.glob("chu2023_B_seed*.json")))]
+        result["other_seeds_B"] = other_b_runs(OUT)
         ds = load_dataset("fashion_mnist", image_size=a["image_size"])
         finalize(result, ds)
         return

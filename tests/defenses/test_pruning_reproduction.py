@@ -123,3 +123,45 @@ def test_part_b_smoke_with_split_uploads(tmp_path):
     got = {(r["defense"], r["upload"], r["upload_semantics"]) for r in rows}
     assert got == {("none", "weights", "split"), ("largest", "weights", "split"),
                    ("largest_pseudo", "update", "split"), ("priprune", "update", "split")}
+
+
+def test_other_b_runs_and_the_semantics_summary(tmp_path):
+    # Replications and runs under other upload semantics are read beside the main part B,
+    # each with its own checks, and summarised in one verdict table.
+    import json
+
+    from benchmarks.reproduce_chu2023 import other_b_runs, other_seed_tables, semantics_summary
+
+    def b_rows(acc_pri, acc_pseudo):
+        rows = [_b("none", "sgi", 0.46, 14.0, 0.55), _b("priprune", "sgi", 0.40, 11.0, acc_pri),
+                _b("largest", "sgi", 0.17, 8.0, 0.10),
+                _b("largest_pseudo", "sgi", 0.33, 9.0, acc_pseudo)]
+        rows += [dict(r, attack="gi") for r in list(rows)]
+        return [dict(r, client_id=0) for r in rows]
+
+    def write(name, seed, upload, rows):
+        (tmp_path / name).write_text(json.dumps(
+            {"seed": seed, "commit": "abc", "seconds": 1.0, "rows": rows,
+             "settings": {"seed": seed, "upload": upload}}))
+
+    write("chu2023_B_seed1.json", 1, "weights", b_rows(0.40, 0.12))
+    write("chu2023_B_split_uploads.json", 0, "split", b_rows(0.60, 0.50))
+    write("chu2023_B_split_uploads_seed1.json", 1, "split", b_rows(0.55, 0.20))
+    write("chu2023_B.json", 0, "weights", [])   # the main run: not an "other" run
+    runs = other_b_runs(tmp_path)
+    assert [(r["file"], r["upload"], r["seed"]) for r in runs] == [
+        ("chu2023_B_seed1.json", "weights", 1), ("chu2023_B_split_uploads.json", "split", 0),
+        ("chu2023_B_split_uploads_seed1.json", "split", 1)]
+    main_rows = b_rows(0.45, 0.11)
+    result = {"seed": 0, "settings_B": {"upload": "weights"}, "other_seeds_B": runs,
+              "checks": acceptance_checks(main_rows)}
+    table = [l for l in semantics_summary(result) if l.startswith("| chu2023")]
+    # main (weights, 0), weights seed 1, split seed 0, split seed 1; one reading given per
+    # row here (all three readings carry the same accuracy in these rows).
+    assert table == [
+        "| chu2023_B.json (main) | weights | 0 | FAIL / FAIL / FAIL | FAIL / FAIL / FAIL |",
+        "| chu2023_B_seed1.json | weights | 1 | FAIL / FAIL / FAIL | FAIL / FAIL / FAIL |",
+        "| chu2023_B_split_uploads.json | split | 0 | PASS / PASS / PASS | PASS / PASS / PASS |",
+        "| chu2023_B_split_uploads_seed1.json | split | 1 | PASS / PASS / PASS | FAIL / FAIL / FAIL |"]
+    text = "\n".join(other_seed_tables(result))
+    assert "## B at seed 0, split uploads (split uploads; chu2023_B_split_uploads.json" in text
