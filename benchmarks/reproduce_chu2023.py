@@ -107,12 +107,34 @@ def attack_all(obs_list, attack_cfg, key):
     return gi, sg
 
 
+def train_masked(args, ds, params, mask, seed, rounds):
+    """FedAvg of the pruned model for ``rounds`` rounds from ``params`` (part B's FL setting).
+
+    The scheme's mask stays fixed (no re-pruning): the global mask on every local
+    step's gradient and on the upload, and the server re-applies it after each
+    round (Alg 1 line 11). Returns the trained, masked params and the test accuracy.
+    """
+    cfg = fl_config(args, seed, rounds, [], observe_clients=[])
+    sim = Simulation(cfg, dataset=ds, defenses={"layer": masked_gradient(mask),
+                                                "upload": masked_upload(mask)})
+    state = sim.init_state()
+    state = state._replace(params=apply_mask(params, mask))
+    for r in range(rounds):
+        state, _ = sim.run_round(state, r)
+        state = state._replace(params=apply_mask(state.params, mask))
+    return state.params, sim.evaluate(state.params)[0]
+
+
 def part_a(args, ds, rows, seed):
-    """Attacks on pruned FedSGD uploads at the initial model.
+    """Attacks on pruned FedSGD uploads at the initial model (or a trained one).
 
     Every setting of a (model, B) group attacks the same ``args.victims``
     victim batches (paired across schemes, p and the two attacks); rows hold
-    the mean over victims and the per-victim values.
+    the mean over victims and the per-victim values. With
+    ``args.a_trained_rounds`` = R > 0 the pruned model of every setting is first
+    trained by FedAvg for R rounds (:func:`train_masked`, part B's clients) and
+    the victims' uploads are computed at the trained model — the paper's Fig 2
+    measures leakage during training, not at initialisation.
     """
     rng = np.random.default_rng(seed)
     shape = ds.input_shape
@@ -130,7 +152,7 @@ def part_a(args, ds, rows, seed):
         if B != Bp:
             jobs.append(("conv2", B, "prunefl", 0.3))
     for model in args.model_sizes:
-        if model != "conv2":
+        if model != "conv2" and not getattr(args, "a_trained_rounds", 0):  # trained: Conv-2 only
             jobs.append((model, Bp, "prunefl", 0.3))
     groups = {}
     for j in jobs:
@@ -147,6 +169,11 @@ def part_a(args, ds, rows, seed):
             mask = scheme_mask(scheme, jax.random.key(seed + 17 * i), params, p, apply_fn, xp, yp,
                                shape, args.synflow_iterations)
             pm = apply_mask(params, mask)
+            trained_acc = None
+            if getattr(args, "a_trained_rounds", 0):
+                if model_name != "conv2":
+                    raise ValueError("--a-trained-rounds trains part B's Conv-2 only")
+                pm, trained_acc = train_masked(args, ds, pm, mask, seed, args.a_trained_rounds)
             for idx in victims:
                 x, y = jnp.asarray(ds.x_train[idx]), jnp.asarray(ds.y_train[idx])
                 g = jax.grad(masked_mean_loss, argnums=1)(apply_fn, pm, x, y, jnp.ones(B))
@@ -155,13 +182,13 @@ def part_a(args, ds, rows, seed):
                                   ds.num_classes)
                 obs_list.append(restrict(obs, {"labels": True, "batch_size": True}))
                 truths.append(np.asarray(x))
-            meta.append((scheme, p, time.perf_counter() - t0))
+            meta.append((scheme, p, time.perf_counter() - t0, trained_acc))
         t0 = time.perf_counter()
         attack_key = jax.random.key(seed + 1000 + B)
         gi, sg = attack_all(obs_list, args.attack, attack_key)
         secs = time.perf_counter() - t0
         V = args.victims
-        for j, (scheme, p, mask_s) in enumerate(meta):
+        for j, (scheme, p, mask_s, trained_acc) in enumerate(meta):
             for name, recs in (("gi", gi), ("sgi", sg)):
                 sc = [score(recs[j * V + v].x, truths[j * V + v]) for v in range(V)]
                 rows.append({"part": "A", "dataset": "fashion_mnist", "model": model_name,
@@ -174,20 +201,23 @@ def part_a(args, ds, rows, seed):
                              "attack_loss_victims": [float(recs[j * V + v].loss) for v in range(V)],
                              "victim_indices": [np.asarray(v).tolist() for v in victims],
                              "attack_seed": seed + 1000 + B, "mask_seed": seed + 17 * j,
-                             "round": 0, "mask_seconds": mask_s,
+                             "round": getattr(args, "a_trained_rounds", 0),
+                             "trained_rounds": getattr(args, "a_trained_rounds", 0),
+                             "trained_accuracy": trained_acc, "mask_seconds": mask_s,
                              "attack_seconds_group": secs})
         print(f"[A] {model_name} B={B}: {len(obs_list)} victims x 2 attacks in {secs:.1f}s",
               flush=True)
 
 
-def fl_config(args, seed, rounds, observe_rounds):
+def fl_config(args, seed, rounds, observe_rounds, observe_clients=(0, 1)):
     o = {"name": "chu2023", "seed": seed, "data.dataset": "fashion_mnist",
          "data.image_size": args.image_size, "data.num_clients": args.clients,
          "data.partition": "dirichlet", "data.alpha": 0.5, "data.examples_per_client": args.local_batch,
          "model.name": "conv2", "training.rounds": rounds,
          "training.clients_per_round": args.clients_per_round, "training.algorithm": "fedavg",
          "training.local_epochs": 1, "training.batch_size": args.local_batch, "training.lr": args.lr,
-         "training.client_parallelism": "loop", "observer.clients": "[0, 1]",
+         "training.client_parallelism": "loop",
+         "observer.clients": json.dumps(list(observe_clients)),
          "observer.rounds": json.dumps(observe_rounds), "output.progress": False,
          "output.plots": False}
     return load_config(None, [f"{k}={v}" for k, v in o.items()])
@@ -690,6 +720,42 @@ def acceptance_checks(rows):
     return checks
 
 
+def a_table_lines(a, settings, title="A. GI vs SGI on pruned FedSGD uploads") -> list[str]:
+    """Markdown of part-A rows: one line per (model, B, scheme, p), GI beside SGI."""
+    trained = max((r.get("trained_rounds", 0) for r in a), default=0)
+    where = (f"Conv-2 trained {trained} FedAvg rounds with the scheme's mask" if trained
+             else "initial model")
+    lines = ["", f"## {title} ({where}, lr 0.25)", "",
+             f"Attack budget (identical for GI and SGI, paired keys and victims): "
+             f"{settings.get('attack')}; {settings.get('victims')} victims per setting (the same "
+             "images in every setting of a (model, B) group); mean over victims.", "",
+             "| model | B | base | p | GI NMI | SGI NMI | GI PSNR | SGI PSNR |"
+             + (" trained acc |" if trained else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if trained else "")]
+    keys = sorted({(r["model"], r["B"], r["base"], r["p"]) for r in a},
+                  key=lambda k: (k[0], k[1], k[2], k[3]))
+    for k in keys:
+        g = next(r for r in a if (r["model"], r["B"], r["base"], r["p"]) == k and r["attack"] == "gi")
+        s = next(r for r in a if (r["model"], r["B"], r["base"], r["p"]) == k and r["attack"] == "sgi")
+        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {g['nmi']:.4f} | {s['nmi']:.4f} | "
+                     f"{g['psnr']:.2f} | {s['psnr']:.2f} |"
+                     + (f" {g['trained_accuracy']:.4f} |" if trained else ""))
+    return lines
+
+
+def other_a_tables(result) -> list[str]:
+    """Markdown for part A at a trained model (``chu2023_A_trained<R>.json``), with its checks."""
+    lines = []
+    for o in result.get("other_A", []):
+        lines += a_table_lines(o["rows"], o["settings"],
+                               title=f"A at a trained model ({o['file']}, commit {o.get('commit')}, "
+                                     f"{o['seconds']:.0f} s)")
+        lines += ["", "Checks on these rows (same rules as the acceptance checks above):", ""]
+        lines += [f"- **{'PASS' if c['pass'] else 'FAIL'}** {c['check']}: {c['detail']}"
+                  for c in o["checks"]]
+    return lines
+
+
 def markdown(result) -> str:
     rows = result["rows"]
     lines = [f"# Chu et al. 2023 (PriPrune) reproduction — {result['mode']} mode",
@@ -702,20 +768,7 @@ def markdown(result) -> str:
     lines += ["## Acceptance checks (computed from the rows below)", ""]
     lines += [f"- **{'PASS' if c['pass'] else 'FAIL'}** {c['check']}: {c['detail']}" for c in checks]
     sa, sb = result.get("settings", {}), result.get("settings_B", result.get("settings", {}))
-    lines += ["", "## A. GI vs SGI on pruned FedSGD uploads (initial model, lr 0.25)", "",
-              f"Attack budget (identical for GI and SGI, paired keys and victims): "
-              f"{sa.get('attack')}; {sa.get('victims')} victims per setting (the same images in "
-              "every setting of a (model, B) group); mean over victims.", "",
-              "| model | B | base | p | GI NMI | SGI NMI | GI PSNR | SGI PSNR |",
-              "|---|---|---|---|---|---|---|---|"]
-    a = [r for r in rows if r["part"] == "A"]
-    keys = sorted({(r["model"], r["B"], r["base"], r["p"]) for r in a},
-                  key=lambda k: (k[0], k[1], k[2], k[3]))
-    for k in keys:
-        g = next(r for r in a if (r["model"], r["B"], r["base"], r["p"]) == k and r["attack"] == "gi")
-        s = next(r for r in a if (r["model"], r["B"], r["base"], r["p"]) == k and r["attack"] == "sgi")
-        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {g['nmi']:.4f} | {s['nmi']:.4f} | "
-                     f"{g['psnr']:.2f} | {s['psnr']:.2f} |")
+    lines += a_table_lines([r for r in rows if r["part"] == "A"], sa)
     b = [r for r in rows if r["part"] == "B"]
     if b:
         last = max(r["round"] for r in b)
@@ -803,6 +856,7 @@ def markdown(result) -> str:
                              f"{'—' if ca is None else f'{ca:.4f}'} | "
                              f"{'—' if cl is None else f'{cl:.4f}'} | {m('sgi', 'nmi'):.4f} | "
                              f"{m('sgi', 'psnr'):.2f} | {m('gi', 'nmi'):.4f} |")
+    lines += other_a_tables(result)
     lines += semantics_summary(result)
     lines += other_seed_tables(result)
     if result.get("bound"):
@@ -879,11 +933,19 @@ def main(argv=None):
                          "line 11: the server averages withheld weights as 0), masked updates "
                          "(a withheld weight keeps its global value), or 'split': real pruning "
                          "uploads weights, Pseudo-Pruning and PriPrune updates (upload_of)")
+    ap.add_argument("--a-trained-rounds", type=int, default=0, metavar="R",
+                    help="part A: train each pruned Conv-2 by FedAvg for R rounds (part B's "
+                         "clients, the scheme's mask fixed) and attack uploads at the trained "
+                         "model; writes chu2023_A_trained<R>.json")
     ap.add_argument("--lambda-pri", type=float, default=None,
                     help="override PriPrune's λ_pri in part B (default 10; exploratory runs)")
     ap.add_argument("--out", default=None,
                     help="write the results here instead of benchmarks/results (exploratory runs)")
     args = ap.parse_args(argv)
+    if args.a_trained_rounds < 0:
+        ap.error(f"--a-trained-rounds must be >= 0, got {args.a_trained_rounds}")
+    if args.a_trained_rounds and ("A" not in args.parts or "B" in args.parts):
+        ap.error("--a-trained-rounds is a part-A variant: use it with --parts A")
     if args.out:
         global OUT
         OUT = Path(args.out)
@@ -905,6 +967,11 @@ def main(argv=None):
                                                       if a.get("commit_note") else ""),
                   "settings_B": b["settings"]}
         result["other_seeds_B"] = other_b_runs(OUT)
+        result["other_A"] = [
+            {"file": f.name, "commit": o.get("commit"), "seconds": o["seconds"],
+             "settings": o["settings"], "rows": o["rows"], "checks": acceptance_checks(o["rows"])}
+            for f, o in ((f, json.loads(f.read_text()))
+                         for f in sorted(OUT.glob("chu2023_A_trained*.json")))]
         ds = load_dataset("fashion_mnist", image_size=a["image_size"])
         finalize(result, ds)
         return
@@ -981,6 +1048,7 @@ def main(argv=None):
     # --combine merges; --combine reports it beside it (see other_seed_tables).
     # Other upload semantics than the default are exploratory: their own file.
     suffix = ("" if args.upload == "weights" else f"_{args.upload}_uploads") \
+        + (f"_trained{args.a_trained_rounds}" if args.a_trained_rounds else "") \
         + ("" if args.seed == 0 else f"_seed{args.seed}")
     (OUT / f"chu2023_{args.parts}{suffix}.json").write_text(
         json.dumps(result, indent=1, default=float))

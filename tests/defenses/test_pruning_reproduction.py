@@ -165,3 +165,23 @@ def test_other_b_runs_and_the_semantics_summary(tmp_path):
         "| chu2023_B_split_uploads_seed1.json | split | 1 | PASS / PASS / PASS | FAIL / FAIL / FAIL |"]
     text = "\n".join(other_seed_tables(result))
     assert "## B at seed 0, split uploads (split uploads; chu2023_B_split_uploads.json" in text
+
+
+def test_trained_part_a_needs_part_a_alone():
+    from benchmarks.reproduce_chu2023 import main
+    for argv in (["--parts", "B", "--a-trained-rounds", "2"], ["--parts", "AB", "--a-trained-rounds", "2"],
+                 ["--parts", "A", "--a-trained-rounds", "-1"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+
+
+@pytest.mark.slow
+def test_part_a_smoke_at_a_trained_model(tmp_path):
+    # Each pruned Conv-2 is trained before the attack; rows say how long and how well.
+    import json
+
+    from benchmarks.reproduce_chu2023 import main
+    main(["--smoke", "--parts", "A", "--a-trained-rounds", "2", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "chu2023_A_trained2.json").read_text())["rows"]
+    assert rows and {r["model"] for r in rows} == {"conv2"}
+    assert all(r["trained_rounds"] == 2 and 0.0 <= r["trained_accuracy"] <= 1.0 for r in rows)
