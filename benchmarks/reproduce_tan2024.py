@@ -91,7 +91,7 @@ from defenses.channels import (  # noqa: E402
 from defenses.dp import dp_gaussian, dp_psac  # noqa: E402
 from fedsim.client import LocalTraining, cross_entropy, make_client_update  # noqa: E402
 from fedsim.config import load_config  # noqa: E402
-from fedsim.data import load_dataset  # noqa: E402
+from fedsim.data import DatasetError, load_dataset  # noqa: E402
 from fedsim.hooks import DefenseContext  # noqa: E402
 from fedsim.models import build_model, count_params, init_params, make_apply_fn  # noqa: E402
 from fedsim.simulation import Simulation  # noqa: E402
@@ -260,10 +260,12 @@ def dp_victim_gradient(apply_fn, params, x, y, defense, key):
     return g
 
 
-def attack(apply_fn, params, grads, batch_size, iterations, key, restarts=1):
+def attack(apply_fn, params, grads, batch_size, iterations, key, restarts=1, *, input_shape,
+           num_classes):
     """IG on every upload in ``grads`` (one vmapped run); victim i gets attack key i of ``key``."""
-    obs = [observation_from_gradient(g, params, apply_fn, input_shape=(32, 32, 1), num_classes=10,
-                                     lr=1.0, batch_size=batch_size) for g in grads]
+    obs = [observation_from_gradient(g, params, apply_fn, input_shape=tuple(input_shape),
+                                     num_classes=num_classes, lr=1.0, batch_size=batch_size)
+           for g in grads]
     recs = ig_run_many(obs, {"iterations": iterations, "batch_size": 1, "restarts": restarts}, key)
     return np.stack([np.asarray(r.x[0]) for r in recs])
 
@@ -349,18 +351,19 @@ def _trace_every(iterations: int, budget) -> int:
     return math.gcd(iterations, max(1, iterations // max(1, budget.ig_trace_points)))
 
 
-def attack_traced(apply_fn, params, grads, iterations, key, restarts, every, targets):
+def attack_traced(apply_fn, params, grads, iterations, key, restarts, every, targets,
+                  num_classes=10):
     """IG on every upload in ``grads`` (as :func:`attack`), plus its MSE-vs-iteration curve.
 
-    Returns (reconstructions [V, 32, 32, 1], curve) with curve = {"steps": [T],
+    Returns (reconstructions [V, H, W, C] of ``targets``' shape, curve) with curve = {"steps": [T],
     "mse_per_victim": [V][T]} (MSE of the dummy against ``targets`` after each
     ``every`` steps) and "loss_per_victim" [V][T] (the attack loss there).
     """
-    obs = [observation_from_gradient(g, params, apply_fn, input_shape=(32, 32, 1), num_classes=10,
-                                     lr=1.0, batch_size=1) for g in grads]
+    obs = [observation_from_gradient(g, params, apply_fn, input_shape=tuple(targets.shape[1:]),
+                                     num_classes=num_classes, lr=1.0, batch_size=1) for g in grads]
     out = ig_run_traced(obs, {"iterations": iterations, "batch_size": 1, "restarts": restarts},
                         key, every)
-    snaps = out["snapshots"][:, :, 0].astype(np.float64)  # [V, T, 32, 32, 1]
+    snaps = out["snapshots"][:, :, 0].astype(np.float64)  # [V, T, H, W, C]
     err = np.asarray(targets[:len(grads)], np.float64)[:, None]
     curve = {"steps": out["steps"].tolist(),
              "mse_per_victim": np.mean((snaps - err) ** 2, axis=(2, 3, 4)).tolist(),
@@ -457,10 +460,10 @@ def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool
     DP victims (B = 1 uploads) use the multiplier whose Thm 4 capacity at
     B = 1 equals the row's κ (:func:`dp_multiplier_for_capacity`).
     """
-    model = build_model(model_name, 10)
+    model = build_model(model_name, ds.num_classes)
     apply_fn = make_apply_fn(model)
     key = jax.random.key(seed)
-    params = init_params(model, (32, 32, 1), jax.random.fold_in(key, 0))
+    params = init_params(model, ds.input_shape, jax.random.fold_in(key, 0))
     n_vict = budget.big_victims if big else budget.ig_victims
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(ds.x_test), n_vict, replace=False)  # unseen images as victims
@@ -492,7 +495,8 @@ def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool
                 xt = x if mech is None else mech.apply(x, (), key=k)[0]
                 g = victim_gradient_jit(apply_fn, params, xt, y)
             grads.append(g)
-        recs, curve = attack_traced(apply_fn, params, grads, iters, attack_key, restarts, every, xs)
+        recs, curve = attack_traced(apply_fn, params, grads, iters, attack_key, restarts, every, xs,
+                                    ds.num_classes)
         per[name(kind, par)] = [mse(rec, xs[vi]) for vi, rec in enumerate(recs)]
         curves[name(kind, par)] = curve
         log(f"IG {model_name} {name(kind, par)}: mean MSE {np.mean(per[name(kind, par)]):.4f} "
@@ -504,7 +508,8 @@ def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool
             n_long = budget.none_long_factor * iters
             t1 = time.perf_counter()
             recs_long, curve_long = attack_traced(apply_fn, params, grads, n_long, attack_key,
-                                                  restarts, _trace_every(n_long, budget), xs)
+                                                  restarts, _trace_every(n_long, budget), xs,
+                                                  ds.num_classes)
             none_long = {"iterations": n_long, "seconds": time.perf_counter() - t1,
                          "mse_per_victim": [mse(r, xs[vi]) for vi, r in enumerate(recs_long)],
                          "curve": curve_long}
@@ -534,16 +539,16 @@ def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool
 def batch_size_experiment(ds, budget, seed):
     """Fig 6 / App. D: mean restoration from a batch gradient vs B for none / DP / constant noise."""
     model_name = budget.train_models[0]
-    model = build_model(model_name, 10)
+    model = build_model(model_name, ds.num_classes)
     apply_fn = make_apply_fn(model)
     key = jax.random.key(seed + 17)
-    params = init_params(model, (32, 32, 1), jax.random.fold_in(key, 0))
+    params = init_params(model, ds.input_shape, jax.random.fold_in(key, 0))
     rng = np.random.default_rng(seed + 17)
     grads, labels, means = [], [], []
     const_std = 1e-2
     for b in budget.batch_sizes:
         for rep in range(budget.batch_repeats):
-            cls = int(rng.integers(10))
+            cls = int(rng.integers(ds.num_classes))
             pool = np.flatnonzero(ds.y_test == cls)
             sel = rng.choice(pool, b, replace=False)
             x, y = jnp.asarray(ds.x_test[sel]), jnp.asarray(ds.y_test[sel])
@@ -557,7 +562,8 @@ def batch_size_experiment(ds, budget, seed):
                 grads.append(g)
                 labels.append((mech, b))
                 means.append(np.asarray(x).mean(0))
-    recs = attack(apply_fn, params, grads, 1, budget.batch_iterations, jax.random.fold_in(key, 3))
+    recs = attack(apply_fn, params, grads, 1, budget.batch_iterations, jax.random.fold_in(key, 3),
+                  input_shape=ds.input_shape, num_classes=ds.num_classes)
     per = {}
     for (mech, b), rec, m in zip(labels, recs, means):
         per.setdefault(mech, {}).setdefault(b, []).append(mse(rec, m))
@@ -586,12 +592,12 @@ def model_inversion_mse(apply_fn, params, start, centres, iterations):
         (z, _), _ = jax.lax.scan(step, (start, opt.init(start)), None, length=iterations)
         return z
 
-    recs = jax.jit(jax.vmap(one))(jnp.arange(10))
-    per_class = [mse(recs[c], centres[c]) for c in range(10)]
+    recs = jax.jit(jax.vmap(one))(jnp.arange(len(centres)))
+    per_class = [mse(recs[c], centres[c]) for c in range(len(centres))]
     return float(np.median(per_class))
 
 
-def mia_aucs(apply_fn, params, x_in, y_in, x_out, y_out, key, steps) -> dict:
+def mia_aucs(apply_fn, params, x_in, y_in, x_out, y_out, key, steps, num_classes=10) -> dict:
     """Membership inference of 000 §6.1 on the final model: AUCs on held-out examples.
 
     The paper's attack: a white-box, partial-knowledge attacker
@@ -603,8 +609,8 @@ def mia_aucs(apply_fn, params, x_in, y_in, x_out, y_out, key, steps) -> dict:
     """
     n = min(len(x_in), len(x_out))
     half = n // 2
-    f_in = mia.features(apply_fn, params, jnp.asarray(x_in[:n]), y_in[:n], 10)
-    f_out = mia.features(apply_fn, params, jnp.asarray(x_out[:n]), y_out[:n], 10)
+    f_in = mia.features(apply_fn, params, jnp.asarray(x_in[:n]), y_in[:n], num_classes)
+    f_out = mia.features(apply_fn, params, jnp.asarray(x_out[:n]), y_out[:n], num_classes)
     part = lambda f, sl: mia.MIAFeatures(*[v[sl] for v in f])
     net, st = mia.train_learned_attack(part(f_in, slice(0, half)), part(f_out, slice(0, half)),
                                        key, steps=steps)
@@ -622,7 +628,7 @@ def train_run(model_name, ds, budget, seed, defenses, kappa, stats, mi_start, ce
     inversion): the Fig 9 accuracy-vs-κ runs over several seeds.
     """
     cfg = load_config(None, [
-        f"seed={seed}", "data.dataset=fashion_mnist", f"data.num_clients={budget.num_clients}",
+        f"seed={seed}", f"data.dataset={ds.name}", f"data.num_clients={budget.num_clients}",
         "data.partition=iid", f"data.examples_per_client={budget.examples_per_client}",
         f"model.name={model_name}", f"training.rounds={budget.rounds}",
         f"training.clients_per_round={budget.clients_per_round}",
@@ -651,7 +657,7 @@ def train_run(model_name, ds, budget, seed, defenses, kappa, stats, mi_start, ce
     members = np.random.default_rng(seed).permutation(np.concatenate(sim.partitions))
     aucs = mia_aucs(sim.apply_fn, state.params, ds.x_train[members], ds.y_train[members],
                     ds.x_test, ds.y_test, jax.random.fold_in(jax.random.key(seed), 77),
-                    budget.mia_steps)
+                    budget.mia_steps, ds.num_classes)
     mi = model_inversion_mse(sim.apply_fn, state.params, mi_start, centres, budget.mi_iterations)
     del ledger
     return {"accuracy": curve[-1]["test_accuracy"], "mia_auc": aucs["learned"],
@@ -684,7 +690,7 @@ def accuracy_vs_kappa(ds_full, stats, budget):
             per_seed.append(float(np.mean([c["test_accuracy"] for c in out["curve"][-3:]])))
             log(f"fig9 κ={kappa} seed {seed}: acc {per_seed[-1]:.4f} ({out['seconds']:.0f} s)")
         v = np.asarray(per_seed)
-        rows.append({"source": "fig9", "dataset": "fashion_mnist", "model": MODEL_NAMES[model_name],
+        rows.append({"source": "fig9", "dataset": ds.name, "model": MODEL_NAMES[model_name],
                      "channel": "natural" if kappa else "none", "kappa": kappa,
                      "accuracy": float(v.mean()),
                      "accuracy_std": float(v.std(ddof=1)) if v.size > 1 else None,
@@ -698,9 +704,9 @@ def accuracy_vs_kappa(ds_full, stats, budget):
 # --- Table 2 ----------------------------------------------------------------------------
 
 def timing_experiment(model_name, ds, stats, budget, seed):
-    model = build_model(model_name, 10)
+    model = build_model(model_name, ds.num_classes)
     apply_fn = make_apply_fn(model)
-    params = init_params(model, (32, 32, 1), jax.random.key(seed))
+    params = init_params(model, ds.input_shape, jax.random.key(seed))
     n = budget.timing_examples
     data = CohortData(jnp.asarray(ds.x_train[:n]), jnp.asarray(ds.y_train[:n]),
                       jnp.ones(n, jnp.float32), jnp.int32(n))
@@ -973,9 +979,8 @@ def write_markdown(result, path: Path):
                 f"{' --' + result['mode'] if result['mode'] != 'default' else ''}` in one run "
                 f"({result['seconds_total']:.0f} s), seed {result['seed']}")
     lines = [f"# Tan et al. 2024 (000) reproduction — mode `{result['mode']}`", "",
-             f"{made}, device {result['device']}. Dataset: Fashion-MNIST resized to 32×32×1 (the "
-             "paper's Fig 14 numbers are CIFAR-10; CIFAR-10/SVHN/CelebA are not available offline "
-             "here). MSE on [0, 1] images (the paper's scale differs, e.g. normalised CIFAR-10).", "",
+             f"{made}, device {result['device']}. Dataset: {dataset_text(result)}. MSE on [0, 1] "
+             "images (the paper's scale differs, e.g. normalised CIFAR-10).", "",
              "## Fig 14 — gradient-inversion MSE vs κ (ours | paper CIFAR-10)", "",
              "| model | channel | κ=50 | κ=100 | κ=200 | κ=300 | no defense |", "|---|---|---|---|---|---|---|"]
     ig = [r for r in rows if r["source"] == "ig"]
@@ -1394,12 +1399,22 @@ def training_models_by_part(result) -> list[tuple[str, str]]:
     return out
 
 
+def dataset_text(result) -> str:
+    """Which data the rows come from (results written before the key existed: Fashion-MNIST)."""
+    name, shape = result.get("dataset", "fashion_mnist"), result.get("input_shape", (32, 32, 1))
+    text = f"{name} resized to {'×'.join(str(v) for v in shape)}"
+    if name == "fashion_mnist":
+        text += (" (the paper's Fig 14 numbers are CIFAR-10; CIFAR-10/SVHN/CelebA are not "
+                 "available offline here: `--dataset cifar10` runs them where tfds can load them)")
+    return text
+
+
 def deviation_texts(result) -> list[str]:
     """The deviations written into the JSON and the markdown, from the result itself."""
     ts = result["train_settings"]
     tb = ts["batch_size"]
     out = [
-        "Fashion-MNIST 32×32×1 only (offline); the paper's Fig 14 numbers are CIFAR-10.",
+        f"Dataset: {dataset_text(result)}.",
         "LeNet = fedsim 'lenet5' (ReLU/max-pool LeNet-5, 61,706 parameters; the paper's LeNet "
         "has 6.20e4). On it IG's own error (no defense) is ~0.05 MSE, larger than the Natural "
         "channel's noise variance at κ = 300 (0.0077); longer attacks, restarts, other TV "
@@ -1457,6 +1472,11 @@ def main(argv=None):
     g.add_argument("--full", action="store_true", help="paper-size victim counts, more models")
     g.add_argument("--smoke", action="store_true", help="tiny budgets to check the script runs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dataset", default="fashion_mnist",
+                    help="any dataset fedsim.data.load_dataset knows, resized to 32×32 (default "
+                         "fashion_mnist, offline here; cifar10 / svhn_cropped / celeb_a through "
+                         "tensorflow-datasets where a network or a prepared data_dir exists); "
+                         "results of another dataset go to tan2024_<dataset>*.json")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--parts", default=",".join(PARTS),
                     help=f"comma-separated subset of {','.join(PARTS)} (default: all); a subset "
@@ -1482,9 +1502,13 @@ def main(argv=None):
     if args.merge_into is not None:
         out_json = args.merge_into
         tag = out_json.stem[len("tan2024"):] if out_json.stem.startswith("tan2024") else f"_{out_json.stem}"
-        json.loads(out_json.read_text())  # fail now, not after hours; re-read at the end
+        earlier = json.loads(out_json.read_text())  # fail now, not after hours; re-read at the end
+        if earlier.get("dataset", "fashion_mnist") != args.dataset:
+            ap.error(f"--merge-into {out_json} holds {earlier.get('dataset', 'fashion_mnist')} "
+                     f"results; this run is --dataset {args.dataset}")
     else:
-        tag = "" if mode == "quick" else f"_{mode}"
+        tag = ("" if args.dataset == "fashion_mnist" else f"_{args.dataset}") \
+            + ("" if mode == "quick" else f"_{mode}")
         out_json = args.out / f"tan2024{tag}.json"
     out_dir = out_json.parent
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -1502,7 +1526,10 @@ def main(argv=None):
         new_parts[name] = {**provenance, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                            "seconds": time.perf_counter() - t0}
 
-    ds_full = load_dataset("fashion_mnist", image_size=32)
+    try:
+        ds_full = load_dataset(args.dataset, image_size=32)
+    except DatasetError as e:
+        ap.error(f"--dataset {args.dataset}: {e}")
     stats = data_statistics(ds_full.x_train)
     n_train = budget.num_clients * budget.examples_per_client
     ds = dataclasses.replace(ds_full, x_train=ds_full.x_train[:n_train],
@@ -1538,7 +1565,7 @@ def main(argv=None):
             kind, par = key.split("|")
             par = None if par == "None" else float(par)
             v = np.asarray(per_victim)
-            row = {"source": "ig", "dataset": "fashion_mnist", "model": MODEL_NAMES[m],
+            row = {"source": "ig", "dataset": ds_full.name, "model": MODEL_NAMES[m],
                    "channel": kind, "kappa": par, "accuracy": None, "ig_mse": float(v.mean()),
                    "ig_mse_std": float(v.std(ddof=1)) if v.size > 1 else None,
                    "ig_mse_median": float(np.median(v)), "ig_mse_per_victim": v.tolist(),
@@ -1568,7 +1595,7 @@ def main(argv=None):
 
     unseen = ds_full.x_test[2000:]  # never used for training or evaluation here
     mi_start = jnp.asarray(unseen.mean(0))
-    centres = np.stack([ds.x_train[ds.y_train == c].mean(0) for c in range(10)])
+    centres = np.stack([ds.x_train[ds.y_train == c].mean(0) for c in range(ds.num_classes)])
 
     train_specs = [("none", None, None)]
     train_specs += [("natural", k, k) for k in budget.natural_kappas]
@@ -1592,7 +1619,7 @@ def main(argv=None):
             out = train_run(model_name, ds, budget, seed, defs, kappa, stats, mi_start, centres,
                             mi_rounds)
             # ig_mse / imp_dra / gdc come from the IG rows (refresh_train_ig, below).
-            row = {"source": "train", "dataset": "fashion_mnist", "model": MODEL_NAMES[model_name],
+            row = {"source": "train", "dataset": ds.name, "model": MODEL_NAMES[model_name],
                    "channel": kind, "kappa": cap,
                    "noise_multiplier": (dp_multiplier_for_capacity(par, TRAIN_BATCH)
                                         if kind.startswith("dp") else None),
@@ -1626,6 +1653,7 @@ def main(argv=None):
 
     result = {
         "mode": mode, "seed": seed, "device": device,
+        "dataset": ds_full.name, "input_shape": list(ds_full.input_shape),
         "rows": rows, "timing": timing, "paper": PAPER, "eigenvalues": eig,
         "ig_settings": ig_settings,
         "batch_size_effect": {"mse": bs_mse, "settings": bs_settings},

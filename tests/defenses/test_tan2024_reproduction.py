@@ -215,3 +215,23 @@ def test_table2_discards_a_warmup_pass(monkeypatch):
     assert out["warmup_passes"] == 1 and out["repeats"] == 2
     assert calls == [1 + 1 + 2] * 4  # compile call, warm-up, 2 timed passes; 4 methods
     assert all(len(v) == 2 for v in out["all_seconds"].values())
+
+
+@pytest.mark.slow  # ~40 s idle: Σ_D of 3,072-dimensional inputs and 24 mechanisms
+def test_ig_and_batch_parts_run_on_colour_images():
+    # `--dataset cifar10` (where tfds can load it): 32×32×3 inputs, the shape and class count
+    # come from the dataset, not from Fashion-MNIST's 32×32×1 / 10 classes.
+    import dataclasses
+
+    from fedsim.data import synthetic_dataset
+
+    ds = synthetic_dataset(image_size=32, channels=3, num_classes=7, num_train=64, num_test=40)
+    stats = R.data_statistics(ds.x_train)
+    budget = dataclasses.replace(R.BUDGETS["smoke"], ig_victims=2, ig_iterations=4,
+                                 wide_kappas=(), dp_kappas=(100,), batch_sizes=(1, 2))
+    per, info, _ = R.gradient_inversion_experiment("lenet5_1998", ds, stats, budget, 0, big=False)
+    assert info["victims"] == 2 and len(per["none|None"]) == 2
+    assert {"natural|50.0", "white|300.0", "personalized|300.0", "dpsgd|100.0"} <= set(per)
+    assert all(np.isfinite(v).all() for v in per.values())
+    mse, settings = R.batch_size_experiment(ds, budget, 0)
+    assert set(mse) == {"none", "dp", "constant_noise"} and set(mse["none"]) == {"1", "2"}
