@@ -721,8 +721,8 @@ def timing_experiment(model_name, ds, stats, budget, seed):
         jax.block_until_ready(fn(params, data, cs, jax.random.key(0)).update)  # compile
         fns[name] = (fn, cs)
     # One untimed warm-up pass of every method: the first timed call after the
-    # compiles ran ~15 % slow, and SGD, timed first in each pass, took the hit
-    # (a channel that measured faster than plain SGD with 3 repeats).
+    # compiles ran ~15 % slow here, and SGD, timed first in each pass, took that
+    # hit (3-repeat medians without it once put the channel 18 % below SGD).
     for name, (fn, cs) in fns.items():
         jax.block_until_ready(fn(params, data, cs, jax.random.key(0)).update)
     times = {k: [] for k in methods}
