@@ -217,6 +217,7 @@ def fl_config(args, seed, rounds, observe_rounds, observe_clients=(0, 1)):
          "training.clients_per_round": args.clients_per_round, "training.algorithm": "fedavg",
          "training.local_epochs": 1, "training.batch_size": args.local_batch, "training.lr": args.lr,
          "training.client_parallelism": "loop",
+         "training.aggregation": aggregation_of(getattr(args, "upload", "weights")),
          "observer.clients": json.dumps(list(observe_clients)),
          "observer.rounds": json.dumps(observe_rounds), "output.progress": False,
          "output.plots": False}
@@ -230,7 +231,7 @@ def fl_config(args, seed, rounds, observe_rounds, observe_clients=(0, 1)):
 N_PAPER = 6_603_710
 
 
-UPLOADS = ("weights", "update", "split")
+UPLOADS = ("weights", "update", "split", "sender")
 
 
 def upload_of(name: str, upload: str) -> str:
@@ -242,10 +243,22 @@ def upload_of(name: str, upload: str) -> str:
     and PriPrune upload updates, so a withheld weight is not sent and the server
     keeps its global value there ("the parameters are not actually pruned, but
     retained for local training", §5 Insight 2).
+    ``"sender"``: every defense uploads updates (a withheld or pruned weight is a 0
+    in Δ) and the server averages each coordinate only over the clients whose
+    upload is non-zero there (``training.aggregation = "sender_mean"``, see
+    :func:`aggregation_of`), neither averaging a withheld weight in as 0 nor
+    counting a withholding client as the global value.
     """
+    if upload == "sender":
+        return "update"
     if upload != "split":
         return upload
     return "update" if name == "priprune" or name.endswith("_pseudo") else "weights"
+
+
+def aggregation_of(upload: str) -> str:
+    """The server's ``training.aggregation`` under ``--upload`` semantics."""
+    return "sender_mean" if upload == "sender" else "mean"
 
 
 def upload_state(client_states, name):
@@ -395,6 +408,7 @@ def part_b(args, ds, rows, seed):
                          "base": "prunefl", "defense": name, "p": 0.3, "B": args.local_batch,
                          "attack": att, "nmi": n, "psnr": ps, "accuracy": acc,
                          "upload": up, "upload_semantics": args.upload,
+                         "aggregation": aggregation_of(args.upload),
                          "client_model_accuracy": cm["global"], "client_model_ids": cm["ids"],
                          "client_model_local_accuracy": cm["local"],
                          "global_local_accuracy": cm["global_local"],
@@ -540,11 +554,12 @@ def semantics_summary(result) -> list[str]:
              "averages a withheld weight as 0 (Alg 1 line 11 as printed); `update` — masked "
              "updates, a withheld weight keeps its global value; `split` — real pruning (none, "
              "Largest) uploads weights, Pseudo-Pruning and PriPrune leave withheld weights out "
-             "(update). Each cell: global model / client models / client models on their own "
+             "(update); `sender` — every client uploads updates and the server averages "
+             "each coordinate over the clients that sent it (sender_mean). Each cell: global model / client models / client models on their own "
              "label mix.", "",
              "| run | upload | seed | PriPrune: privacy + accuracy within 1 point | "
              "Largest (Pseudo) recovers ≥ 50 % |", "|---|---|---|---|---|"]
-    for r in sorted(runs, key=lambda r: ({"weights": 0, "update": 1, "split": 2}.get(r["upload"], 3),
+    for r in sorted(runs, key=lambda r: ({"weights": 0, "update": 1, "split": 2, "sender": 3}.get(r["upload"], 4),
                                          r["seed"])):
         lines.append(f"| {r['file']} | {r['upload']} | {r['seed']} | "
                      f"{' / '.join(verdicts(r['checks'], 'PriPrune'))} | "
@@ -932,7 +947,9 @@ def main(argv=None):
                     help="what pruned-FL clients upload: their masked weights (the paper, Alg 1 "
                          "line 11: the server averages withheld weights as 0), masked updates "
                          "(a withheld weight keeps its global value), or 'split': real pruning "
-                         "uploads weights, Pseudo-Pruning and PriPrune updates (upload_of)")
+                         "uploads weights, Pseudo-Pruning and PriPrune updates (upload_of), or "
+                         "'sender': updates, averaged per coordinate over the clients that sent "
+                         "it (training.aggregation=sender_mean)")
     ap.add_argument("--a-trained-rounds", type=int, default=0, metavar="R",
                     help="part A: train each pruned Conv-2 by FedAvg for R rounds (part B's "
                          "clients, the scheme's mask fixed) and attack uploads at the trained "

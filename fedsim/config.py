@@ -69,6 +69,9 @@ class TrainingConfig:
     server_optimizer: str = _f("sgd", choices=("sgd", "momentum", "adam", "yogi", "adagrad"))
     server_lr: float = _f(1.0, gt=0.0)
     weighting: str = _f("examples", choices=("examples", "uniform"))
+    aggregation: str = _f("mean", choices=("mean", "sender_mean"),
+                          doc="server average per coordinate: over the whole cohort (FedAvg) or "
+                              "over the clients whose update is non-zero there (sparse/pruned FL)")
     client_parallelism: str = _f("auto", choices=PARALLELISM)
     chunk_size: int = _f(8, min=1)
     loop_clients_per_call: int = _f(4, min=1)

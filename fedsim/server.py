@@ -14,6 +14,7 @@ import optax
 from fedsim.typing import Params, PRNGKey, Updates
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
+AGGREGATIONS = ("mean", "sender_mean")
 
 
 def sample_cohort(key: PRNGKey, num_clients: int, cohort_size: int) -> jax.Array:
@@ -27,15 +28,77 @@ def weighted_sum(updates: Updates, weights: jax.Array) -> Updates:
     return jax.tree_util.tree_map(lambda u: jnp.tensordot(weights, u, axes=1), updates)
 
 
-def aggregate(updates: Updates, weights: jax.Array) -> Updates:
-    """Weighted mean Σ_c w_c Δ_c / Σ_c w_c over the leading client axis.
+def aggregate(updates: Updates, weights: jax.Array, aggregation: str = "mean") -> Updates:
+    """Weighted mean of the updates over the leading client axis.
 
     Args:
       updates: pytree with leaves [C, ...].
       weights: float32 [C], e.g. the clients' example counts (FedAvg).
+      aggregation: ``"mean"``: Σ_c w_c Δ_c / Σ_c w_c for every coordinate;
+        ``"sender_mean"``: each coordinate averaged over the clients whose
+        update is non-zero there (see :func:`zero_total`).
     """
-    total = jnp.maximum(jnp.sum(weights), 1e-12)
-    return jax.tree_util.tree_map(lambda s: s / total, weighted_sum(updates, weights))
+    total = add_weights(zero_total(updates, aggregation, leading_axis=True), weights, updates,
+                        aggregation)
+    return mean_update(weighted_sum(updates, weights), total)
+
+
+def zero_total(params: Updates, aggregation: str, leading_axis: bool = False):
+    """The empty weight total that :func:`add_weight` / :func:`add_weights` grow.
+
+    ``"mean"`` (FedAvg) divides every coordinate by the cohort's total weight,
+    so a client that uploads 0 at a coordinate (a pruned or withheld weight
+    under update uploads) pulls the average there towards the global value.
+    ``"sender_mean"`` divides each coordinate by the total weight of the
+    clients whose update is non-zero there: the sparse averaging of pruned-FL
+    servers that average a coordinate over the clients holding it (FedDST,
+    Bibikar et al. 2022; HeteroFL), with "sent" read from the upload itself,
+    as an honest-but-curious server (and the SGI attack) reads the mask. A
+    coordinate nobody sent gets update 0. An update that is exactly 0 by
+    accident (e.g. a dead ReLU unit's weights) is also read as not sent.
+
+    Args:
+      params: a pytree shaped like one client's update (``leading_axis=False``)
+        or like a stack of them (``leading_axis=True``, the axis is dropped).
+      aggregation: ``"mean"`` or ``"sender_mean"``.
+      leading_axis: whether ``params`` leaves carry a leading client axis.
+    """
+    check_aggregation(aggregation)
+    if aggregation == "mean":
+        return jnp.zeros((), jnp.float32)
+    shape = (lambda a: a.shape[1:]) if leading_axis else (lambda a: a.shape)
+    return jax.tree_util.tree_map(lambda a: jnp.zeros(shape(a), jnp.float32), params)
+
+
+def add_weight(total, weight: jax.Array, update: Updates, aggregation: str):
+    """``total`` plus one client's weight (per coordinate it sent, for sender_mean)."""
+    if aggregation == "mean":
+        return total + weight
+    return jax.tree_util.tree_map(lambda t, u: t + weight * (u != 0), total, update)
+
+
+def add_weights(total, weights: jax.Array, updates: Updates, aggregation: str):
+    """``total`` plus the weights [C] of a stack of updates (leaves [C, ...])."""
+    if aggregation == "mean":
+        return total + jnp.sum(weights)
+    return jax.tree_util.tree_map(
+        lambda t, u: t + jnp.tensordot(weights, (u != 0).astype(jnp.float32), axes=1),
+        total, updates)
+
+
+def mean_update(wsum: Updates, total) -> Updates:
+    """Σ w Δ divided by the total from :func:`zero_total` (scalar or per coordinate)."""
+    if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(total)) and jnp.ndim(total) == 0:
+        return jax.tree_util.tree_map(lambda s: s / jnp.maximum(total, 1e-12), wsum)
+    return jax.tree_util.tree_map(
+        lambda s, t: jnp.where(t > 0, s / jnp.where(t > 0, t, 1.0), 0.0).astype(s.dtype),
+        wsum, total)
+
+
+def check_aggregation(aggregation: str) -> None:
+    """Raise a ValueError naming the allowed values for an unknown aggregation."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; allowed: {', '.join(AGGREGATIONS)}")
 
 
 def make_server_optimizer(name: str, lr: float, **kwargs) -> optax.GradientTransformation:

@@ -34,6 +34,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from fedsim.server import add_weight, zero_total
+
 CLIENTS = "clients"
 
 
@@ -50,7 +52,8 @@ def replicate(mesh: Mesh, arrays):
     return jax.device_put(arrays, NamedSharding(mesh, P()))
 
 
-def sharded_cohort_step(run_client: Callable, finish: Callable, mesh: Mesh) -> Callable:
+def sharded_cohort_step(run_client: Callable, finish: Callable, mesh: Mesh,
+                        aggregation: str = "mean") -> Callable:
     """The ``sharded`` strategy's cohort step (to be jitted by the caller).
 
     Args:
@@ -59,6 +62,7 @@ def sharded_cohort_step(run_client: Callable, finish: Callable, mesh: Mesh) -> C
         non-finite clients).
       finish: ``(state, wsum, wtot, ids, new_client_states) -> ServerState``.
       mesh: a mesh with a ``clients`` axis.
+      aggregation: ``"mean"`` or ``"sender_mean"`` (:func:`fedsim.server.zero_total`).
 
     Returns:
       ``step(state, x_all, y_all, idx_all, ids, ckey) -> (new_state, losses,
@@ -68,7 +72,7 @@ def sharded_cohort_step(run_client: Callable, finish: Callable, mesh: Mesh) -> C
 
     def local(params, x_all, y_all, idx_all, ids, valid, cstates, ckey):
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-        wtot0 = jnp.zeros((), jnp.float32)
+        wtot0 = zero_total(params, aggregation)
 
         def body(carry, item):
             wsum, wtot = carry
@@ -76,7 +80,8 @@ def sharded_cohort_step(run_client: Callable, finish: Callable, mesh: Mesh) -> C
             out, fin = run_client(params, x_all, y_all, idx_all, cid, cs, ckey)
             w = out.num_examples * ok
             wsum = jax.tree_util.tree_map(lambda s, u: s + w * u, wsum, out.update)
-            return (wsum, wtot + w), (out._replace(update=None, num_examples=w), fin)
+            wtot = add_weight(wtot, w, out.update, aggregation)
+            return (wsum, wtot), (out._replace(update=None, num_examples=w), fin)
 
         (wsum, wtot), (outs, fin) = jax.lax.scan(body, (zeros, wtot0), (ids, valid, cstates))
         return jax.lax.psum(wsum, CLIENTS), jax.lax.psum(wtot, CLIENTS), outs, fin

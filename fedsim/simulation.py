@@ -43,7 +43,8 @@ from fedsim.data import Dataset, load_dataset
 from fedsim.hooks import SIMULATION_PLUGINS, Defense, build_defense, chain
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.observer import ObservedUpload
-from fedsim.server import aggregate, make_server_optimizer, sample_cohort, server_update, weighted_sum
+from fedsim.server import (add_weight, add_weights, make_server_optimizer, mean_update,
+                           sample_cohort, server_update, weighted_sum, zero_total)
 from fedsim.typing import ClientOutput, CohortData, Observation, ServerState
 
 
@@ -213,6 +214,7 @@ class Simulation:
     def _compile(self):
         client_update = self.client_update
         weighting = self.cfg.training.weighting
+        aggregation = self.cfg.training.aggregation
 
         def run_client(params, x_all, y_all, idx_all, cid, cstate, ckey):
             data = _gather(x_all, y_all, idx_all, cid)
@@ -230,7 +232,8 @@ class Simulation:
             cs = jax.tree_util.tree_map(lambda s: s[cid], cstates)
             out, fin = run_client(params, x_all, y_all, idx_all, cid, cs, ckey)
             wsum = jax.tree_util.tree_map(lambda s, u: s + out.num_examples * u, wsum, out.update)
-            return wsum, wtot + out.num_examples, out._replace(update=None), fin
+            wtot = add_weight(wtot, out.num_examples, out.update, aggregation)
+            return wsum, wtot, out._replace(update=None), fin
 
         self._run_and_accumulate = jax.jit(run_and_accumulate, donate_argnums=(1, 2))
 
@@ -251,7 +254,7 @@ class Simulation:
         self._run_and_accumulate_many = jax.jit(run_and_accumulate_many, donate_argnums=(1, 2))
 
         def finish(state, wsum, wtot, ids, new_cstates):
-            mean = jax.tree_util.tree_map(lambda s: s / jnp.maximum(wtot, 1e-12), wsum)
+            mean = mean_update(wsum, wtot)
             params, opt_state = server_update(self.server_tx, state.params, state.opt_state, mean)
             cs = jax.tree_util.tree_map(lambda a, n: a.at[ids].set(n), state.client_states,
                                         new_cstates)
@@ -263,7 +266,8 @@ class Simulation:
             if self.strategy == "vmap":
                 outs, finite = jax.vmap(one)(ids, cstates)
                 wsum = weighted_sum(outs.update, outs.num_examples)
-                wtot = jnp.sum(outs.num_examples)
+                wtot = add_weights(zero_total(state.params, aggregation), outs.num_examples,
+                                   outs.update, aggregation)
             else:
                 zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
                 k = 1 if self.strategy == "map" else self.cfg.training.chunk_size
@@ -282,9 +286,11 @@ class Simulation:
                     outs, fin = jax.vmap(one)(cids, cs)
                     w = outs.num_examples * ok
                     wsum = jax.tree_util.tree_map(jnp.add, wsum, weighted_sum(outs.update, w))
-                    return (wsum, wtot + jnp.sum(w)), (outs._replace(update=None), fin)
+                    wtot = add_weights(wtot, w, outs.update, aggregation)
+                    return (wsum, wtot), (outs._replace(update=None), fin)
 
-                (wsum, wtot), (outs, finite) = jax.lax.scan(body, (zeros, jnp.zeros(())), chunks)
+                (wsum, wtot), (outs, finite) = jax.lax.scan(
+                    body, (zeros, zero_total(state.params, aggregation)), chunks)
                 flat = lambda a: a.reshape((-1,) + a.shape[2:])[:C]
                 outs = jax.tree_util.tree_map(flat, outs)
                 finite = flat(finite)
@@ -294,12 +300,13 @@ class Simulation:
         if self.strategy == "sharded":
             from fedsim import sharding
             self._cohort_step = jax.jit(
-                sharding.sharded_cohort_step(run_client, finish, self.mesh),
+                sharding.sharded_cohort_step(run_client, finish, self.mesh, aggregation),
                 donate_argnums=(0,) if self.donate else ())
         elif self.strategy != "loop":
             self._cohort_step = jax.jit(cohort_step, donate_argnums=(0,) if self.donate else ())
-        self._accumulate = jax.jit(lambda wsum, u, w: jax.tree_util.tree_map(
-            lambda s, x: s + w * x, wsum, u))
+        self._accumulate = jax.jit(lambda wsum, wtot, u, w: (
+            jax.tree_util.tree_map(lambda s, x: s + w * x, wsum, u),
+            add_weight(wtot, w, u, aggregation)))
         self._finish = jax.jit(finish, donate_argnums=(0,) if self.donate else ())
 
         eval_bs = min(self.cfg.eval.batch_size, len(self.dataset.y_test))
@@ -363,7 +370,7 @@ class Simulation:
         stop = self.cfg.training.on_nonfinite == "stop"
         if self.strategy == "loop" or observed_ids:
             wsum = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-            wtot = jnp.zeros((), jnp.float32)
+            wtot = zero_total(state.params, self.cfg.training.aggregation)
             losses, weights, finite, new_cs = [], [], [], []
             per_call = self.cfg.training.loop_clients_per_call
             pos = 0
@@ -387,8 +394,7 @@ class Simulation:
                     out, fin = self._run_client(state.params, self._x, self._y, self._idx,
                                                 jnp.int32(cid), cs, ckey)
                     observed.append(self._observation(out, state.params, int(cid), round_idx))
-                    wsum = self._accumulate(wsum, out.update, out.num_examples)
-                    wtot = wtot + out.num_examples
+                    wsum, wtot = self._accumulate(wsum, wtot, out.update, out.num_examples)
                 else:
                     wsum, wtot, out, fin = self._run_and_accumulate(
                         state.params, wsum, wtot, self._x, self._y, self._idx, jnp.int32(cid),

@@ -110,6 +110,33 @@ def test_split_uploads_prune_real_weights_and_withhold_pseudo_ones():
         assert {upload_of(n, up) for n in ("none", "largest", "largest_pseudo", "priprune")} == {up}
 
 
+def test_sender_semantics_upload_updates_and_average_over_senders():
+    from types import SimpleNamespace
+
+    from benchmarks.reproduce_chu2023 import aggregation_of, fl_config, upload_of
+    for name in ("none", "largest", "largest_pseudo", "priprune"):
+        assert upload_of(name, "sender") == "update"
+    assert aggregation_of("sender") == "sender_mean"
+    assert {aggregation_of(u) for u in ("weights", "update", "split")} == {"mean"}
+    args = SimpleNamespace(image_size=16, clients=4, local_batch=4, clients_per_round=2,
+                           lr=0.1, upload="sender")
+    assert fl_config(args, 0, 2, [1]).training.aggregation == "sender_mean"
+    args.upload = "split"
+    assert fl_config(args, 0, 2, [1]).training.aggregation == "mean"
+
+
+@pytest.mark.slow
+def test_part_b_smoke_with_sender_mean(tmp_path):
+    import json
+
+    from benchmarks.reproduce_chu2023 import main
+    main(["--smoke", "--parts", "B", "--upload", "sender", "--out", str(tmp_path),
+          "--defenses", "none,largest_pseudo"])
+    rows = json.loads((tmp_path / "chu2023_B_sender_uploads.json").read_text())["rows"]
+    assert {(r["defense"], r["upload"], r["aggregation"]) for r in rows} == {
+        ("none", "update", "sender_mean"), ("largest_pseudo", "update", "sender_mean")}
+
+
 @pytest.mark.slow
 def test_part_b_smoke_with_split_uploads(tmp_path):
     # Real Largest uploads ŵ (withheld weights arrive as 0), Largest (Pseudo) and

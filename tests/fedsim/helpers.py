@@ -20,3 +20,24 @@ def small_config(**overrides):
 
 def small_dataset(seed=0, n=600):
     return synthetic_dataset(seed=seed, image_size=16, num_train=n, num_test=200)
+
+
+def random_zeroing_upload(rate=0.5):
+    """An upload-stage test defense: zero each coordinate of Δ with probability ``rate``.
+
+    Every client draws its own pattern from its upload key, so clients send
+    different coordinates — what the ``sender_mean`` aggregation is about.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from fedsim.hooks import Defense
+
+    def apply(delta, state, *, key, context=None):
+        leaves, tree = jax.tree_util.tree_flatten(delta)
+        keys = jax.random.split(key, len(leaves))
+        kept = [jnp.where(jax.random.bernoulli(k, 1.0 - rate, l.shape), l, 0.0)
+                for k, l in zip(keys, leaves)]
+        return jax.tree_util.tree_unflatten(tree, kept), state
+
+    return Defense(init=lambda params: (), apply=apply, stage="upload", name="random_zeroing")

@@ -10,23 +10,26 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
-    import json, jax, numpy as np
-    from tests.fedsim.helpers import small_config, small_dataset
+    import itertools, json, jax, numpy as np
+    from tests.fedsim.helpers import random_zeroing_upload, small_config, small_dataset
     from fedsim.simulation import Simulation
     ds = small_dataset()
     out = {"devices": jax.device_count()}
-    for strategy in ("map", "sharded"):
+    for strategy, aggregation in itertools.product(("map", "sharded"), ("mean", "sender_mean")):
         # 5 clients over 4 devices also exercises the padding of the cohort.
         cfg = small_config(**{"model.name": "lenet5", "training.client_parallelism": strategy,
-                              "training.clients_per_round": 5})
-        sim = Simulation(cfg, dataset=ds, donate=True)
+                              "training.clients_per_round": 5,
+                              "training.aggregation": aggregation})
+        defs = {"upload": random_zeroing_upload(0.5)} if aggregation == "sender_mean" else None
+        sim = Simulation(cfg, dataset=ds, donate=True, defenses=defs)
         state = sim.init_state()
         for r in range(2):
             state, res = sim.run_round(state, r)
-        out[strategy] = {"params": [np.asarray(l).ravel().tolist()
-                                    for l in jax.tree_util.tree_leaves(state.params)],
-                         "loss": res.train_loss,
-                         "mesh": None if sim.mesh is None else dict(sim.mesh.shape)}
+        out[strategy + "/" + aggregation] = {
+            "params": [np.asarray(l).ravel().tolist()
+                       for l in jax.tree_util.tree_leaves(state.params)],
+            "loss": res.train_loss,
+            "mesh": None if sim.mesh is None else dict(sim.mesh.shape)}
     print("RESULT" + json.dumps(out))
 """)
 
@@ -40,9 +43,11 @@ def test_four_device_sharded_run_equals_one_device_run():
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][0]
     out = json.loads(line[len("RESULT"):])
     assert out["devices"] == 4
-    assert out["sharded"]["mesh"] == {"clients": 4}
-    for a, b in zip(out["sharded"]["params"], out["map"]["params"]):
-        np_a, np_b = np.asarray(a), np.asarray(b)
-        assert np_a.shape == np_b.shape
-        assert np.allclose(np_a, np_b, atol=1e-5, rtol=1e-5)
-    assert abs(out["sharded"]["loss"] - out["map"]["loss"]) < 1e-5
+    for aggregation in ("mean", "sender_mean"):
+        sharded, single = out["sharded/" + aggregation], out["map/" + aggregation]
+        assert sharded["mesh"] == {"clients": 4}
+        for a, b in zip(sharded["params"], single["params"]):
+            np_a, np_b = np.asarray(a), np.asarray(b)
+            assert np_a.shape == np_b.shape
+            assert np.allclose(np_a, np_b, atol=1e-5, rtol=1e-5), aggregation
+        assert abs(sharded["loss"] - single["loss"]) < 1e-5
