@@ -103,7 +103,20 @@ def snip(params, apply_fn, x, y, p: float) -> PyTree:
 
 
 def grasp(params, apply_fn, x, y, p: float, temperature: float = 200.0) -> PyTree:
-    """GraSP: remove the highest S = −w ⊙ Hg (gradient-flow preservation)."""
+    """GraSP: remove the highest S = −w ⊙ Hg (gradient-flow preservation).
+
+    Wang, Zhang & Grosse 2020, Eq 8, with the logits divided by ``temperature``
+    (their T = 200) for g and Hg alike; Hg is one forward-over-reverse product.
+    Deviations from the authors' code: it scores a copy whose Linear layers are
+    re-initialised (Xavier normal) on a class-balanced batch; here the model as
+    given is scored on the caller's batch. Scores are not normalised (their
+    division by |ΣS| does not change the ranking).
+
+    Measured here (docs/pruning.md): on Conv-2, which has no normalisation
+    layers, GraSP at p = 0.1 already removes mostly negative weights (the mean
+    of the first conv kernel goes from ~0 to 0.07), the logits grow ~400×, and
+    the model stays at chance under FedAvg.
+    """
     mask = jnp.ones(x.shape[0], jnp.float32)
     loss = lambda w: masked_mean_loss(lambda q, xx: apply_fn(q, xx) / temperature, w, x, y, mask)
     grad_fn = jax.grad(loss)

@@ -7,8 +7,8 @@ import pytest
 
 from fedsim.models import build_model, init_params, make_apply_fn
 from defenses.pruning import flatten
-from defenses.pruning.schemes import (SCHEMES, feddst_prune_regrow, initial_mask, prunable,
-                                      prunefl_reprune, snip)
+from defenses.pruning.schemes import (SCHEMES, feddst_prune_regrow, grasp, initial_mask,
+                                      prunable, prunefl_reprune, snip)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,32 @@ def test_snip_keeps_the_most_sensitive(lenet):
     s = np.abs(np.asarray(flatten(g)) * np.asarray(flatten(params)))
     f, e = np.asarray(flatten(m)), np.asarray(flatten(prunable(params))) > 0
     assert s[e & (f == 1)].min() >= s[e & (f == 0)].max()
+
+
+def test_grasp_prunes_the_highest_minus_w_hg_with_a_dense_hessian():
+    # GraSP (Wang et al. 2020, Eq 8): S = −θ ⊙ Hg at temperature T; the highest go.
+    # Independent computation: the full Hessian of a tiny MLP's loss, times g.
+    from jax.flatten_util import ravel_pytree
+
+    k1, k2, k3 = jax.random.split(jax.random.key(5), 3)
+    params = {"w1": jax.random.normal(k1, (6, 5)), "b1": jnp.zeros(5),
+              "w2": jax.random.normal(k2, (5, 3))}
+    apply_fn = lambda p, x: jnp.tanh(x.reshape(x.shape[0], -1) @ p["w1"] + p["b1"]) @ p["w2"]
+    x, y = jax.random.normal(k3, (8, 6)), jnp.arange(8) % 3
+    T = 200.0
+    m = grasp(params, apply_fn, x, y, 0.4, temperature=T)
+    flat, unravel = ravel_pytree(params)
+
+    def loss(v):
+        logits = apply_fn(unravel(v), x) / T
+        return jnp.mean(-jax.nn.log_softmax(logits)[jnp.arange(8), y])
+
+    g = jax.grad(loss)(flat)
+    s = np.asarray(-flat * (jax.hessian(loss)(flat) @ g))
+    f = np.asarray(ravel_pytree(m)[0])
+    e = np.asarray(ravel_pytree(prunable(params))[0]) > 0
+    assert (f[e] == 0).sum() == round(0.4 * e.sum())
+    assert s[e & (f == 0)].min() >= s[e & (f == 1)].max()
 
 
 def test_prunefl_iterative_and_feddst_constant_density(lenet):
