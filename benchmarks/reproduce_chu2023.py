@@ -598,8 +598,11 @@ def other_seed_tables(result) -> list[str]:
 def _same_b_settings(other: dict, main: dict) -> str:
     """'yes', or the settings that differ from the seed-0 part B (seed aside)."""
     skip = {"seed", "parts", "combine", "out"}
+    # Options added after a run was made are absent from its settings: their default then.
+    defaults = {"a_trained_rounds": 0, "upload": "weights"}
+    get = lambda s, k: s.get(k, defaults.get(k))
     diff = [k for k in sorted(set(other) | set(main)) if k not in skip
-            and other.get(k) != main.get(k)]
+            and get(other, k) != get(main, k)]
     return "yes" if not diff else "differ in " + ", ".join(diff)
 
 

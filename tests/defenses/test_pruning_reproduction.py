@@ -212,3 +212,12 @@ def test_part_a_smoke_at_a_trained_model(tmp_path):
     rows = json.loads((tmp_path / "chu2023_A_trained2.json").read_text())["rows"]
     assert rows and {r["model"] for r in rows} == {"conv2"}
     assert all(r["trained_rounds"] == 2 and 0.0 <= r["trained_accuracy"] <= 1.0 for r in rows)
+
+
+def test_settings_comparison_reads_absent_new_options_as_their_defaults():
+    from benchmarks.reproduce_chu2023 import _same_b_settings
+    old = {"rounds": 30, "seed": 0}                   # a run made before the options existed
+    new = {"rounds": 30, "seed": 1, "a_trained_rounds": 0, "upload": "weights"}
+    assert _same_b_settings(new, old) == "yes"
+    assert _same_b_settings({**new, "upload": "split"}, old) == "differ in upload"
+    assert _same_b_settings({**new, "rounds": 120}, old) == "differ in rounds"
