@@ -137,3 +137,31 @@ def test_smoke_pipeline_writes_seeded_rows_and_the_exact_check(tmp_path):
     assert set(res["exact_check"]["runs"]) == {"none", "sketch", "exact"}
     assert res["acceptance"]["dlg"]["verdict"].startswith("VACUOUS")  # 2 rounds: at chance
     assert "Verdict" in (tmp_path / "sun2021.md").read_text()
+
+
+def test_gs_architecture_bound_dominates_every_acceptance_ratio():
+    """soteria_gs_architecture's bound ≥ any ratio acceptance() can report, for any
+    accuracies under which the mildest baseline settings keep accuracy."""
+    from benchmarks.soteria_gs_architecture import ratio_bound
+    rng = np.random.default_rng(0)
+    mild = {"gc": 0.01, "dp_gaussian": 1e-4, "dp_laplace": 1e-4}
+    for _ in range(200):
+        rows = [_row("none", 0, 0.7, float(rng.uniform(0.01, 0.1)), "gs")]
+        rows += [_row("soteria", p, float(rng.uniform(0.6, 0.72)),
+                      float(rng.uniform(0.01, 0.4)), "gs") for p in (0.2, 0.5, 0.8)]
+        for d, p0 in mild.items():
+            rows.append(_row(d, p0, 0.7, float(rng.uniform(0.01, 0.1)), "gs"))  # keeps accuracy
+            rows += [_row(d, p0 * 10 ** k, float(rng.uniform(0.6, 0.72)),
+                          float(rng.uniform(0.01, 0.4)), "gs") for k in (1, 2)]
+        bound = ratio_bound([r for r in rows if r["param"] in mild.values()
+                             or r["defense"] == "soteria"])["bound"]
+        out = acceptance(rows, "gs")
+        for ratio in out["ratios"].values():
+            if ratio is not None:
+                assert ratio <= bound + 1e-12
+    # and it is attained: one Soteria setting, one baseline setting each
+    rows = [_row("soteria", 0.8, 0.7, 0.3, "gs"), _row("gc", 0.01, 0.7, 0.05, "gs"),
+            _row("dp_gaussian", 1e-4, 0.7, 0.03, "gs"), _row("dp_laplace", 1e-4, 0.7, 0.06, "gs")]
+    b = ratio_bound(rows)
+    assert abs(b["bound"] - 10.0) < 1e-9 and b["baseline_min"] == "dp_gaussian 0.0001"
+    assert b["verdict"].startswith("bound >= 10")
