@@ -256,12 +256,34 @@ def per_step(defense: Defense) -> Defense:
     return Defense(defense.init, defense.apply, "layer", f"{defense.name}@step")
 
 
-def build(defense, param, layer="Dense_0", jacobian="batched", target="gradient"):
+DP_SIGMA_READINGS = ("variance", "scale")
+
+
+def dp_noise_scale(defense, sigma, reading):
+    """The noise parameter a DP baseline's σ stands for.
+
+    Paper 003 §6.1: "we set the mean and variance of the noise distribution as 0
+    and σ" — ``reading="variance"``: Gaussian std √σ, Laplace b = √(σ/2) (a
+    Laplace(0, b) has variance 2b²). ``"scale"`` (the committed runs before
+    Nov 24 2026, a deviation): Gaussian std σ, Laplace b = σ.
+
+    Returns the Gaussian std resp. the Laplace scale b.
+    """
+    if reading not in DP_SIGMA_READINGS:
+        raise ValueError(f"dp_sigma reading {reading!r}; allowed: {', '.join(DP_SIGMA_READINGS)}")
+    if reading == "scale":
+        return float(sigma)
+    return float(np.sqrt(sigma)) if defense == "dp_gaussian" else float(np.sqrt(sigma / 2.0))
+
+
+def build(defense, param, layer="Dense_0", jacobian="batched", target="gradient",
+          dp_sigma="variance"):
     """(stage, Defense) for one grid point; None for no defense.
 
     ``target`` says where GC / DP act in training: ``"gradient"`` (every local
     step's batch gradient, stage "layer") or ``"update"`` (the round's Δ, stage
     "upload"). Soteria always acts on each step's FC-layer gradient (Alg 2).
+    ``dp_sigma``: how a DP baseline's σ is read (:func:`dp_noise_scale`).
     """
     if defense == "none":
         return None
@@ -272,9 +294,9 @@ def build(defense, param, layer="Dense_0", jacobian="batched", target="gradient"
             return magnitude_prune(update, param), state
         d = Defense(lambda p: (), apply, "upload", f"gc({param})")
     elif defense == "dp_gaussian":
-        d = update_gaussian(param)
+        d = update_gaussian(dp_noise_scale(defense, param, dp_sigma))
     elif defense == "dp_laplace":
-        d = update_laplace(param)
+        d = update_laplace(dp_noise_scale(defense, param, dp_sigma))
     else:
         raise ValueError(defense)
     if target == "gradient":
@@ -284,7 +306,7 @@ def build(defense, param, layer="Dense_0", jacobian="batched", target="gradient"
     raise ValueError(f"target {target!r}; allowed: gradient, update")
 
 
-def defended_gradient(defense, param, params, apply_fn, x, y, key, layer):
+def defended_gradient(defense, param, params, apply_fn, x, y, key, layer, dp_sigma="variance"):
     """One example's defended gradient (the attacked FedSGD upload, unit lr)."""
     mask = jnp.ones((x.shape[0],))
     g = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
@@ -292,7 +314,7 @@ def defended_gradient(defense, param, params, apply_fn, x, y, key, layer):
         ctx = DefenseContext(params=params, x=x, y=y, mask=mask, apply_fn=apply_fn)
         g, _ = soteria_gradient(g, ctx, param, layer=layer)
         return g
-    built = build(defense, param, layer, target="gradient")
+    built = build(defense, param, layer, target="gradient", dp_sigma=dp_sigma)
     if built is None:
         return g
     g, _ = built[1].apply(g, (), key=key, context=None)
@@ -321,7 +343,8 @@ def attack_grid(args, attack, model, log, dataset):
             x = jnp.asarray(ds.x_test[v:v + 1])
             y = jnp.asarray(ds.y_test[v:v + 1])
             key = jax.random.fold_in(jax.random.key(args.seed + 101), gi * 1000 + vi)
-            g = defended_gradient(defense, param, params, sim.apply_fn, x, y, key, "Dense_0")
+            g = defended_gradient(defense, param, params, sim.apply_fn, x, y, key, "Dense_0",
+                                  dp_sigma=args.dp_sigma)
             observations.append(observation_from_gradient(
                 g, params, sim.apply_fn, input_shape=ds.input_shape,
                 num_classes=ds.num_classes, lr=args.attack_lr, batch_size=1))
@@ -398,7 +421,8 @@ def accuracy_grid(args, attack, model, log, on_result, dataset):
         t0 = time.perf_counter()
         cfg = make_cfg(args, model, rounds, lr=lr, clients_per_round=(
             10 if attack == "dlg" else args.gs_clients_per_round))
-        built = build(defense, param, jacobian=args.train_jacobian, target=args.train_target)
+        built = build(defense, param, jacobian=args.train_jacobian, target=args.train_target,
+                      dp_sigma=args.dp_sigma)
         sim = Simulation(cfg, dataset=dataset,
                          defenses={} if built is None else {built[0]: built[1]})
         accs, curves = [], []
@@ -599,6 +623,10 @@ def main(argv=None):
     ap.add_argument("--train-target", default="gradient", choices=("gradient", "update"),
                     help="where GC / DP act in training: every local step's gradient "
                          "(default, the paper's) or the round's update Δ")
+    ap.add_argument("--dp-sigma", default="variance", choices=DP_SIGMA_READINGS,
+                    help="how the DP baselines' σ is read: the noise VARIANCE (paper 003 "
+                         "§6.1, default) or its scale (Gaussian std / Laplace b = σ; the "
+                         "committed runs before Nov 24 2026)")
     ap.add_argument("--exact-pfc", type=float, default=0.1,
                     help="part 'exact': the Soteria rate trained with the exact score")
     ap.add_argument("--exact-seeds", type=int, default=1,
@@ -740,10 +768,13 @@ def main(argv=None):
         part_t0[attack] = time.perf_counter()
         metrics, images, truth, victims = attack_grid(a, attack, models[attack], log, dataset)
         for (defense, param), m in metrics.items():
+            dp = defense in ("dp_gaussian", "dp_laplace")
             result["rows"].append({
                 "dataset": "fashion_mnist", "model": models[attack], "defense": defense,
                 "param": param, "attack": attack, "accuracy": "pending", **m,
-                "victims": victims, "seed": a.seed})
+                "victims": victims, "seed": a.seed,
+                "dp_sigma_reading": a.dp_sigma if dp else None,
+                "noise_scale": dp_noise_scale(defense, param, a.dp_sigma) if dp else None})
         grids[attack] = (images, truth)
         save()
         train_ds = dataset
@@ -848,6 +879,20 @@ def _fmt_acc(r):
     return "not measured" if r["accuracy"] is None else str(r["accuracy"])
 
 
+def dp_reading_note(rows):
+    """One line saying how the DP rows' σ was read (rows before the option: scale)."""
+    readings = {r.get("dp_sigma_reading") or "scale" for r in rows
+                if r["defense"] in ("dp_gaussian", "dp_laplace")}
+    if not readings:
+        return ""
+    text = {"variance": "σ is the noise VARIANCE as in paper 003 §6.1 (Gaussian std √σ, "
+                        "Laplace b = √(σ/2))",
+            "scale": "σ is the noise SCALE (Gaussian std σ, Laplace b = σ), not the paper's "
+                     "variance (a deviation of runs before Nov 24 2026; `--dp-sigma variance` "
+                     "is the paper's reading)"}
+    return "DP rows: " + "; ".join(text[r] for r in sorted(readings)) + "."
+
+
 def write_markdown(res, path):
     runs = res.get("parts_run", {})
     lines = [f"# Soteria reproduction (Sun et al. 2021) — {res['mode']} mode", "",
@@ -890,6 +935,7 @@ def write_markdown(res, path):
             mse_s = f"{r['mse']:.4g}" + ("" if mse_se is None else f" ± {mse_se:.2g}")
             lines.append(f"| {r['defense']} | {r['param']:g} | {_fmt_acc(r)} | {per} | {pd_s} | "
                          f"{mse_s} | {r['psnr']:.2f} |")
+        lines += ["", dp_reading_note(rs)]
         acc_ = (res.get("acceptance") or {}).get(attack)
         if acc_:
             lines += ["", f"**Acceptance (equal accuracy), computed from the rows above.** "

@@ -65,13 +65,30 @@ def test_per_step_noise_is_added_at_every_local_step(target):
     n, batch, lr, sigma = 40, 8, 0.1, 1e3
     data = CohortData(jnp.asarray(rng.uniform(size=(n, 16, 16, 1)), jnp.float32),
                       jnp.asarray(rng.integers(0, 10, n), jnp.int32), jnp.ones(n), jnp.int32(n))
-    stage, d = build("dp_gaussian", sigma, target=target)
+    stage, d = build("dp_gaussian", sigma, target=target, dp_sigma="scale")
     fn = make_client_update(apply_fn, optax.sgd(lr), LocalTraining("fedavg", 1, batch, n),
                             {stage: d})
     out = jax.jit(fn)(params, data, {stage: d.init(params)}, jax.random.key(1))
     flat = np.concatenate([np.ravel(v) for v in jax.tree_util.tree_leaves(out.update)])
     expected = lr * sigma * np.sqrt(n // batch) if target == "gradient" else sigma
     assert abs(flat.std() / expected - 1) < 0.05
+
+
+@pytest.mark.parametrize("defense", ["dp_gaussian", "dp_laplace"])
+def test_dp_sigma_is_the_noise_variance_as_in_the_paper(defense):
+    # Paper 003 §6.1: "the mean and variance of the noise distribution as 0 and σ".
+    zeros = {"w": jnp.zeros((200_000,))}
+    sigma = 0.04
+    _, d = build(defense, sigma, target="update")  # the default reading is the paper's
+    noisy, _ = d.apply(zeros, (), key=jax.random.key(3))
+    assert abs(float(jnp.var(noisy["w"])) / sigma - 1) < 0.02
+    # the legacy reading: σ is the Gaussian std / the Laplace b (variance 2b²)
+    _, d = build(defense, sigma, target="update", dp_sigma="scale")
+    noisy, _ = d.apply(zeros, (), key=jax.random.key(3))
+    expected = sigma ** 2 * (1 if defense == "dp_gaussian" else 2)
+    assert abs(float(jnp.var(noisy["w"])) / expected - 1) < 0.02
+    with pytest.raises(ValueError, match="allowed: variance, scale"):
+        build(defense, sigma, dp_sigma="std")
 
 
 def test_per_step_keeps_the_defense_and_retags_it():
@@ -137,6 +154,9 @@ def test_smoke_pipeline_writes_seeded_rows_and_the_exact_check(tmp_path):
     assert set(res["exact_check"]["runs"]) == {"none", "sketch", "exact"}
     assert res["acceptance"]["dlg"]["verdict"].startswith("VACUOUS")  # 2 rounds: at chance
     assert "Verdict" in (tmp_path / "sun2021.md").read_text()
+    dp_rows = [r for r in rows if r["defense"].startswith("dp_")]
+    assert {r["dp_sigma_reading"] for r in dp_rows} == {"variance"}
+    assert "noise VARIANCE" in (tmp_path / "sun2021.md").read_text()
 
 
 def test_gs_architecture_bound_dominates_every_acceptance_ratio():
