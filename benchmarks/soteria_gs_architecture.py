@@ -178,7 +178,12 @@ def main(argv=None):
                     help="Soteria rates (paper's GS range 1-80 %%)")
     ap.add_argument("--smoke", action="store_true", help="tiny pipeline check")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--render", metavar="JSON",
+                    help="only re-write the markdown from an existing results JSON")
     a = ap.parse_args(argv)
+    if a.render:
+        write_markdown(json.loads(Path(a.render).read_text()), Path(a.render).with_suffix(".md"))
+        return
     p_fc = [float(p) for p in a.p_fc.split(",")]
     if not p_fc or any(not 0.0 < p < 1.0 for p in p_fc):
         ap.error(f"--p-fc: rates in (0, 1) expected, got {a.p_fc!r}")
