@@ -235,3 +235,29 @@ def test_ig_and_batch_parts_run_on_colour_images():
     assert all(np.isfinite(v).all() for v in per.values())
     mse, settings = R.batch_size_experiment(ds, budget, 0)
     assert set(mse) == {"none", "dp", "constant_noise"} and set(mse["none"]) == {"1", "2"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("pathlib").Path("/usr/share/datasets/fashion-mnist").exists(),
+                    reason="apt package dataset-fashion-mnist not installed")
+def test_smoke_run_end_to_end_writes_the_issue_shape(tmp_path):
+    """One `--smoke` run of every part: the results JSON has the issue's shape."""
+    import json
+
+    R.main(["--smoke", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "tan2024_smoke.json").read_text())
+    allowed = {"none", "natural", "white", "personalized", "dpsgd", "dppsac", "compress"}
+    assert res["rows"] and {r["channel"] for r in res["rows"]} <= allowed
+    for r in res["rows"]:
+        assert {"dataset", "model", "channel", "kappa", "accuracy", "ig_mse", "mi_mse",
+                "mia_auc", "gdc"} <= set(r)
+        assert "seed" in r or r["source"] == "fig9" and r["seeds"]  # Fig 9: a mean over seeds
+    trained = [r for r in res["rows"] if r["accuracy"] is not None]
+    assert trained and all(0.0 <= r["accuracy"] <= 1.0 for r in trained)
+    assert any(r["channel"] == "natural" and r["gdc"] is not None for r in trained)
+    assert res["timing"] and res["paper"] and res["checks"]
+    assert set(res["parts"]) >= {"timing", "fig9", "batch", "train"}
+    assert any(k.startswith("ig:") for k in res["parts"])
+    assert all(p["seed"] == 0 and p["mode"] == "smoke" for p in res["parts"].values())
+    assert (tmp_path / "tan2024_smoke.md").read_text().count("Acceptance checks") == 1
+    assert (tmp_path / "tan2024_fig14_smoke.png").exists()
