@@ -321,14 +321,19 @@ def defended_gradient(defense, param, params, apply_fn, x, y, key, layer, dp_sig
     return g
 
 
-def attack_grid(args, attack, model, log, dataset):
+def attack_grid(args, attack, model, log, dataset, per_setting=False):
     """MSE/PSNR of the attack against every grid point, all victims at once.
 
     The victims (test images drawn with ``--seed``) are the same for every grid
     point (paired), and the attacked model is the initial model of FL seed
-    ``--seed``. Returns ``{(defense, param): {"mse", "mse_se", "psnr",
-    "mse_per_victim", "psnr_per_victim"}}``, the reconstructions, the truths and
-    the victim indices.
+    ``--seed``. By default one vmapped attack runs over every (grid point,
+    victim) pair, each with its own attack key (so initialisations differ
+    between grid points). ``per_setting=True`` runs one attack call per grid
+    point with the same key, so a victim starts from the same dummy and label
+    key at every grid point (fully paired), and the vmap is only as wide as
+    the victims (what large models on a CPU need). Returns ``{(defense,
+    param): {"mse", "mse_se", "psnr", "mse_per_victim", "psnr_per_victim"}}``,
+    the reconstructions, the truths and the victim indices.
     """
     cfg = make_cfg(args, model, 1)
     sim = Simulation(cfg, dataset=dataset)
@@ -352,10 +357,18 @@ def attack_grid(args, attack, model, log, dataset):
     t0 = time.perf_counter()
     key = jax.random.key(args.seed + 202)
     if attack == "dlg":
-        recs = dlg.run_many(observations, {"iterations": args.dlg_iters}, key)
+        run = lambda obs: dlg.run_many(obs, {"iterations": args.dlg_iters}, key)
     else:
-        recs = inverting_gradients.run_many(
-            observations, {"iterations": args.gs_iters, "lr": 0.1}, key)
+        run = lambda obs: inverting_gradients.run_many(
+            obs, {"iterations": args.gs_iters, "lr": 0.1}, key)
+    if per_setting:
+        nv = len(victims)
+        recs = []
+        for gi in range(len(grid)):
+            recs += run(observations[gi * nv:(gi + 1) * nv])
+            log(f"{attack} on {model}: {grid[gi]} done ({time.perf_counter() - t0:.0f}s)")
+    else:
+        recs = run(observations)
     log(f"{attack} on {model}: {len(observations)} attacks in {time.perf_counter() - t0:.0f}s")
     per, images = {}, {}
     for i, rec in enumerate(recs):

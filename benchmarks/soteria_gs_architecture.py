@@ -30,8 +30,9 @@ what a cosine attack over all layers loses.
 
 Attacked upload: one test image's gradient at the initial model of FL seed
 ``--seed`` (FedSGD, unit lr, batch 1), the same victims and attack keys at
-every setting (paired), exactly as `reproduce_sun2021.attack_grid`, which this
-script calls.
+every setting, and the same attack initialisation per victim at every
+setting (`reproduce_sun2021.attack_grid(..., per_setting=True)`, which this
+script calls: one attack call per setting, as wide as the victims).
 
 Run: ``python -m benchmarks.soteria_gs_architecture`` (about 1 h on the
 project's 2-core CPU). Writes ``benchmarks/results/soteria_gs_architecture.
@@ -105,8 +106,12 @@ def write_markdown(res, path):
         f"(the quick reproduction's width-8 ConvNet at 16×16: L = 32). GS = Inverting "
         f"Gradients, cosine over all layers, signed Adam lr {res['attack_lr']}, "
         f"{res['iterations']} iterations (paper 003 §6.1), one test image per upload at the "
-        f"initial model, label inferred; {len(res['victims'])} victims {res['victims']}, "
-        "the same victims, defense noise keys and attack initialisations at every setting.",
+        f"initial model, label inferred; {len(res['victims'])} victims {res['victims']}; "
+        + ("the same victims, defense noise keys and attack initialisations at every "
+           "setting (one attack call per setting, same key)." if res.get("paired_init") else
+           "the same victims and defense noise keys at every setting; attack initialisations "
+           "differ between settings (one vmapped call over all settings × victims, a key "
+           "each)."),
         "",
         "| defense | param | MSE (mean ± SE over victims) | PSNR (dB) | per victim |",
         "|---|---|---|---|---|",
@@ -201,7 +206,8 @@ def main(argv=None):
     from fedsim.data import load_dataset
     dataset = load_dataset("fashion_mnist", image_size=a.image_size)
     model = sun.convnet_factory(a.width)
-    metrics, images, truth, victims = sun.attack_grid(args, "gs", model, log, dataset)
+    metrics, images, truth, victims = sun.attack_grid(args, "gs", model, log, dataset,
+                                                      per_setting=True)
     grid = sun.defense_grid(args, "gs")
     shares, fc_inputs = layer_energy_share(args, model, dataset, victims)
     rows = [{"dataset": "fashion_mnist", "model": model, "defense": d, "param": p,
@@ -212,7 +218,7 @@ def main(argv=None):
            "device": f"{jax.default_backend()} ({platform.machine()}, {os.cpu_count()} cpus)",
            "jax": jax.__version__, "model": model, "width": a.width,
            "image_size": a.image_size, "fc_inputs": fc_inputs, "iterations": a.iterations,
-           "attack_lr": 0.1, "victims": victims, "rows": rows,
+           "attack_lr": 0.1, "victims": victims, "paired_init": True, "rows": rows,
            "fc_energy_share": shares, "bound": ratio_bound(rows),
            "seconds": time.perf_counter() - t0}
     out = Path(a.out)
