@@ -1,4 +1,4 @@
-"""Reproduce Soteria (Sun et al. 2021, papers 003/004) on Fashion-MNIST.
+"""Reproduce Soteria (Sun et al. 2021, papers 003/004) on Fashion-MNIST (or MNIST / CIFAR-10).
 
 Parts (``--parts``; each part's rows come from one run, seeds and command
 recorded in the JSON's ``parts_run``):
@@ -21,6 +21,13 @@ Usage:
   python -m benchmarks.reproduce_sun2021 --quick            # all parts (hours on 2 CPUs)
   python -m benchmarks.reproduce_sun2021 --quick --parts dlg --merge   # one part, merged
   python -m benchmarks.reproduce_sun2021 --quick --smoke --out /tmp/x  # pipeline check
+  python -m benchmarks.reproduce_sun2021 --quick --dataset cifar10     # where tfds has it
+
+``--dataset`` takes any dataset ``fedsim.data.load_dataset`` knows (default
+``fashion_mnist``, offline here; ``mnist`` / ``cifar10`` through
+tensorflow-datasets where a network or a prepared data_dir exists). Another
+dataset's results go to ``sun2021_<dataset>.*`` (unless ``--stem`` is given),
+and ``--merge`` refuses a JSON of another dataset.
 
 Outputs ``benchmarks/results/sun2021.json``, ``.md`` and PNGs (the JSON's and
 markdown's ``mode`` says which mode produced them).
@@ -68,6 +75,8 @@ PAPER = {
                       "soteria_p_fc": "1-40 % (DLG) / 1-80 % (GS)"},
 }
 
+
+DEFAULT_DATASET = "fashion_mnist"
 
 COMMON_NOTES = [
     "Fashion-MNIST instead of MNIST / CIFAR-10 (offline machine).",
@@ -166,7 +175,7 @@ def convnet_factory(width):
 def make_cfg(args, model, rounds, *, partition="shards", E=1, B=32, name="sun2021", lr=None,
              image_size=None, clients_per_round=10):
     overrides = {
-        "name": name, "seed": args.seed, "data.dataset": "fashion_mnist",
+        "name": name, "seed": args.seed, "data.dataset": getattr(args, "dataset", DEFAULT_DATASET),
         "data.image_size": image_size or args.image_size, "data.num_clients": 100,
         "data.partition": partition, "data.classes_per_client": 2,
         "data.examples_per_client": 100, "model.name": model,
@@ -549,15 +558,15 @@ def exact_check(args, log, dataset):
 
 # --------------------------------------------------------- 3. convergence ---
 
-def convergence(args, log):
-    """Fig 7 (§6.3): LR + FedAvg, 28×28 (784 features), ε features zeroed.
+def convergence(args, log, channels=1):
+    """Fig 7 (§6.3): LR + FedAvg, 28×28×channels inputs (784 features in grey), ε features zeroed.
 
     The paper sets ε = 50 (a count, Eq 4), E ∈ {5, 10}, K ∈ {5, 10}, B = 32.
     """
     curves = {}
-    num_features = 28 * 28
+    num_features = 28 * 28 * channels
     for E, K, eps in args.logreg_settings:
-        p = eps / num_features  # round(p · 784) = eps exactly
+        p = eps / num_features  # round(p · num_features) = eps exactly
         t0 = time.perf_counter()
         cfg = make_cfg(args, "logreg", args.logreg_rounds, lr=args.logreg_lr, E=E,
                        image_size=28, clients_per_round=K)
@@ -570,7 +579,8 @@ def convergence(args, log):
             losses.append(loss)
             accs.append(acc)
         label = f"E={E},K={K},eps={eps}"
-        curves[label] = {"E": E, "K": K, "epsilon": eps, "p_fc": p, "test_loss": losses,
+        curves[label] = {"E": E, "K": K, "epsilon": eps, "p_fc": p, "features": num_features,
+                         "test_loss": losses,
                          "test_accuracy": accs, "seconds": time.perf_counter() - t0}
         log(f"logreg {label}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, acc {accs[-1]:.3f} "
             f"({time.perf_counter() - t0:.0f}s)")
@@ -626,7 +636,13 @@ def legacy_parts(old, json_path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--stem", default="sun2021", help="output file stem")
+    ap.add_argument("--stem", default=None,
+                    help="output file stem (default sun2021, sun2021_<dataset> for another "
+                         "dataset)")
+    ap.add_argument("--dataset", default=DEFAULT_DATASET,
+                    help="any dataset fedsim.data.load_dataset knows (default fashion_mnist, "
+                         "offline here; mnist / cifar10 through tensorflow-datasets where a "
+                         "network or a prepared data_dir exists)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny settings to check the pipeline (with --quick; not results)")
     ap.add_argument("--seed", type=int, default=0,
@@ -725,7 +741,7 @@ def main(argv=None):
         ap.error(f"unknown parts {sorted(unknown)}; allowed: dlg, gs, exact, cor, logreg")
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = a.stem
+    stem = a.stem or ("sun2021" if a.dataset == DEFAULT_DATASET else f"sun2021_{a.dataset}")
     t_start = time.perf_counter()
 
     def log(msg):
@@ -733,7 +749,13 @@ def main(argv=None):
 
     command = " ".join(["benchmarks/reproduce_sun2021.py"] + (argv or sys.argv[1:]))
     settings = {k: v for k, v in vars(a).items() if k not in ("out", "parts", "render")}
-    result = {"mode": "quick" if q else "full", "seed": a.seed, "dataset": "fashion_mnist",
+    from fedsim.data import DatasetError, load_dataset
+    try:  # fail before anything is written
+        dataset = load_dataset(a.dataset, image_size=a.image_size)
+    except DatasetError as e:
+        ap.error(f"--dataset {a.dataset}: {e}")
+    result = {"mode": "quick" if q else "full", "seed": a.seed, "dataset": a.dataset,
+              "input_shape": list(dataset.input_shape),
               "image_size": a.image_size, "device": f"{jax.default_backend()} "
               f"({platform.processor() or platform.machine()}, {os.cpu_count()} cpus)",
               "rows": [], "cor": [], "paper": PAPER, "parts_run": {}}
@@ -743,6 +765,9 @@ def main(argv=None):
         if old.get("mode") != result["mode"]:
             ap.error(f"--merge: {json_path} is {old.get('mode')} mode, this run is "
                      f"{result['mode']}")
+        if old.get("dataset", DEFAULT_DATASET) != a.dataset:
+            ap.error(f"--merge: {json_path} holds {old.get('dataset', DEFAULT_DATASET)} "
+                     f"results; this run is --dataset {a.dataset}")
         result.update({k: v for k, v in old.items() if k not in ("paper", "device")})
         result["rows"] = [r for r in old["rows"] if r["attack"] not in parts]
         if "parts_run" not in old:  # a JSON written before parts_run existed
@@ -772,8 +797,6 @@ def main(argv=None):
         plot(result, grids, out_dir, stem)
         log(f"saved {out_dir / stem}.json/.md/png")
 
-    from fedsim.data import load_dataset
-    dataset = load_dataset("fashion_mnist", image_size=a.image_size)
     models = {"dlg": "lenet_dlginit", "gs": convnet_factory(a.gs_width)}
     for attack in ("dlg", "gs"):
         if attack not in parts:
@@ -783,7 +806,7 @@ def main(argv=None):
         for (defense, param), m in metrics.items():
             dp = defense in ("dp_gaussian", "dp_laplace")
             result["rows"].append({
-                "dataset": "fashion_mnist", "model": models[attack], "defense": defense,
+                "dataset": a.dataset, "model": models[attack], "defense": defense,
                 "param": param, "attack": attack, "accuracy": "pending", **m,
                 "victims": victims, "seed": a.seed,
                 "dp_sigma_reading": a.dp_sigma if dp else None,
@@ -816,7 +839,7 @@ def main(argv=None):
         save(done="cor")
     if "logreg" in parts:
         part_t0["logreg"] = time.perf_counter()
-        result["convergence_logreg"] = convergence(a, log)
+        result["convergence_logreg"] = convergence(a, log, channels=dataset.input_shape[-1])
         save(done="logreg")
 
 
@@ -906,11 +929,33 @@ def dp_reading_note(rows):
     return "DP rows: " + "; ".join(text[r] for r in sorted(readings)) + "."
 
 
+def dataset_text(res):
+    """Which data the rows come from (results written before the key existed: Fashion-MNIST)."""
+    name = res.get("dataset", DEFAULT_DATASET)
+    size = f"{res['image_size']}×{res['image_size']}"
+    if name == DEFAULT_DATASET:
+        return (f"Fashion-MNIST {size} (MNIST/CIFAR-10 are not available offline here: "
+                "`--dataset mnist|cifar10` runs them where tfds can load them)")
+    return f"{name} resized to {size}"
+
+
+def notes(res):
+    """The mode's notes, with the dataset sentences of another dataset's run rewritten."""
+    out = list(NOTES[res["mode"]])
+    name = res.get("dataset", DEFAULT_DATASET)
+    if name == DEFAULT_DATASET:
+        return out
+    feats = next(iter(res.get("convergence_logreg", {}).values()), {}).get("features")
+    out[0] = f"Dataset: {name} (the paper: MNIST and CIFAR-10)."
+    return [n.replace("28×28 Fashion-MNIST", f"28×28 {name}").replace(
+        "ε = 50 of 784 features", f"ε = 50 of {feats or '28·28·channels'} features")
+        for n in out]
+
+
 def write_markdown(res, path):
     runs = res.get("parts_run", {})
     lines = [f"# Soteria reproduction (Sun et al. 2021) — {res['mode']} mode", "",
-             f"Fashion-MNIST {res['image_size']}×{res['image_size']} (MNIST/CIFAR-10 are "
-             f"not available offline), device {res['device']}. Every number below comes "
+             f"{dataset_text(res)}, device {res['device']}. Every number below comes "
              "from `benchmarks/reproduce_sun2021.py`, one run per part:", ""]
     if runs:
         lines += ["| part | command | commit | seconds | complete |", "|---|---|---|---|---|"]
@@ -1010,8 +1055,9 @@ def write_markdown(res, path):
                          f"{' / '.join(f'{v:.2f}' for v in r['paper_fc1_fc2_fc3'])} |")
         lines.append("")
     if "convergence_logreg" in res:
+        feats = next(iter(res["convergence_logreg"].values()), {}).get("features", 784)
         lines += ["## Logistic regression + FedAvg with Soteria (Fig 7)", "",
-                  "28×28 inputs (784 features = r, the defended layer is the only layer); "
+                  f"28×28 inputs ({feats} features = r, the defended layer is the only layer); "
                   "ε features zeroed per example (paper: ε = 50).", "",
                   "| E | K | ε (p_fc) | test loss round 1 | final test loss | final accuracy |",
                   "|---|---|---|---|---|---|"]
@@ -1020,7 +1066,7 @@ def write_markdown(res, path):
                          f"{c['test_loss'][0]:.4f} | {c['test_loss'][-1]:.4f} | "
                          f"{c['test_accuracy'][-1]:.4f} |")
         lines.append("")
-    lines += ["## Notes and deviations", ""] + [f"- {n}" for n in NOTES[res["mode"]]] + [""]
+    lines += ["## Notes and deviations", ""] + [f"- {n}" for n in notes(res)] + [""]
     lines += ["## Paper", "", f"- {res['paper']['headline']}",
               f"- Table 2 ranges: {res['paper']['table2_ranges']}", ""]
     path.write_text("\n".join(lines))

@@ -204,3 +204,63 @@ def test_attack_grid_per_setting_pairs_the_initialisation(per_setting):
     assert len(victims) == 2 and set(out) == {("none", 0.0), ("gc", 0.0)}  # GC 0 %: same upload
     same = all(np.array_equal(a, b) for a, b in zip(images[("none", 0.0)], images[("gc", 0.0)]))
     assert same == per_setting
+
+
+def _colour_loader(monkeypatch, name="cifar10"):
+    """Serve a 3-channel synthetic dataset for ``name`` (CIFAR-10 is not offline here)."""
+    import fedsim.data
+    import fedsim.simulation
+    from fedsim.data import DatasetError, synthetic_dataset
+    calls = []
+
+    def fake(requested, *, image_size=None, **_):
+        if requested != name:
+            raise DatasetError(f"test loader serves only {name!r}, not {requested!r}")
+        calls.append((requested, image_size))
+        return synthetic_dataset(image_size=image_size or 32, channels=3)
+
+    monkeypatch.setattr(fedsim.data, "load_dataset", fake)
+    monkeypatch.setattr(fedsim.simulation, "load_dataset", fake)
+    return calls
+
+
+def test_dataset_option_rejects_bad_input_before_writing(tmp_path, monkeypatch, capsys):
+    import json
+
+    from benchmarks.reproduce_sun2021 import main
+    _colour_loader(monkeypatch)
+    with pytest.raises(SystemExit):  # argparse error naming the dataset, nothing written
+        main(["--quick", "--smoke", "--dataset", "svhn_cropped", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "--dataset svhn_cropped" in err and "serves only" in err  # the loader's reason
+    assert not list(tmp_path.iterdir())
+    # a merge into another dataset's results is refused
+    (tmp_path / "sun2021_cifar10.json").write_text(json.dumps(
+        {"mode": "quick", "dataset": "fashion_mnist", "rows": []}))
+    with pytest.raises(SystemExit):
+        main(["--quick", "--smoke", "--dataset", "cifar10", "--merge", "--parts", "logreg",
+              "--out", str(tmp_path)])
+    assert "holds fashion_mnist results" in capsys.readouterr().err
+    assert json.loads((tmp_path / "sun2021_cifar10.json").read_text())["rows"] == []
+
+
+@pytest.mark.slow
+def test_smoke_run_on_colour_images_writes_its_own_file(tmp_path, monkeypatch):
+    """`--dataset cifar10`: shapes, class count and Fig 7's feature count come from the data."""
+    import json
+
+    from benchmarks.reproduce_sun2021 import main
+    calls = _colour_loader(monkeypatch)
+    main(["--quick", "--smoke", "--dataset", "cifar10", "--parts", "dlg,logreg",
+          "--out", str(tmp_path)])
+    assert not (tmp_path / "sun2021.json").exists()  # Fashion-MNIST results are not touched
+    res = json.loads((tmp_path / "sun2021_cifar10.json").read_text())
+    assert res["dataset"] == "cifar10" and res["input_shape"] == [16, 16, 3]
+    assert {r["dataset"] for r in res["rows"]} == {"cifar10"}
+    assert all(np.isfinite(r["mse"]) and r["accuracy"] is not None for r in res["rows"])
+    curves = list(res["convergence_logreg"].values())
+    assert {c["features"] for c in curves} == {28 * 28 * 3}
+    assert {round(c["p_fc"] * c["features"]) for c in curves} == {0, 50}
+    assert ("cifar10", 28) in calls  # Fig 7 loads the data at 28×28
+    md = (tmp_path / "sun2021_cifar10.md").read_text()
+    assert "cifar10 resized to 16×16" in md and "2352 features" in md
