@@ -189,7 +189,13 @@ def main(argv=None):
     if a.render:
         write_markdown(json.loads(Path(a.render).read_text()), Path(a.render).with_suffix(".md"))
         return
-    p_fc = [float(p) for p in a.p_fc.split(",")]
+    for name in ("width", "image_size", "victims", "iterations"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    try:
+        p_fc = [float(p) for p in a.p_fc.split(",")]
+    except ValueError:
+        ap.error(f"--p-fc: comma-separated rates expected, got {a.p_fc!r}")
     if not p_fc or any(not 0.0 < p < 1.0 for p in p_fc):
         ap.error(f"--p-fc: rates in (0, 1) expected, got {a.p_fc!r}")
     if a.smoke:

@@ -264,3 +264,17 @@ def test_smoke_run_on_colour_images_writes_its_own_file(tmp_path, monkeypatch):
     assert ("cifar10", 28) in calls  # Fig 7 loads the data at 28×28
     md = (tmp_path / "sun2021_cifar10.md").read_text()
     assert "cifar10 resized to 16×16" in md and "2352 features" in md
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--victims", "0"], "--victims must be >= 1"),
+    (["--image-size", "-2"], "--image-size must be >= 1"),
+    (["--p-fc", "0.2,x"], "--p-fc: comma-separated rates"),
+    (["--p-fc", "1.5"], "--p-fc: rates in (0, 1)"),
+])
+def test_gs_architecture_rejects_bad_arguments(argv, message, capsys, tmp_path):
+    from benchmarks.soteria_gs_architecture import main
+    with pytest.raises(SystemExit):
+        main(argv + ["--out", str(tmp_path)])
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
