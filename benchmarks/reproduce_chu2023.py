@@ -1,7 +1,14 @@
 """Reproduce the trends of Chu et al. 2023 (PriPrune, paper 002) on Fashion-MNIST.
 
-FEMNIST / CIFAR-10 are not available offline: we use Fashion-MNIST (real
-data, /usr/share/datasets/fashion-mnist) with Dirichlet(0.5) label partitions.
+FEMNIST / CIFAR-10 are not available offline: by default we use Fashion-MNIST
+(real data, /usr/share/datasets/fashion-mnist) with Dirichlet(0.5) label
+partitions. ``--dataset`` takes any dataset ``fedsim.data.load_dataset`` knows
+(emnist, cifar10, ... through tensorflow-datasets where a network or a
+prepared data_dir exists), and ``--partition natural`` gives one client per
+writer/identity id where the dataset carries them (a FEMNIST-style writer
+split; tfds' ``emnist`` has no writer ids, so it needs such a source). A run
+on another dataset or partition writes ``chu2023_<dataset>[_natural]_*``
+files, and ``--combine`` merges only the parts of its own dataset and partition.
 
 Two parts, every row from this script in one run (seeds in the JSON):
 
@@ -21,6 +28,7 @@ setting "FedSGD, batch 20, one local update"): each client holds B examples.
 Usage:
   python -m benchmarks.reproduce_chu2023 --quick   # ~minutes on 2 CPU cores
   python -m benchmarks.reproduce_chu2023           # larger (not run here)
+  python -m benchmarks.reproduce_chu2023 --quick --dataset emnist   # where tfds has it
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import time
 from pathlib import Path
 
@@ -46,7 +55,6 @@ from defenses.pruning.schemes import (SCHEMES, feddst_prune_regrow, initial_mask
                                       prunefl_reprune)
 from fedsim.client import masked_mean_loss
 from fedsim.config import load_config
-from fedsim.data import load_dataset
 from fedsim.hooks import chain
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.observer import restrict
@@ -54,6 +62,19 @@ from fedsim.simulation import Simulation
 from fedsim.typing import Observation
 
 OUT = Path(__file__).parent / "results"
+DEFAULT_DATASET = "fashion_mnist"
+PARTITIONS = ("dirichlet", "natural")
+
+
+def output_stem(dataset: str = DEFAULT_DATASET, partition: str = "dirichlet") -> str:
+    """File stem of a run's outputs: ``chu2023`` for the default Fashion-MNIST
+    Dirichlet runs, ``chu2023_<dataset>[_natural]`` otherwise (``/`` of a tfds
+    config such as ``emnist/letters`` becomes ``_``), so another dataset's or
+    partition's results never overwrite, or get merged into, these."""
+    if dataset == DEFAULT_DATASET and partition == "dirichlet":
+        return "chu2023"
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", dataset).strip("_")
+    return f"chu2023_{slug}" + ("_natural" if partition == "natural" else "")
 PAPER = {
     "source": "Chu et al. 2023 (arXiv v2), FEMNIST; shared/reference/paper_numbers.md",
     "priprune_vs_prunefl_privacy_gain_femnist": 0.363,
@@ -191,7 +212,8 @@ def part_a(args, ds, rows, seed):
         for j, (scheme, p, mask_s, trained_acc) in enumerate(meta):
             for name, recs in (("gi", gi), ("sgi", sg)):
                 sc = [score(recs[j * V + v].x, truths[j * V + v]) for v in range(V)]
-                rows.append({"part": "A", "dataset": "fashion_mnist", "model": model_name,
+                rows.append({"part": "A", "dataset": _dataset(args),
+                             "partition": _partition(args), "model": model_name,
                              "params": int(sum(l.size for l in jax.tree_util.tree_leaves(params))),
                              "prunable_params": d_w, "base": scheme, "defense": "none", "p": p,
                              "B": B, "attack": name,
@@ -209,10 +231,22 @@ def part_a(args, ds, rows, seed):
               flush=True)
 
 
+def _dataset(args) -> str:
+    return getattr(args, "dataset", DEFAULT_DATASET)
+
+
+def _partition(args) -> str:
+    return getattr(args, "partition", "dirichlet")
+
+
 def fl_config(args, seed, rounds, observe_rounds, observe_clients=(0, 1)):
-    o = {"name": "chu2023", "seed": seed, "data.dataset": "fashion_mnist",
+    """The FL config of parts A (trained) and B: the dataset's ``args.clients``
+    clients (Dirichlet(0.5) label mixes, or a seeded subset of the natural
+    writers), each holding ``args.local_batch`` examples."""
+    o = {"name": "chu2023", "seed": seed, "data.dataset": _dataset(args),
          "data.image_size": args.image_size, "data.num_clients": args.clients,
-         "data.partition": "dirichlet", "data.alpha": 0.5, "data.examples_per_client": args.local_batch,
+         "data.partition": _partition(args), "data.alpha": 0.5,
+         "data.examples_per_client": args.local_batch,
          "model.name": "conv2", "training.rounds": rounds,
          "training.clients_per_round": args.clients_per_round, "training.algorithm": "fedavg",
          "training.local_epochs": 1, "training.batch_size": args.local_batch, "training.lr": args.lr,
@@ -404,7 +438,8 @@ def part_b(args, ds, rows, seed):
         zf = float(np.mean(np.asarray(flatten(received)) == 0))
         for att, rec in (("sgi", rs), ("gi", rg)):
             n, ps = score(rec.x, o.x)
-            rows.append({"part": "B", "dataset": "fashion_mnist", "model": "conv2",
+            rows.append({"part": "B", "dataset": _dataset(args), "partition": _partition(args),
+                         "model": "conv2",
                          "base": "prunefl", "defense": name, "p": 0.3, "B": args.local_batch,
                          "attack": att, "nmi": n, "psnr": ps, "accuracy": acc,
                          "upload": up, "upload_semantics": args.upload,
@@ -514,10 +549,10 @@ def bound_table(ds, seed, d_star=8, n_examples=256, chunk=16):
                                                             rounds=T)}
 
 
-def other_b_runs(out: Path) -> list[dict]:
-    """Part-B runs beside the main one: other seeds (``chu2023_B_seed<N>.json``) and other
-    upload semantics (``chu2023_B_<upload>_uploads[_seed<N>].json``), each with its checks."""
-    files = sorted(out.glob("chu2023_B_seed*.json")) + sorted(out.glob("chu2023_B_*_uploads*.json"))
+def other_b_runs(out: Path, stem: str = "chu2023") -> list[dict]:
+    """Part-B runs beside the main one: other seeds (``<stem>_B_seed<N>.json``) and other
+    upload semantics (``<stem>_B_<upload>_uploads[_seed<N>].json``), each with its checks."""
+    files = sorted(out.glob(f"{stem}_B_seed*.json")) + sorted(out.glob(f"{stem}_B_*_uploads*.json"))
     runs = []
     for f in files:
         o = json.loads(f.read_text())
@@ -531,7 +566,7 @@ def other_b_runs(out: Path) -> list[dict]:
 def semantics_summary(result) -> list[str]:
     """One row per part-B run (main, other seeds, other upload semantics): its PriPrune and
     Largest (Pseudo) verdicts per accuracy reading."""
-    runs = [{"file": "chu2023_B.json (main)", "seed": result["seed"],
+    runs = [{"file": f"{result.get('stem', 'chu2023')}_B.json (main)", "seed": result["seed"],
              "upload": result.get("settings_B", result.get("settings", {})).get("upload", "weights"),
              "checks": [c for c in result.get("checks", []) if "part D" not in c["check"]]}]
     runs += result.get("other_seeds_B", [])
@@ -627,10 +662,11 @@ def finalize(result, ds):
     result["bound"] = bd
     result["checks"] = acceptance_checks(result["rows"])
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "chu2023.json").write_text(json.dumps(result, indent=1, default=float))
+    stem = result.get("stem", "chu2023")
+    (OUT / f"{stem}.json").write_text(json.dumps(result, indent=1, default=float))
     md = markdown(result)
-    (OUT / "chu2023.md").write_text(md + ("\n" + result["note"] + "\n" if result.get("note") else ""))
-    plot(result, OUT / "chu2023.png")
+    (OUT / f"{stem}.md").write_text(md + ("\n" + result["note"] + "\n" if result.get("note") else ""))
+    plot(result, OUT / f"{stem}.png")
     print(md)
 
 
@@ -774,14 +810,34 @@ def other_a_tables(result) -> list[str]:
     return lines
 
 
+def dataset_text(result) -> str:
+    """What the run trained and attacked on, for the markdown's header."""
+    name = result.get("dataset", DEFAULT_DATASET)
+    partition = result.get("partition", "dirichlet")
+    size = f"{result['image_size']}×{result['image_size']}"
+    if name == DEFAULT_DATASET and partition == "dirichlet":
+        return f"dataset Fashion-MNIST {size} (FEMNIST/CIFAR-10 unavailable offline)"
+    split = ("Dirichlet(0.5) label partitions" if partition == "dirichlet"
+             else "one client per natural writer/identity id")
+    return f"dataset {name} resized to {size}, {split}"
+
+
+def command_options(result) -> str:
+    """The options that name the run's mode, dataset and partition."""
+    opts = "" if result["mode"] == "full" else f" --{result['mode']}"
+    if result.get("dataset", DEFAULT_DATASET) != DEFAULT_DATASET:
+        opts += f" --dataset {result['dataset']}"
+    if result.get("partition", "dirichlet") != "dirichlet":
+        opts += f" --partition {result['partition']}"
+    return opts
+
+
 def markdown(result) -> str:
     rows = result["rows"]
     lines = [f"# Chu et al. 2023 (PriPrune) reproduction — {result['mode']} mode",
-             "", f"Device: {result['device']}; seed {result['seed']}; dataset Fashion-MNIST "
-             f"{result['image_size']}×{result['image_size']} (FEMNIST/CIFAR-10 unavailable offline); "
+             "", f"Device: {result['device']}; seed {result['seed']}; {dataset_text(result)}; "
              f"wall time {result['seconds']:.0f} s; commit(s) {result.get('commit', '?')}. "
-             f"Produced by `benchmarks/reproduce_chu2023.py"
-             f"{' --' + result['mode'] if result['mode'] != 'full' else ''}`.", ""]
+             f"Produced by `benchmarks/reproduce_chu2023.py{command_options(result)}`.", ""]
     checks = result.get("checks") or acceptance_checks(rows)
     lines += ["## Acceptance checks (computed from the rows below)", ""]
     lines += [f"- **{'PASS' if c['pass'] else 'FAIL'}** {c['check']}: {c['detail']}" for c in checks]
@@ -933,6 +989,19 @@ def plot(result, path):
     fig.savefig(path, dpi=120)
 
 
+def _load(ap, dataset, partition, image_size):
+    """The dataset, or an argparse error naming the option and the loader's reason."""
+    import fedsim.data
+    try:
+        ds = fedsim.data.load_dataset(dataset, image_size=image_size)
+    except fedsim.data.DatasetError as e:
+        ap.error(f"--dataset {dataset}: {e}")
+    if partition == "natural" and ds.groups is None:
+        ap.error(f"--partition natural: {dataset} carries no writer/identity ids (tfds' emnist "
+                 "has none; FEMNIST's writer split needs a source that keeps them, e.g. LEAF)")
+    return ds
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -961,7 +1030,21 @@ def main(argv=None):
                     help="override PriPrune's λ_pri in part B (default 10; exploratory runs)")
     ap.add_argument("--out", default=None,
                     help="write the results here instead of benchmarks/results (exploratory runs)")
+    ap.add_argument("--dataset", default=DEFAULT_DATASET,
+                    help="any dataset fedsim.data.load_dataset knows (default fashion_mnist, "
+                         "offline here; emnist / cifar10 through tensorflow-datasets where a "
+                         "network or a prepared data_dir exists); another dataset writes "
+                         "chu2023_<dataset>_* files")
+    ap.add_argument("--partition", choices=PARTITIONS, default="dirichlet",
+                    help="clients' data: Dirichlet(0.5) label mixes (default), or 'natural': one "
+                         "client per writer/identity id of the dataset (FEMNIST-style; needs a "
+                         "source that carries the ids)")
+    ap.add_argument("--image-size", type=int, default=None,
+                    help="resize images to this size (default 16 with --quick/--smoke, else 28)")
     args = ap.parse_args(argv)
+    if args.image_size is not None and args.image_size < 8:
+        ap.error(f"--image-size must be >= 8 (Conv-2 and VGG-11 pool it), got {args.image_size}")
+    stem = output_stem(args.dataset, args.partition)
     if args.a_trained_rounds < 0:
         ap.error(f"--a-trained-rounds must be >= 0, got {args.a_trained_rounds}")
     if args.a_trained_rounds and ("A" not in args.parts or "B" in args.parts):
@@ -970,11 +1053,17 @@ def main(argv=None):
         global OUT
         OUT = Path(args.out)
     if args.combine:
-        a = json.loads((OUT / "chu2023_A.json").read_text())
-        b = json.loads((OUT / "chu2023_B.json").read_text())
-        cp = OUT / "chu2023_C.json"
+        missing = [f"{stem}_{part}.json" for part in "AB" if not (OUT / f"{stem}_{part}.json").exists()]
+        if missing:
+            opts = command_options({"mode": "full", "dataset": args.dataset,
+                                    "partition": args.partition})
+            ap.error(f"--combine needs {' and '.join(missing)} in {OUT}: run "
+                     f"`--quick --parts A{opts}` and `--quick --parts B{opts}` first")
+        a = json.loads((OUT / f"{stem}_A.json").read_text())
+        b = json.loads((OUT / f"{stem}_B.json").read_text())
+        cp = OUT / f"{stem}_C.json"
         c = json.loads(cp.read_text()) if cp.exists() else {"rows": [], "seconds": 0.0}
-        dp = OUT / "chu2023_D.json"
+        dp = OUT / f"{stem}_D.json"
         dd = json.loads(dp.read_text()) if dp.exists() else {"rows": [], "seconds": 0.0}
         result = {**a, "rows": a["rows"] + b["rows"] + c["rows"] + dd["rows"],
                   "seconds": a["seconds"] + b["seconds"] + c["seconds"] + dd["seconds"],
@@ -986,17 +1075,17 @@ def main(argv=None):
                           "the commits of each part are recorded" + (f" ({a['commit_note']})"
                                                       if a.get("commit_note") else ""),
                   "settings_B": b["settings"]}
-        result["other_seeds_B"] = other_b_runs(OUT)
+        result["other_seeds_B"] = other_b_runs(OUT, stem)
         result["other_A"] = [
             {"file": f.name, "commit": o.get("commit"), "seconds": o["seconds"],
              "settings": o["settings"], "rows": o["rows"], "checks": acceptance_checks(o["rows"])}
             for f, o in ((f, json.loads(f.read_text()))
-                         for f in sorted(OUT.glob("chu2023_A_trained*.json")))]
-        ds = load_dataset("fashion_mnist", image_size=a["image_size"])
-        finalize(result, ds)
+                         for f in sorted(OUT.glob(f"{stem}_A_trained*.json")))]
+        result.update(stem=stem, dataset=args.dataset, partition=args.partition)
+        finalize(result, _load(ap, args.dataset, args.partition, a["image_size"]))
         return
     q = args.quick or args.smoke
-    args.image_size = 16 if q else 28
+    args.image_size = args.image_size or (16 if q else 28)
     args.rates = [0.1, 0.5, 0.9] if q else [0.1, 0.3, 0.5, 0.7, 0.9]
     args.batch_sizes = [1, 4, 8] if q else [1, 4, 8, 16, 20]
     args.model_sizes = ["lenet5", "conv2", "vgg11"]
@@ -1043,7 +1132,10 @@ def main(argv=None):
         args.attack_b = {"iterations": 3, "tv": 1e-3, "restarts": 1}
         args.clients, args.clients_per_round, args.rounds, args.local_batch = 6, 3, 3, 4
         args.lambda_pri_grid, args.defense_rate_grid = [15.0], [0.1]
-    ds = load_dataset("fashion_mnist", image_size=args.image_size)
+    ds = _load(ap, args.dataset, args.partition, args.image_size)
+    if args.partition == "natural" and len(np.unique(ds.groups)) < args.clients:
+        ap.error(f"--partition natural: {args.dataset} has {len(np.unique(ds.groups))} writer/"
+                 f"identity ids, fewer than the {args.clients} clients this mode needs")
     commit = git_commit()  # at start: the code this process loaded
     rows, t0 = [], time.perf_counter()
     if "A" in args.parts:
@@ -1054,8 +1146,10 @@ def main(argv=None):
         part_c(args, ds, rows, args.seed)
     if "D" in args.parts:
         part_d(args, ds, rows, args.seed)
-    result = {"mode": "smoke" if args.smoke else ("quick" if q else "full"), "seed": args.seed, "image_size": args.image_size,
-              "commit": commit,
+    result = {"mode": "smoke" if args.smoke else ("quick" if q else "full"), "seed": args.seed,
+              "image_size": args.image_size, "dataset": args.dataset,
+              "partition": args.partition, "input_shape": list(ds.input_shape),
+              "num_classes": ds.num_classes, "stem": stem, "commit": commit,
               "device": f"{jax.default_backend()} ({platform.processor() or platform.machine()})",
               "seconds": time.perf_counter() - t0, "settings": {
                   k: v for k, v in vars(args).items() if k not in ("quick",)},
@@ -1070,7 +1164,7 @@ def main(argv=None):
     suffix = ("" if args.upload == "weights" else f"_{args.upload}_uploads") \
         + (f"_trained{args.a_trained_rounds}" if args.a_trained_rounds else "") \
         + ("" if args.seed == 0 else f"_seed{args.seed}")
-    (OUT / f"chu2023_{args.parts}{suffix}.json").write_text(
+    (OUT / f"{stem}_{args.parts}{suffix}.json").write_text(
         json.dumps(result, indent=1, default=float))
     print(markdown(result))
 

@@ -221,3 +221,95 @@ def test_settings_comparison_reads_absent_new_options_as_their_defaults():
     assert _same_b_settings(new, old) == "yes"
     assert _same_b_settings({**new, "upload": "split"}, old) == "differ in upload"
     assert _same_b_settings({**new, "rounds": 120}, old) == "differ in rounds"
+
+
+def _writer_loader(monkeypatch, name="cifar10", writers=8):
+    """Serve a 3-channel synthetic dataset with ``writers`` writer ids for ``name``
+    (neither CIFAR-10 nor a FEMNIST writer split is available offline here)."""
+    import dataclasses
+
+    import numpy as np
+
+    import fedsim.data
+    from fedsim.data import DatasetError, synthetic_dataset
+
+    def fake(requested, *, image_size=None, **_):
+        if requested != name:
+            raise DatasetError(f"test loader serves only {name!r}, not {requested!r}")
+        ds = synthetic_dataset(image_size=image_size or 32, channels=3)
+        groups = None if writers is None else np.arange(len(ds.y_train)) % writers
+        return dataclasses.replace(ds, groups=groups)
+
+    monkeypatch.setattr(fedsim.data, "load_dataset", fake)
+    return fake
+
+
+def test_output_stem_keeps_each_dataset_and_partition_apart():
+    from benchmarks.reproduce_chu2023 import output_stem
+    assert output_stem() == output_stem("fashion_mnist", "dirichlet") == "chu2023"
+    assert output_stem("fashion_mnist", "natural") == "chu2023_fashion_mnist_natural"
+    assert output_stem("emnist/letters") == "chu2023_emnist_letters"
+    assert output_stem("cifar10", "natural") == "chu2023_cifar10_natural"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset", "svhn_cropped"], "--dataset svhn_cropped: test loader serves only"),
+    (["--dataset", "cifar10", "--image-size", "4"], "--image-size must be >= 8"),
+    (["--dataset", "cifar10", "--partition", "natural", "--parts", "B"],
+     "has 2 writer/identity ids, fewer than the 6 clients"),
+    (["--dataset", "cifar10", "--combine"], "--combine needs chu2023_cifar10_A.json and "
+                                            "chu2023_cifar10_B.json"),
+])
+def test_dataset_options_reject_bad_input_before_writing(argv, message, monkeypatch, capsys,
+                                                         tmp_path):
+    from benchmarks.reproduce_chu2023 import main
+    _writer_loader(monkeypatch, writers=2)
+    with pytest.raises(SystemExit):
+        main(["--smoke", "--out", str(tmp_path)] + argv)
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_natural_partition_needs_writer_ids(monkeypatch, capsys, tmp_path):
+    from benchmarks.reproduce_chu2023 import main
+    _writer_loader(monkeypatch, writers=None)
+    with pytest.raises(SystemExit):
+        main(["--smoke", "--parts", "B", "--dataset", "cifar10", "--partition", "natural",
+              "--out", str(tmp_path)])
+    assert "--partition natural: cifar10 carries no writer/identity ids" in capsys.readouterr().err
+
+
+def test_natural_partition_gives_each_client_one_writer(monkeypatch):
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from benchmarks.reproduce_chu2023 import fl_config
+    from fedsim.simulation import Simulation
+    ds = _writer_loader(monkeypatch)("cifar10", image_size=16)
+    args = SimpleNamespace(image_size=16, clients=5, local_batch=4, clients_per_round=2, lr=0.1,
+                           upload="weights", dataset="cifar10", partition="natural")
+    cfg = fl_config(args, 0, 2, [1])
+    assert (cfg.data.dataset, cfg.data.partition) == ("cifar10", "natural")
+    sim = Simulation(cfg, dataset=ds)
+    writers = [set(ds.groups[p].tolist()) for p in sim.partitions]
+    assert len(writers) == 5 and all(len(w) == 1 for w in writers)
+    assert len(set.union(*writers)) == 5  # five different writers
+    assert all(len(p) == 4 for p in sim.partitions)  # examples_per_client = local batch
+
+
+@pytest.mark.slow
+def test_part_b_smoke_on_a_natural_colour_split_writes_its_own_file(monkeypatch, tmp_path):
+    import json
+
+    from benchmarks.reproduce_chu2023 import main
+    _writer_loader(monkeypatch)
+    main(["--smoke", "--parts", "B", "--dataset", "cifar10", "--partition", "natural",
+          "--defenses", "none,largest_pseudo", "--out", str(tmp_path)])
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["chu2023_cifar10_natural_B.json"]
+    res = json.loads((tmp_path / "chu2023_cifar10_natural_B.json").read_text())
+    assert (res["dataset"], res["partition"], res["input_shape"]) == ("cifar10", "natural",
+                                                                      [16, 16, 3])
+    assert {(r["dataset"], r["partition"]) for r in res["rows"]} == {("cifar10", "natural")}
+    assert {r["defense"] for r in res["rows"]} == {"none", "largest_pseudo"}
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in res["rows"])
