@@ -602,6 +602,69 @@ def semantics_summary(result) -> list[str]:
     return lines
 
 
+def priprune_seed_effects(rows) -> dict | None:
+    """PriPrune minus PruneFL in one part-B run: accuracy per reading (points) and the
+    relative SGI NMI gain; None when the run has no PriPrune or no PruneFL rows."""
+    b = [r for r in rows if r["part"] == "B"]
+    if not b:
+        return None
+    last = max(r["round"] for r in b)
+    m = lambda d, key: _b_mean(rows, d, "sgi", key, last)
+    if m("none", "accuracy") is None or m("priprune", "accuracy") is None:
+        return None
+    out = {"nmi_gain": (m("none", "nmi") - m("priprune", "nmi")) / m("none", "nmi")}
+    for tag, key in (("global", "accuracy"), ("client", "client_model_accuracy"),
+                     ("own_mix", "client_model_local_accuracy")):
+        a0, a1 = m("none", key), m("priprune", key)
+        out[tag] = None if None in (a0, a1) else 100.0 * (a1 - a0)
+    return out
+
+
+def seed_pooled_lines(result) -> list[str]:
+    """Per upload semantics with runs at two or more seeds: PriPrune − PruneFL pooled over
+    the seeds (mean and sample std of the per-seed differences). The acceptance rule stays
+    per run (the verdict table above); this says how far the per-seed verdicts are from
+    the threshold given the seed-to-seed spread, which in this small setting is large."""
+    runs = [(result.get("settings_B", result.get("settings", {})).get("upload", "weights"),
+             result["seed"], result["rows"])]
+    runs += [(o.get("upload", "weights"), o["seed"], o["rows"])
+             for o in result.get("other_seeds_B", [])]
+    by_upload = {}
+    for upload, seed, rows in runs:
+        eff = priprune_seed_effects(rows)
+        if eff is not None:
+            by_upload.setdefault(upload, {})[seed] = eff
+    pooled = {u: e for u, e in by_upload.items() if len(e) >= 2}
+    if not pooled:
+        return []
+
+    def stat(vals):
+        vals = [v for v in vals if v is not None]
+        if not vals:
+            return "—"
+        sd = f" ± {np.std(vals, ddof=1):.1f}" if len(vals) > 1 else ""
+        return f"{np.mean(vals):+.1f}{sd} ({sum(v >= -1.0 for v in vals)}/{len(vals)})"
+
+    lines = ["", "## PriPrune − PruneFL pooled over seeds", "",
+             "Per upload semantics with runs at two or more seeds: mean ± sample std over the "
+             "seeds of PriPrune's accuracy minus PruneFL's, in points, and in brackets the "
+             "seeds within the 1-point rule; SGI NMI gain likewise (relative). The acceptance "
+             "checks stay per run (verdict table above); this shows how the per-seed verdicts "
+             "sit against the seed-to-seed spread.", "",
+             "| upload | seeds | global model | client models | client models, own label mix | "
+             "SGI NMI gain |", "|---|---|---|---|---|---|"]
+    order = {"weights": 0, "update": 1, "split": 2, "sender": 3}
+    for upload in sorted(pooled, key=lambda u: order.get(u, 4)):
+        effs = pooled[upload]
+        gains = [e["nmi_gain"] for e in effs.values()]
+        lines.append(f"| {upload} | {', '.join(str(s) for s in sorted(effs))} | "
+                     f"{stat([e['global'] for e in effs.values()])} | "
+                     f"{stat([e['client'] for e in effs.values()])} | "
+                     f"{stat([e['own_mix'] for e in effs.values()])} | "
+                     f"{np.mean(gains):+.1%} ± {np.std(gains, ddof=1):.1%} |")
+    return lines
+
+
 def other_seed_tables(result) -> list[str]:
     """Markdown for part B re-run at other seeds or upload semantics (not in the main rows)."""
     lines = []
@@ -932,6 +995,7 @@ def markdown(result) -> str:
                              f"{m('sgi', 'psnr'):.2f} | {m('gi', 'nmi'):.4f} |")
     lines += other_a_tables(result)
     lines += semantics_summary(result)
+    lines += seed_pooled_lines(result)
     lines += other_seed_tables(result)
     if result.get("bound"):
         bd = result["bound"]

@@ -313,3 +313,24 @@ def test_part_b_smoke_on_a_natural_colour_split_writes_its_own_file(monkeypatch,
     assert {(r["dataset"], r["partition"]) for r in res["rows"]} == {("cifar10", "natural")}
     assert {r["defense"] for r in res["rows"]} == {"none", "largest_pseudo"}
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in res["rows"])
+
+
+def test_seed_pooled_lines_pool_priprune_minus_prunefl_per_upload():
+    from benchmarks.reproduce_chu2023 import seed_pooled_lines
+
+    def rows(acc_none, acc_pri, nmi_pri):
+        return [_b("none", "sgi", 0.5, 14.0, acc_none, local=acc_none + 0.1),
+                _b("priprune", "sgi", nmi_pri, 11.0, acc_pri, local=acc_pri + 0.1)]
+
+    result = {"seed": 0, "settings_B": {"upload": "weights"}, "rows": rows(0.60, 0.50, 0.40),
+              "other_seeds_B": [
+                  {"upload": "weights", "seed": 1, "rows": rows(0.70, 0.66, 0.30)},
+                  {"upload": "split", "seed": 0, "rows": rows(0.60, 0.62, 0.40)},
+                  {"upload": "update", "seed": 0, "rows": rows(0.60, 0.65, 0.40)}]}
+    table = [l for l in seed_pooled_lines(result) if l.startswith("| ")][1:]
+    # weights: differences −10 and −4 points (mean −7, sample std 4.2, no seed within 1 point);
+    # NMI gains 20 % and 40 %. One seed of split or update is not pooled.
+    assert table == ["| weights | 0, 1 | -7.0 ± 4.2 (0/2) | -7.0 ± 4.2 (0/2) | -7.0 ± 4.2 (0/2) "
+                     "| +30.0% ± 14.1% |"]
+    result["other_seeds_B"] = result["other_seeds_B"][2:]
+    assert seed_pooled_lines(result) == []
