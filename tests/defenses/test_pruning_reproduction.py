@@ -3,6 +3,7 @@
 import pytest
 
 from benchmarks.reproduce_chu2023 import acceptance_checks
+from tests.defenses.data_helpers import serve_synthetic
 
 
 def _a(base, p, attack, nmi, psnr, B=8, model="conv2"):
@@ -223,25 +224,10 @@ def test_settings_comparison_reads_absent_new_options_as_their_defaults():
     assert _same_b_settings({**new, "rounds": 120}, old) == "differ in rounds"
 
 
-def _writer_loader(monkeypatch, name="cifar10", writers=8):
-    """Serve a 3-channel synthetic dataset with ``writers`` writer ids for ``name``
+def _writer_loader(monkeypatch, writers=8):
+    """Serve a 3-channel synthetic dataset with ``writers`` writer ids for cifar10
     (neither CIFAR-10 nor a FEMNIST writer split is available offline here)."""
-    import dataclasses
-
-    import numpy as np
-
-    import fedsim.data
-    from fedsim.data import DatasetError, synthetic_dataset
-
-    def fake(requested, *, image_size=None, **_):
-        if requested != name:
-            raise DatasetError(f"test loader serves only {name!r}, not {requested!r}")
-        ds = synthetic_dataset(image_size=image_size or 32, channels=3)
-        groups = None if writers is None else np.arange(len(ds.y_train)) % writers
-        return dataclasses.replace(ds, groups=groups)
-
-    monkeypatch.setattr(fedsim.data, "load_dataset", fake)
-    return fake
+    return serve_synthetic(monkeypatch, "cifar10", writers=writers)
 
 
 def test_output_stem_keeps_each_dataset_and_partition_apart():

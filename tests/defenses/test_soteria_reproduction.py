@@ -1,6 +1,7 @@
 """The equal-accuracy acceptance rule of benchmarks/reproduce_sun2021.py."""
 
 from benchmarks.reproduce_sun2021 import acceptance
+from tests.defenses.data_helpers import serve_synthetic
 
 
 def _row(defense, param, acc, mse, attack="dlg"):
@@ -208,20 +209,7 @@ def test_attack_grid_per_setting_pairs_the_initialisation(per_setting):
 
 def _colour_loader(monkeypatch, name="cifar10"):
     """Serve a 3-channel synthetic dataset for ``name`` (CIFAR-10 is not offline here)."""
-    import fedsim.data
-    import fedsim.simulation
-    from fedsim.data import DatasetError, synthetic_dataset
-    calls = []
-
-    def fake(requested, *, image_size=None, **_):
-        if requested != name:
-            raise DatasetError(f"test loader serves only {name!r}, not {requested!r}")
-        calls.append((requested, image_size))
-        return synthetic_dataset(image_size=image_size or 32, channels=3)
-
-    monkeypatch.setattr(fedsim.data, "load_dataset", fake)
-    monkeypatch.setattr(fedsim.simulation, "load_dataset", fake)
-    return calls
+    return serve_synthetic(monkeypatch, name).calls
 
 
 def test_dataset_option_rejects_bad_input_before_writing(tmp_path, monkeypatch, capsys):
