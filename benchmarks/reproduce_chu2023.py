@@ -128,22 +128,50 @@ def attack_all(obs_list, attack_cfg, key):
     return gi, sg
 
 
-def train_masked(args, ds, params, mask, seed, rounds):
-    """FedAvg of the pruned model for ``rounds`` rounds from ``params`` (part B's FL setting).
-
-    The scheme's mask stays fixed (no re-pruning): the global mask on every local
-    step's gradient and on the upload, and the server re-applies it after each
-    round (Alg 1 line 11). Returns the trained, masked params and the test accuracy.
-    """
+def masked_simulation(args, ds, mask, seed, rounds):
+    """Part B's FL setting for a pruned model whose mask stays fixed (no re-pruning):
+    the global mask on every local step's gradient and on the upload."""
     cfg = fl_config(args, seed, rounds, [], observe_clients=[])
-    sim = Simulation(cfg, dataset=ds, defenses={"layer": masked_gradient(mask),
-                                                "upload": masked_upload(mask)})
+    return Simulation(cfg, dataset=ds, defenses={"layer": masked_gradient(mask),
+                                                 "upload": masked_upload(mask)})
+
+
+def masked_rounds(sim, params, mask, rounds):
+    """Yield (round, masked params) after each of ``rounds`` FedAvg rounds of ``sim`` from
+    ``params``; the server re-applies the mask after each round (Alg 1 line 11)."""
     state = sim.init_state()
     state = state._replace(params=apply_mask(params, mask))
     for r in range(rounds):
         state, _ = sim.run_round(state, r)
         state = state._replace(params=apply_mask(state.params, mask))
-    return state.params, sim.evaluate(state.params)[0]
+        yield r, state.params
+
+
+def train_masked(args, ds, params, mask, seed, rounds):
+    """FedAvg of the pruned model for ``rounds`` rounds from ``params`` (part B's FL setting,
+    :func:`masked_simulation`). Returns the trained, masked params and the test accuracy."""
+    sim = masked_simulation(args, ds, mask, seed, rounds)
+    trained = apply_mask(params, mask)
+    for _, trained in masked_rounds(sim, params, mask, rounds):
+        pass
+    return trained, sim.evaluate(trained)[0]
+
+
+def victim_observations(apply_fn, params, mask, ds, victims, lr=0.25):
+    """What the server sees of each victim batch: its FedSGD upload Δ = −lr·(g ⊙ m) at the
+    pruned model ``params``, restricted to labels and batch size (part A's threat model).
+    Returns the observations and the true images."""
+    obs_list, truths = [], []
+    for idx in victims:
+        B = len(idx)
+        x, y = jnp.asarray(ds.x_train[idx]), jnp.asarray(ds.y_train[idx])
+        g = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, jnp.ones(B))
+        upd = jax.tree_util.tree_map(lambda a: -lr * a, apply_mask(g, mask))
+        obs = Observation(upd, params, apply_fn, "fedsgd", lr, 1, B, B, y, ds.input_shape,
+                          ds.num_classes)
+        obs_list.append(restrict(obs, {"labels": True, "batch_size": True}))
+        truths.append(np.asarray(x))
+    return obs_list, truths
 
 
 def part_a(args, ds, rows, seed):
@@ -195,14 +223,9 @@ def part_a(args, ds, rows, seed):
                 if model_name != "conv2":
                     raise ValueError("--a-trained-rounds trains part B's Conv-2 only")
                 pm, trained_acc = train_masked(args, ds, pm, mask, seed, args.a_trained_rounds)
-            for idx in victims:
-                x, y = jnp.asarray(ds.x_train[idx]), jnp.asarray(ds.y_train[idx])
-                g = jax.grad(masked_mean_loss, argnums=1)(apply_fn, pm, x, y, jnp.ones(B))
-                upd = jax.tree_util.tree_map(lambda a: -lr * a, apply_mask(g, mask))
-                obs = Observation(upd, pm, apply_fn, "fedsgd", lr, 1, B, B, y, shape,
-                                  ds.num_classes)
-                obs_list.append(restrict(obs, {"labels": True, "batch_size": True}))
-                truths.append(np.asarray(x))
+            obs, xs = victim_observations(apply_fn, pm, mask, ds, victims, lr)
+            obs_list += obs
+            truths += xs
             meta.append((scheme, p, time.perf_counter() - t0, trained_acc))
         t0 = time.perf_counter()
         attack_key = jax.random.key(seed + 1000 + B)

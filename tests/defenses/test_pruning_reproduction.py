@@ -320,3 +320,38 @@ def test_seed_pooled_lines_pool_priprune_minus_prunefl_per_upload():
                      "| +30.0% ± 14.1% |"]
     result["other_seeds_B"] = result["other_seeds_B"][2:]
     assert seed_pooled_lines(result) == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rates", "0.5"], "--rates: two or more pruning rates in (0, 1)"),
+    (["--rates", "0.1", "1.0"], "--rates: two or more pruning rates in (0, 1)"),
+    (["--victims", "0"], "--victims must be >= 1"),
+    (["--schemes", "magnitude"], "invalid choice: 'magnitude'"),
+])
+def test_sgi_p_trend_diagnostic_rejects_bad_arguments(argv, message, capsys, tmp_path):
+    from benchmarks.diagnose_sgi_p_trend import main
+    with pytest.raises(SystemExit):
+        main(argv + ["--out", str(tmp_path)])
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_sgi_p_trend_diagnostic_pairs_victims_across_states(tmp_path):
+    import json
+
+    from benchmarks.diagnose_sgi_p_trend import main
+    main(["--schemes", "random", "--rounds", "3", "--victims", "2", "--iterations", "2",
+          "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "sgi_p_trend.json").read_text())
+    finals = [s for s in res["states"] if s["state"] == "final"]
+    assert sorted(s["p"] for s in finals) == [0.1, 0.5]
+    assert all(s["rounds"] == 3 and len(s["accuracy_curve"]) == 3 for s in finals)
+    hi = next(s for s in finals if s["p"] == 0.5)
+    for s in res["states"]:
+        assert len(s["sgi_psnr_victims"]) == len(s["gi_psnr_victims"]) == 2
+        if s["state"] == "matched":  # the first round at or above p = 0.5's final accuracy
+            assert s["accuracy"] >= hi["accuracy"]
+            assert all(a < hi["accuracy"] for a in s["accuracy_curve"][:s["rounds"] - 1])
+    assert len(res["victim_indices"]) == 2 and "| random | 0.5 | final | 3 |" in (
+        tmp_path / "sgi_p_trend.md").read_text()
