@@ -75,6 +75,8 @@ def output_stem(dataset: str = DEFAULT_DATASET, partition: str = "dirichlet") ->
         return "chu2023"
     slug = re.sub(r"[^A-Za-z0-9]+", "_", dataset).strip("_")
     return f"chu2023_{slug}" + ("_natural" if partition == "natural" else "")
+
+
 PAPER = {
     "source": "Chu et al. 2023 (arXiv v2), FEMNIST; shared/reference/paper_numbers.md",
     "priprune_vs_prunefl_privacy_gain_femnist": 0.363,
@@ -1129,8 +1131,9 @@ def main(argv=None):
     ap.add_argument("--image-size", type=int, default=None,
                     help="resize images to this size (default 16 with --quick/--smoke, else 28)")
     args = ap.parse_args(argv)
-    if args.image_size is not None and args.image_size < 8:
-        ap.error(f"--image-size must be >= 8 (Conv-2 and VGG-11 pool it), got {args.image_size}")
+    if args.image_size is not None and args.image_size < 12:
+        ap.error(f"--image-size must be >= 12 (part A's LeNet-5 has no feature map left "
+                 f"below that), got {args.image_size}")
     stem = output_stem(args.dataset, args.partition)
     if args.a_trained_rounds < 0:
         ap.error(f"--a-trained-rounds must be >= 0, got {args.a_trained_rounds}")

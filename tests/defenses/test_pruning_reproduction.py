@@ -240,7 +240,7 @@ def test_output_stem_keeps_each_dataset_and_partition_apart():
 
 @pytest.mark.parametrize("argv, message", [
     (["--dataset", "svhn_cropped"], "--dataset svhn_cropped: test loader serves only"),
-    (["--dataset", "cifar10", "--image-size", "4"], "--image-size must be >= 8"),
+    (["--dataset", "cifar10", "--image-size", "10"], "--image-size must be >= 12"),
     (["--dataset", "cifar10", "--partition", "natural", "--parts", "B"],
      "has 2 writer/identity ids, fewer than the 6 clients"),
     (["--dataset", "cifar10", "--combine"], "--combine needs chu2023_cifar10_A.json and "
