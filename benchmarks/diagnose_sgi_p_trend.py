@@ -85,7 +85,9 @@ def main(argv=None):
     victims = [rng.choice(len(ds.y_train), args.batch, replace=False) for _ in range(args.victims)]
     model = build_model("conv2", ds.num_classes)
     apply_fn = make_apply_fn(model)
-    params = init_params(model, ds.input_shape, jax.random.key(seed))
+    # One root key, split once: the initial model and the masks never share a key.
+    init_key, mask_root = jax.random.split(jax.random.key(seed))
+    params = init_params(model, ds.input_shape, init_key)
     fl = SimpleNamespace(image_size=16, clients=20, local_batch=20, clients_per_round=10,
                          lr=0.1, upload="weights")
     attack_cfg = {"iterations": args.iterations, "tv": 1e-3, "restarts": 1}
@@ -93,7 +95,7 @@ def main(argv=None):
     p_high = rates[-1]
     states, obs_list, truths = [], [], []
     for si, scheme in enumerate(args.schemes):
-        masks = {p: scheme_mask(scheme, jax.random.fold_in(jax.random.key(seed), 100 * si + k),
+        masks = {p: scheme_mask(scheme, jax.random.fold_in(mask_root, 100 * si + k),
                                 params, p, apply_fn, xp, yp, ds.input_shape, 20)
                  for k, p in enumerate(rates)}
         curve_hi, final_hi, _ = train_states(fl, ds, params, masks[p_high], seed, args.rounds)
