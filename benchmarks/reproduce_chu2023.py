@@ -667,13 +667,20 @@ def seed_pooled_lines(result) -> list[str]:
         vals = [v for v in vals if v is not None]
         if not vals:
             return "—"
-        sd = f" ± {np.std(vals, ddof=1):.1f}" if len(vals) > 1 else ""
-        return f"{np.mean(vals):+.1f}{sd} ({sum(v >= -1.0 for v in vals)}/{len(vals)})"
+        within = f"{sum(v >= -1.0 for v in vals)}/{len(vals)}"
+        if len(vals) < 2:
+            return f"{np.mean(vals):+.1f} ({within})"
+        # 95 % t interval of the mean paired difference (seeds as independent replicates).
+        from scipy import stats
+        mean, sd = float(np.mean(vals)), float(np.std(vals, ddof=1))
+        half = stats.t.ppf(0.975, len(vals) - 1) * sd / np.sqrt(len(vals))
+        return f"{mean:+.1f} ± {sd:.1f} ({within}; 95 % CI {mean - half:+.1f} to {mean + half:+.1f})"
 
     lines = ["", "## PriPrune − PruneFL pooled over seeds", "",
              "Per upload semantics with runs at two or more seeds: mean ± sample std over the "
              "seeds of PriPrune's accuracy minus PruneFL's, in points, and in brackets the "
-             "seeds within the 1-point rule; SGI NMI gain likewise (relative). The acceptance "
+             "seeds within the 1-point rule and the 95 % t interval of the mean difference; "
+             "SGI NMI gain as mean ± sample std (relative). The acceptance "
              "checks stay per run (verdict table above); this shows how the per-seed verdicts "
              "sit against the seed-to-seed spread.", "",
              "| upload | seeds | global model | client models | client models, own label mix | "

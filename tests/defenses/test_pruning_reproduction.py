@@ -314,10 +314,11 @@ def test_seed_pooled_lines_pool_priprune_minus_prunefl_per_upload():
                   {"upload": "split", "seed": 0, "rows": rows(0.60, 0.62, 0.40)},
                   {"upload": "update", "seed": 0, "rows": rows(0.60, 0.65, 0.40)}]}
     table = [l for l in seed_pooled_lines(result) if l.startswith("| ")][1:]
-    # weights: differences −10 and −4 points (mean −7, sample std 4.2, no seed within 1 point);
+    # weights: differences −10 and −4 points (mean −7, sample std 4.24, no seed within 1 point;
+    # 95 % t interval −7 ± t(0.975, 1)·4.24/√2 = −7 ± 12.706·3 = −45.1 to +31.1);
     # NMI gains 20 % and 40 %. One seed of split or update is not pooled.
-    assert table == ["| weights | 0, 1 | -7.0 ± 4.2 (0/2) | -7.0 ± 4.2 (0/2) | -7.0 ± 4.2 (0/2) "
-                     "| +30.0% ± 14.1% |"]
+    cell = "-7.0 ± 4.2 (0/2; 95 % CI -45.1 to +31.1)"
+    assert table == [f"| weights | 0, 1 | {cell} | {cell} | {cell} | +30.0% ± 14.1% |"]
     result["other_seeds_B"] = result["other_seeds_B"][2:]
     assert seed_pooled_lines(result) == []
 
