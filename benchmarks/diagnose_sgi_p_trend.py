@@ -16,6 +16,10 @@ with the same keys (paired: same labels and initial dummies):
 * p_low at matched accuracy vs p_high after R rounds: sparsity alone, at
   (about) equal training state.
 
+The initial model, the masks and (with ``--victims 3 --batch 8``) the victims
+are those of part A's Conv-2 B = 8 group at the same seed, so the *final*
+states are the models part A's trained variant attacks.
+
 Usage: ``python benchmarks/diagnose_sgi_p_trend.py [--schemes random prunefl feddst]
 [--rates 0.1 0.5] [--rounds 30] [--victims 3]``. Writes
 ``benchmarks/results/sgi_p_trend.json`` and ``.md``.
@@ -37,11 +41,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.reproduce_chu2023 import (attack_all, git_commit, masked_rounds,  # noqa: E402
-                                          masked_simulation, scheme_mask, score,
+                                          masked_simulation, part_a_key, scheme_mask, score,
                                           victim_observations)
 from defenses.pruning import apply_mask  # noqa: E402
 from defenses.pruning.schemes import SCHEMES  # noqa: E402
 from fedsim.data import load_dataset  # noqa: E402
+from fedsim.keys import experiment_key  # noqa: E402
 from fedsim.models import build_model, init_params, make_apply_fn  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -85,8 +90,11 @@ def main(argv=None):
     victims = [rng.choice(len(ds.y_train), args.batch, replace=False) for _ in range(args.victims)]
     model = build_model("conv2", ds.num_classes)
     apply_fn = make_apply_fn(model)
-    # One root key, split once: the initial model and the masks never share a key.
-    init_key, mask_root = jax.random.split(jax.random.key(seed))
+    # Part A's named key streams (fedsim.keys.experiment_key): the initial model and
+    # every (scheme, p) mask are part A's own, and no key is one of the engine's.
+    # (The first two runs drew them from key(seed) and from split(key(seed)); the
+    # second run's mask root was the engine's round root, see docs/pruning.md.)
+    init_key, init_name = part_a_key(seed, "init", "conv2")
     params = init_params(model, ds.input_shape, init_key)
     fl = SimpleNamespace(image_size=16, clients=20, local_batch=20, clients_per_round=10,
                          lr=0.1, upload="weights")
@@ -94,10 +102,10 @@ def main(argv=None):
     rates = sorted(args.rates)
     p_high = rates[-1]
     states, obs_list, truths = [], [], []
-    for si, scheme in enumerate(args.schemes):
-        masks = {p: scheme_mask(scheme, jax.random.fold_in(mask_root, 100 * si + k),
+    for scheme in args.schemes:
+        masks = {p: scheme_mask(scheme, part_a_key(seed, "mask", "conv2", scheme, p)[0],
                                 params, p, apply_fn, xp, yp, ds.input_shape, 20)
-                 for k, p in enumerate(rates)}
+                 for p in rates}
         curve_hi, final_hi, _ = train_states(fl, ds, params, masks[p_high], seed, args.rounds)
         target = curve_hi[-1]
         found = [(p_high, "final", args.rounds, curve_hi[-1], final_hi, curve_hi)]
@@ -115,7 +123,7 @@ def main(argv=None):
             states.append({"scheme": scheme, "p": p, "state": kind, "rounds": r,
                            "accuracy": acc, "accuracy_curve": curve})
             print(f"{scheme} p={p} {kind}: {r} rounds, accuracy {acc:.4f}", flush=True)
-    attack_key = jax.random.key(seed + 1000 + args.batch)
+    attack_key = experiment_key(seed, "sgi_p_trend/attack")
     t1 = time.perf_counter()
     gi, sg = attack_all(obs_list, attack_cfg, attack_key)
     attack_s = time.perf_counter() - t1
@@ -133,6 +141,8 @@ def main(argv=None):
                   sys.argv[1:] if argv is None else argv),
               "settings": {k: v for k, v in vars(args).items() if k != "out"},
               "attack": attack_cfg, "victim_indices": [v.tolist() for v in victims],
+              "keys": {"init": init_name, "masks": "chu2023/A/mask/conv2/<scheme>/<p>",
+                       "attack": "sgi_p_trend/attack"},
               "states": states}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,7 @@ from defenses.pruning.schemes import (SCHEMES, feddst_prune_regrow, initial_mask
 from fedsim.client import masked_mean_loss
 from fedsim.config import load_config
 from fedsim.hooks import chain
+from fedsim.keys import experiment_key
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.observer import restrict
 from fedsim.simulation import Simulation
@@ -211,14 +212,16 @@ def part_a(args, ds, rows, seed):
     for (model_name, B), group in groups.items():
         model = build_model(model_name, ds.num_classes)
         apply_fn = make_apply_fn(model)
-        params = init_params(model, shape, jax.random.key(seed))
+        init_key, init_name = part_a_key(seed, "init", model_name)
+        params = init_params(model, shape, init_key)
         d_w = int(np.sum(np.asarray(flatten(prunable(params)))))
         victims = [rng.choice(len(ds.y_train), B, replace=False) for _ in range(args.victims)]
         obs_list, truths, meta = [], [], []
         for i, (_, _, scheme, p) in enumerate(group):
             t0 = time.perf_counter()
-            mask = scheme_mask(scheme, jax.random.key(seed + 17 * i), params, p, apply_fn, xp, yp,
-                               shape, args.synflow_iterations)
+            mask_key, mask_name = part_a_key(seed, "mask", model_name, scheme, p)
+            mask = scheme_mask(scheme, mask_key, params, p, apply_fn, xp, yp, shape,
+                               args.synflow_iterations)
             pm = apply_mask(params, mask)
             trained_acc = None
             if getattr(args, "a_trained_rounds", 0):
@@ -228,13 +231,13 @@ def part_a(args, ds, rows, seed):
             obs, xs = victim_observations(apply_fn, pm, mask, ds, victims, lr)
             obs_list += obs
             truths += xs
-            meta.append((scheme, p, time.perf_counter() - t0, trained_acc))
+            meta.append((scheme, p, time.perf_counter() - t0, trained_acc, mask_name))
         t0 = time.perf_counter()
-        attack_key = jax.random.key(seed + 1000 + B)
+        attack_key, attack_name = part_a_key(seed, "attack", model_name, B)
         gi, sg = attack_all(obs_list, args.attack, attack_key)
         secs = time.perf_counter() - t0
         V = args.victims
-        for j, (scheme, p, mask_s, trained_acc) in enumerate(meta):
+        for j, (scheme, p, mask_s, trained_acc, mask_name) in enumerate(meta):
             for name, recs in (("gi", gi), ("sgi", sg)):
                 sc = [score(recs[j * V + v].x, truths[j * V + v]) for v in range(V)]
                 rows.append({"part": "A", "dataset": _dataset(args),
@@ -247,13 +250,28 @@ def part_a(args, ds, rows, seed):
                              "nmi_victims": [a for a, _ in sc], "psnr_victims": [b for _, b in sc],
                              "attack_loss_victims": [float(recs[j * V + v].loss) for v in range(V)],
                              "victim_indices": [np.asarray(v).tolist() for v in victims],
-                             "attack_seed": seed + 1000 + B, "mask_seed": seed + 17 * j,
+                             "seed": seed, "init_key": init_name, "mask_key": mask_name,
+                             "attack_key": attack_name,
                              "round": getattr(args, "a_trained_rounds", 0),
                              "trained_rounds": getattr(args, "a_trained_rounds", 0),
                              "trained_accuracy": trained_acc, "mask_seconds": mask_s,
                              "attack_seconds_group": secs})
         print(f"[A] {model_name} B={B}: {len(obs_list)} victims x 2 attacks in {secs:.1f}s",
               flush=True)
+
+
+def part_a_key(seed: int, *what) -> tuple[jax.Array, str]:
+    """Part A's key for ``what`` and the stream's name (recorded in the rows).
+
+    Every key is its own named stream (:func:`fedsim.keys.experiment_key`), so the
+    initial model, each (model, scheme, p) mask and each group's attack never share a
+    key with each other or with the engine's keys of the trained variant. The same
+    (model, scheme, p) gets the same mask in every batch-size group, and the same
+    model the same initial weights: the B axis is paired. (Before this, the initial
+    model's key ``key(seed)`` was also the first setting's mask key.)
+    """
+    name = "chu2023/A/" + "/".join(str(w) for w in what)
+    return experiment_key(seed, name), name
 
 
 def _dataset(args) -> str:

@@ -23,6 +23,8 @@ Randomness: ``key = jax.random.key(seed)``; the model is initialised from
 sampling key and a client key, and client c trains with
 ``fold_in(client_key, c)``. A round's randomness therefore depends only on
 (seed, round, client), which makes strategies comparable and runs resumable.
+Work beside a run that needs keys of its own takes them from
+:func:`fedsim.keys.experiment_key`, never from ``split(key)``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import numpy as np
 import optax
 
 from fedsim import partition as partition_lib
+from fedsim.keys import ENGINE_INIT, ENGINE_ROUNDS
 from fedsim.client import LocalTraining, init_client_state, make_client_update
 from fedsim.config import Config, ConfigError
 from fedsim.data import Dataset, load_dataset
@@ -182,7 +185,8 @@ class Simulation:
 
     def init_state(self) -> ServerState:
         """The initial server state: fresh model, optimizer, per-client states."""
-        params = init_params(self.model, self.dataset.input_shape, jax.random.fold_in(self.key, 0))
+        params = init_params(self.model, self.dataset.input_shape,
+                             jax.random.fold_in(self.key, ENGINE_INIT))
         one = init_client_state(self.defenses, params)
         client_states = jax.tree_util.tree_map(
             lambda s: jnp.broadcast_to(s, (self.num_clients,) + jnp.shape(s)).copy(), one)
@@ -190,7 +194,7 @@ class Simulation:
                            client_states)
 
     def round_keys(self, round_idx: int):
-        rk = jax.random.fold_in(jax.random.fold_in(self.key, 1), round_idx)
+        rk = jax.random.fold_in(jax.random.fold_in(self.key, ENGINE_ROUNDS), round_idx)
         return jax.random.split(rk)
 
     def cohort(self, round_idx: int) -> np.ndarray:

@@ -1,5 +1,7 @@
 """The acceptance rules of benchmarks/reproduce_chu2023.py, on synthetic rows."""
 
+import jax
+import numpy as np
 import pytest
 
 from benchmarks.reproduce_chu2023 import acceptance_checks
@@ -213,6 +215,20 @@ def test_part_a_smoke_at_a_trained_model(tmp_path):
     rows = json.loads((tmp_path / "chu2023_A_trained2.json").read_text())["rows"]
     assert rows and {r["model"] for r in rows} == {"conv2"}
     assert all(r["trained_rounds"] == 2 and 0.0 <= r["trained_accuracy"] <= 1.0 for r in rows)
+
+
+def test_part_a_keys_are_distinct_named_streams_paired_across_batch_sizes():
+    # The initial model's key was once also the first setting's mask key.
+    from benchmarks.reproduce_chu2023 import part_a_key
+    keys = {name: tuple(np.asarray(jax.random.key_data(k)).tolist()) for k, name in (
+        part_a_key(0, "init", "conv2"), part_a_key(0, "mask", "conv2", "random", 0.1),
+        part_a_key(0, "mask", "conv2", "prunefl", 0.1), part_a_key(0, "attack", "conv2", 8),
+        part_a_key(0, "attack", "conv2", 1))}
+    assert len(set(keys.values())) == 5
+    assert "chu2023/A/mask/conv2/random/0.1" in keys
+    again, _ = part_a_key(0, "mask", "conv2", "random", 0.1)  # any B group: the same mask
+    assert tuple(np.asarray(jax.random.key_data(again)).tolist()) == \
+        keys["chu2023/A/mask/conv2/random/0.1"]
 
 
 def test_settings_comparison_reads_absent_new_options_as_their_defaults():
