@@ -62,7 +62,7 @@ from fedsim.observer import restrict
 from fedsim.simulation import Simulation
 from fedsim.typing import Observation
 
-OUT = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results"
 DEFAULT_DATASET = "fashion_mnist"
 PARTITIONS = ("dirichlet", "natural")
 
@@ -768,18 +768,18 @@ def add_round_bounds(result, bd):
     del bd["bound"]
 
 
-def finalize(result, ds):
-    """Bounds, acceptance checks, JSON / markdown / PNG of a complete result."""
+def finalize(result, ds, out: Path = RESULTS):
+    """Bounds, acceptance checks, JSON / markdown / PNG of a complete result, in ``out``."""
     bd = bound_table(ds, result["seed"])
     add_round_bounds(result, bd)
     result["bound"] = bd
     result["checks"] = acceptance_checks(result["rows"])
-    OUT.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     stem = result.get("stem", "chu2023")
-    (OUT / f"{stem}.json").write_text(json.dumps(result, indent=1, default=float))
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=float))
     md = markdown(result)
-    (OUT / f"{stem}.md").write_text(md + ("\n" + result["note"] + "\n" if result.get("note") else ""))
-    plot(result, OUT / f"{stem}.png")
+    (out / f"{stem}.md").write_text(md + ("\n" + result["note"] + "\n" if result.get("note") else ""))
+    plot(result, out / f"{stem}.png")
     print(md)
 
 
@@ -1164,21 +1164,22 @@ def main(argv=None):
         ap.error(f"--a-trained-rounds must be >= 0, got {args.a_trained_rounds}")
     if args.a_trained_rounds and ("A" not in args.parts or "B" in args.parts):
         ap.error("--a-trained-rounds is a part-A variant: use it with --parts A")
-    if args.out:
-        global OUT
-        OUT = Path(args.out)
+    # Local, not a module global: a second main() in the same process (tests) must
+    # not inherit the first one's --out.
+    out_dir = Path(args.out) if args.out else RESULTS
     if args.combine:
-        missing = [f"{stem}_{part}.json" for part in "AB" if not (OUT / f"{stem}_{part}.json").exists()]
+        missing = [f"{stem}_{part}.json" for part in "AB"
+                   if not (out_dir / f"{stem}_{part}.json").exists()]
         if missing:
             opts = command_options({"mode": "full", "dataset": args.dataset,
                                     "partition": args.partition})
-            ap.error(f"--combine needs {' and '.join(missing)} in {OUT}: run "
+            ap.error(f"--combine needs {' and '.join(missing)} in {out_dir}: run "
                      f"`--quick --parts A{opts}` and `--quick --parts B{opts}` first")
-        a = json.loads((OUT / f"{stem}_A.json").read_text())
-        b = json.loads((OUT / f"{stem}_B.json").read_text())
-        cp = OUT / f"{stem}_C.json"
+        a = json.loads((out_dir / f"{stem}_A.json").read_text())
+        b = json.loads((out_dir / f"{stem}_B.json").read_text())
+        cp = out_dir / f"{stem}_C.json"
         c = json.loads(cp.read_text()) if cp.exists() else {"rows": [], "seconds": 0.0}
-        dp = OUT / f"{stem}_D.json"
+        dp = out_dir / f"{stem}_D.json"
         dd = json.loads(dp.read_text()) if dp.exists() else {"rows": [], "seconds": 0.0}
         result = {**a, "rows": a["rows"] + b["rows"] + c["rows"] + dd["rows"],
                   "seconds": a["seconds"] + b["seconds"] + c["seconds"] + dd["seconds"],
@@ -1190,14 +1191,14 @@ def main(argv=None):
                           "the commits of each part are recorded" + (f" ({a['commit_note']})"
                                                       if a.get("commit_note") else ""),
                   "settings_B": b["settings"]}
-        result["other_seeds_B"] = other_b_runs(OUT, stem)
+        result["other_seeds_B"] = other_b_runs(out_dir, stem)
         result["other_A"] = [
             {"file": f.name, "commit": o.get("commit"), "seconds": o["seconds"],
              "settings": o["settings"], "rows": o["rows"], "checks": acceptance_checks(o["rows"])}
             for f, o in ((f, json.loads(f.read_text()))
-                         for f in sorted(OUT.glob(f"{stem}_A_trained*.json")))]
+                         for f in sorted(out_dir.glob(f"{stem}_A_trained*.json")))]
         result.update(stem=stem, dataset=args.dataset, partition=args.partition)
-        finalize(result, _load(ap, args.dataset, args.partition, a["image_size"]))
+        finalize(result, _load(ap, args.dataset, args.partition, a["image_size"]), out_dir)
         return
     q = args.quick or args.smoke
     args.image_size = args.image_size or (16 if q else 28)
@@ -1270,16 +1271,16 @@ def main(argv=None):
                   k: v for k, v in vars(args).items() if k not in ("quick",)},
               "rows": rows, "paper": PAPER}
     if "A" in args.parts and "B" in args.parts:  # one process ran everything
-        finalize(result, ds)
+        finalize(result, ds, out_dir)
         return
-    OUT.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
     # A part at another seed (a replication) does not replace the seed-0 part that
     # --combine merges; --combine reports it beside it (see other_seed_tables).
     # Other upload semantics than the default are exploratory: their own file.
     suffix = ("" if args.upload == "weights" else f"_{args.upload}_uploads") \
         + (f"_trained{args.a_trained_rounds}" if args.a_trained_rounds else "") \
         + ("" if args.seed == 0 else f"_seed{args.seed}")
-    (OUT / f"{stem}_{args.parts}{suffix}.json").write_text(
+    (out_dir / f"{stem}_{args.parts}{suffix}.json").write_text(
         json.dumps(result, indent=1, default=float))
     print(markdown(result))
 

@@ -231,6 +231,16 @@ def test_part_a_keys_are_distinct_named_streams_paired_across_batch_sizes():
         keys["chu2023/A/mask/conv2/random/0.1"]
 
 
+def test_out_holds_for_its_own_call_only(capsys, tmp_path):
+    # --out once set a module global that a later main() in the same process reused.
+    from benchmarks.reproduce_chu2023 import RESULTS, main
+    for argv, folder in ((["--out", str(tmp_path)], tmp_path), ([], RESULTS)):
+        with pytest.raises(SystemExit):
+            main(["--combine", "--dataset", "no_such_parts"] + argv)
+        assert f"chu2023_no_such_parts_A.json and chu2023_no_such_parts_B.json in {folder}:" \
+            in capsys.readouterr().err
+
+
 def test_settings_comparison_reads_absent_new_options_as_their_defaults():
     from benchmarks.reproduce_chu2023 import _same_b_settings
     old = {"rounds": 30, "seed": 0}                   # a run made before the options existed
