@@ -56,7 +56,7 @@ from defenses.pruning.schemes import (SCHEMES, feddst_prune_regrow, initial_mask
 from fedsim.client import masked_mean_loss
 from fedsim.config import load_config
 from fedsim.hooks import chain
-from fedsim.keys import experiment_key
+from fedsim.keys import ENGINE_INIT, experiment_key
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.observer import restrict
 from fedsim.simulation import Simulation
@@ -561,13 +561,15 @@ def bound_table(ds, seed, d_star=8, n_examples=256, chunk=16):
     """Thm 1 / Cor 1 (defenses.bounds.priprune_leakage_bound) per p, B and T.
 
     Σ is the empirical covariance of the d* gradient coordinates with the
-    largest mean |g| of per-example gradients at the initial Conv-2 model
-    (our choice of "the d*-dimensional sub-vector"; the paper gives no recipe).
+    largest mean |g| of per-example gradients at part B's initial Conv-2 model
+    (the engine's init key for ``seed``; our choice of "the d*-dimensional
+    sub-vector"; the paper gives no recipe).
     """
     from defenses.bounds import priprune_leakage_bound
     model = build_model("conv2", ds.num_classes)
     apply_fn = make_apply_fn(model)
-    params = init_params(model, ds.input_shape, jax.random.key(seed))
+    params = init_params(model, ds.input_shape,
+                         jax.random.fold_in(jax.random.key(seed), ENGINE_INIT))
     idx = np.random.default_rng(seed + 99).choice(len(ds.y_train), n_examples, replace=False)
     x, y = jnp.asarray(ds.x_train[idx]), jnp.asarray(ds.y_train[idx])
     per_ex = jax.jit(jax.vmap(lambda xi, yi: flatten(jax.grad(masked_mean_loss, argnums=1)(
