@@ -39,11 +39,11 @@ import numpy as np
 import optax
 
 from fedsim import partition as partition_lib
-from fedsim.keys import ENGINE_INIT, ENGINE_ROUNDS
 from fedsim.client import LocalTraining, init_client_state, make_client_update
 from fedsim.config import Config, ConfigError
 from fedsim.data import Dataset, load_dataset
 from fedsim.hooks import SIMULATION_PLUGINS, Defense, build_defense, chain
+from fedsim.keys import ENGINE_INIT, ENGINE_ROUNDS
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.observer import ObservedUpload
 from fedsim.server import (add_weight, add_weights, make_server_optimizer, mean_update,
