@@ -31,7 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.reproduce_chu2023 import git_commit, scheme_mask, train_masked  # noqa: E402
+from benchmarks.reproduce_chu2023 import (git_commit, part_a_key, scheme_mask,  # noqa: E402
+                                          train_masked)
 from defenses.pruning import apply_mask  # noqa: E402
 from fedsim.data import load_dataset  # noqa: E402
 from fedsim.models import build_model, init_params, make_apply_fn  # noqa: E402
@@ -53,20 +54,21 @@ def main(argv=None):
     t0, commit = time.perf_counter(), git_commit()
     seed = args.seed
     ds = load_dataset("fashion_mnist", image_size=16)
-    # Part A's probe batch and initial model (reproduce_chu2023.part_a).
+    # Part A's probe batch, initial model and masks (reproduce_chu2023.part_a and its
+    # named key streams: no key is shared between the model, a mask and the engine).
     rng = np.random.default_rng(seed)
     probe = rng.choice(len(ds.y_train), 64, replace=False)
     xp, yp = jnp.asarray(ds.x_train[probe]), jnp.asarray(ds.y_train[probe])
     model = build_model("conv2", ds.num_classes)
     apply_fn = make_apply_fn(model)
-    params = init_params(model, ds.input_shape, jax.random.key(seed))
+    params = init_params(model, ds.input_shape, part_a_key(seed, "init", "conv2")[0])
     fl = SimpleNamespace(image_size=16, clients=20, local_batch=20, clients_per_round=10,
                          lr=0.1, upload="weights")
     rows = []
     for scheme in args.schemes:
         for p in args.rates:
-            mask = scheme_mask(scheme, jax.random.key(seed), params, p, apply_fn, xp, yp,
-                               ds.input_shape, 20)
+            mask = scheme_mask(scheme, part_a_key(seed, "mask", "conv2", scheme, p)[0],
+                               params, p, apply_fn, xp, yp, ds.input_shape, 20)
             pm = apply_mask(params, mask)
             kept = {leaf_name(k): float(jnp.mean(m))
                     for k, m in jax.tree_util.tree_leaves_with_path(mask) if m.ndim >= 2}
