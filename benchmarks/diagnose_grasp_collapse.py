@@ -72,14 +72,17 @@ def main(argv=None):
             pm = apply_mask(params, mask)
             kept = {leaf_name(k): float(jnp.mean(m))
                     for k, m in jax.tree_util.tree_leaves_with_path(mask) if m.ndim >= 2}
-            conv0 = [(leaf_name(k), a, b) for (k, a), b in zip(
-                jax.tree_util.tree_leaves_with_path(pm), jax.tree_util.tree_leaves(params))
-                if a.ndim == 4][0]
+            conv0 = [(leaf_name(k), a, b, m) for (k, a), b, m in zip(
+                jax.tree_util.tree_leaves_with_path(pm), jax.tree_util.tree_leaves(params),
+                jax.tree_util.tree_leaves(mask)) if a.ndim == 4][0]
+            removed = conv0[2][conv0[3] == 0]
             _, acc = train_masked(fl, ds, pm, mask, seed, args.rounds)
             rows.append({"scheme": scheme, "p": p, "kept_fraction": kept,
                          "first_conv": conv0[0],
                          "first_conv_mean_before": float(jnp.mean(conv0[2])),
                          "first_conv_mean_kept": float(jnp.mean(conv0[1])),
+                         "first_conv_mean_removed": (float(jnp.mean(removed)) if removed.size
+                                                     else None),
                          "logit_std_dense": float(jnp.std(apply_fn(params, xp))),
                          "logit_std_masked": float(jnp.std(apply_fn(pm, xp))),
                          "rounds": args.rounds, "test_accuracy": float(acc)})
@@ -93,12 +96,16 @@ def main(argv=None):
              f"`{result['command']}`, commit {commit}, seed {seed}, {result['seconds']:.0f} s. "
              "Part A's initial Conv-2 and probe batch (64 training images); "
              f"accuracy after {args.rounds} FedAvg rounds with the mask fixed.", "",
-             "| scheme | p | kept per weight leaf | first-conv mean (dense → kept) | "
-             "logit std (dense → masked) | test accuracy |", "|---|---|---|---|---|---|"]
+             "| scheme | p | kept per weight leaf | first-conv mean (dense → masked, zeros "
+             "included) | mean of the removed first-conv weights | logit std (dense → masked) | "
+             "test accuracy |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         kept = ", ".join(f"{k.split('/')[0]} {v:.2f}" for k, v in r["kept_fraction"].items())
         lines.append(f"| {r['scheme']} | {r['p']} | {kept} | {r['first_conv_mean_before']:.4f} → "
-                     f"{r['first_conv_mean_kept']:.4f} | {r['logit_std_dense']:.2f} → "
+                     f"{r['first_conv_mean_kept']:.4f} | "
+                     + (f"{r['first_conv_mean_removed']:.4f}" if r["first_conv_mean_removed"]
+                        is not None else "none removed")
+                     + f" | {r['logit_std_dense']:.2f} → "
                      f"{r['logit_std_masked']:.2f} | {r['test_accuracy']:.4f} |")
     (RESULTS / "grasp_collapse.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -382,3 +382,33 @@ def test_sgi_p_trend_diagnostic_pairs_victims_across_states(tmp_path):
             assert all(a < hi["accuracy"] for a in s["accuracy_curve"][:s["rounds"] - 1])
     assert len(res["victim_indices"]) == 2 and "| random | 0.5 | final | 3 |" in (
         tmp_path / "sgi_p_trend.md").read_text()
+
+
+def _noise_inputs(acc_trained=0.5):
+    victims = [[1, 2], [3, 4]]
+    trend = {"commit": "t", "settings": {"batch": 2}, "victim_indices": victims,
+             "states": [{"scheme": "random", "p": 0.1, "state": "final", "accuracy": 0.5,
+                         "sgi_psnr": 20.0, "gi_psnr": 15.0},
+                        {"scheme": "random", "p": 0.1, "state": "matched", "accuracy": 0.4,
+                         "sgi_psnr": 30.0, "gi_psnr": 18.0}]}
+    row = {"model": "conv2", "B": 2, "base": "random", "p": 0.1, "victim_indices": victims,
+           "trained_accuracy": acc_trained}
+    trained = {"commit": "a", "rows": [{**row, "attack": "sgi", "psnr": 22.5},
+                                       {**row, "attack": "gi", "psnr": 14.0}]}
+    return trend, trained
+
+
+def test_attack_noise_pairs_final_states_of_the_same_models():
+    from benchmarks.sgi_attack_noise import markdown, paired_states
+    trend, trained = _noise_inputs()
+    pairs = paired_states(trend, trained)
+    assert len(pairs) == 1  # the matched state has no part-A twin
+    assert (pairs[0]["sgi_trend"], pairs[0]["sgi_trained"], pairs[0]["gi_trained"]) == \
+        (20.0, 22.5, 14.0)
+    assert "SGI: 2.5–2.5 dB; GI: 1.0–1.0 dB" in markdown(pairs, trend, trained)
+
+
+def test_attack_noise_refuses_different_models():
+    from benchmarks.sgi_attack_noise import paired_states
+    with pytest.raises(ValueError, match="not the same model"):
+        paired_states(*_noise_inputs(acc_trained=0.51))
