@@ -55,8 +55,9 @@ def markdown(pairs: list[dict], trend: dict, trained: dict) -> str:
              f"`sgi_p_trend.json` (commit {trend['commit']}) final states against "
              f"`chu2023_A_trained30.json` (commit {trained['commit']}); 3-victim mean PSNR "
              "(dB), 1 restart. Produced by `python benchmarks/sgi_attack_noise.py`.", "",
-             "| scheme | p | test acc | SGI (diagnostic) | SGI (part A) | abs. diff. | GI (diagnostic) "
-             "| GI (part A) | abs. diff. |", "|---|---|---|---|---|---|---|---|---|"]
+             "| scheme | p | test acc | SGI (diagnostic) | SGI (part A) | abs. diff. "
+             "| GI (diagnostic) | GI (part A) | abs. diff. |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in pairs:
         lines.append(f"| {r['scheme']} | {r['p']} | {r['accuracy']:.4f} | {r['sgi_trend']:.2f} | "
                      f"{r['sgi_trained']:.2f} | {abs(r['sgi_trend'] - r['sgi_trained']):.2f} | "
@@ -64,8 +65,8 @@ def markdown(pairs: list[dict], trend: dict, trained: dict) -> str:
                      f"{abs(r['gi_trend'] - r['gi_trained']):.2f} |")
     ds = [abs(r["sgi_trend"] - r["sgi_trained"]) for r in pairs]
     dg = [abs(r["gi_trend"] - r["gi_trained"]) for r in pairs]
-    lines += ["", f"Absolute difference, SGI: {min(ds):.1f}–{max(ds):.1f} dB; GI: {min(dg):.1f}–{max(dg):.1f} dB "
-              f"({len(pairs)} states)."]
+    lines += ["", f"Absolute difference, SGI: {min(ds):.1f}–{max(ds):.1f} dB; "
+              f"GI: {min(dg):.1f}–{max(dg):.1f} dB ({len(pairs)} states)."]
     return "\n".join(lines) + "\n"
 
 
