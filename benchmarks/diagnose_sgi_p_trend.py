@@ -117,7 +117,7 @@ def main(argv=None):
                 r, pm = matched
                 found.append((p, "matched", r, curve[r - 1], pm, curve))
         for p, kind, r, acc, pm, curve in found:
-            obs, xs = victim_observations(apply_fn, pm, masks[p], ds, victims)
+            obs, xs, _ = victim_observations(apply_fn, pm, masks[p], ds, victims)
             obs_list += obs
             truths += xs
             states.append({"scheme": scheme, "p": p, "state": kind, "rounds": r,

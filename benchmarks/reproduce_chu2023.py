@@ -15,7 +15,12 @@ Two parts, every row from this script in one run (seeds in the JSON):
 A. Attacks on pruned uploads (Fig 2, Fig 7, Fig 8/9): the six base schemes
    mask the model at rate p; a victim batch's FedSGD upload Δ = −lr·(g ⊙ m)
    at the initial global model is attacked by GI (Inverting Gradients, cosine,
-   Geiping et al.) and SGI (Alg 2). Axes: p, B, model size.
+   Geiping et al.) and SGI (Alg 2). Axes: p, B, model size. Variants (``--parts A``
+   alone): ``--a-trained-rounds R`` attacks each pruned Conv-2 after R FedAvg
+   rounds; ``--a-protocol alg1`` follows the paper's Alg 1 literally: the victim
+   takes its step on the dense model and prunes its trained model, uploading
+   masked weights, so GI's target holds −w at the pruned coordinates and SGI
+   reads the mask off the upload's zeros.
 B. Pruned FL training with PruneFL as the base (p = 0.3) and the defenses of
    §5: none, Largest / Random / Mix (p̂ = 0.3; Mix 0.15 + 0.15), each with and
    without Pseudo-Pruning, and PriPrune (Fig 4, Fig 5). Test accuracy at the
@@ -120,14 +125,16 @@ def score(x_rec, x_true):
     return nmi(x_rec, x_true), float(np.mean(psnr(x_rec, x_true)))
 
 
-def attack_all(obs_list, attack_cfg, key):
+def attack_all(obs_list, attack_cfg, key, upload="update"):
     """GI and SGI on every observation (vmapped, one compile per attack).
 
     Paired: both attacks get the same key, hence the same labels and the same
     initial dummies per victim and restart; they differ only in SGI's mask.
+    ``upload="weights"``: the observations carry weight uploads as ŵ − w, and SGI
+    reads its mask off ŵ's zeros (Alg 2 lines 3–4); GI attacks ŵ − w as it is.
     """
     gi = inverting_gradients.run_many(obs_list, attack_cfg, key)
-    sg = sgi.run_many(obs_list, attack_cfg, key)
+    sg = sgi.run_many(obs_list, {**attack_cfg, "upload": upload}, key)
     return gi, sg
 
 
@@ -160,21 +167,51 @@ def train_masked(args, ds, params, mask, seed, rounds):
     return trained, sim.evaluate(trained)[0]
 
 
-def victim_observations(apply_fn, params, mask, ds, victims, lr=0.25):
-    """What the server sees of each victim batch: its FedSGD upload Δ = −lr·(g ⊙ m) at the
-    pruned model ``params``, restricted to labels and batch size (part A's threat model).
-    Returns the observations and the true images."""
-    obs_list, truths = [], []
+A_PROTOCOLS = ("pruned_model", "alg1")
+
+
+def victim_observations(apply_fn, params, mask, ds, victims, lr=0.25, protocol="pruned_model"):
+    """What the server sees of each victim batch, restricted to labels and batch size.
+
+    ``protocol="pruned_model"`` (part A's default): the server sends the pruned model
+    ``params`` (zeros where ``mask`` is 0) and the victim uploads its FedSGD update
+    Δ = −lr·(g ⊙ m), g the gradient at the pruned model.
+    ``protocol="alg1"`` (the paper's Alg 1, "Local Training and Pruning"): the server
+    sends the dense model ``params``; the victim takes its local step on it and prunes
+    its *trained* local model, uploading ŵ = (w − lr·g) ⊙ m, g the gradient at the dense
+    model; the server carries it as Δ = ŵ − w = −lr·(g ⊙ m) − w ⊙ (1 − m), so GI's
+    target holds −w at every pruned coordinate and SGI removes them by reading m off
+    ŵ's zeros (use ``attack_all(..., upload="weights")``).
+
+    Returns the observations, the true images and, per victim, the diagnostics
+    ``pruned_grad_share`` = ‖g ⊙ (1 − m)‖² / ‖g‖² (how much of the victim's gradient
+    the pruned coordinates hold: the part GI is told is zero under "pruned_model") and
+    ``pruned_weight_ratio`` = ‖w ⊙ (1 − m)‖ / ‖lr·g ⊙ m‖ (the size of GI's −w targets
+    against the shared update under "alg1"; 0 under "pruned_model").
+    """
+    if protocol not in A_PROTOCOLS:
+        raise ValueError(f"protocol must be one of {A_PROTOCOLS}, got {protocol!r}")
+    sq = lambda t: float(sum(jnp.sum(jnp.square(a)) for a in jax.tree_util.tree_leaves(t)))
+    unmask = jax.tree_util.tree_map(lambda m: 1.0 - m, mask)
+    obs_list, truths, stats = [], [], []
     for idx in victims:
         B = len(idx)
         x, y = jnp.asarray(ds.x_train[idx]), jnp.asarray(ds.y_train[idx])
         g = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, jnp.ones(B))
-        upd = jax.tree_util.tree_map(lambda a: -lr * a, apply_mask(g, mask))
+        shared = jax.tree_util.tree_map(lambda a: -lr * a, apply_mask(g, mask))
+        if protocol == "pruned_model":
+            upd, ratio = shared, 0.0
+        else:
+            pruned_w = apply_mask(params, unmask)
+            upd = jax.tree_util.tree_map(lambda s_, w: s_ - w, shared, pruned_w)
+            ratio = (sq(pruned_w) / max(sq(shared), 1e-30)) ** 0.5
+        stats.append({"pruned_grad_share": sq(apply_mask(g, unmask)) / max(sq(g), 1e-30),
+                      "pruned_weight_ratio": ratio})
         obs = Observation(upd, params, apply_fn, "fedsgd", lr, 1, B, B, y, ds.input_shape,
                           ds.num_classes)
         obs_list.append(restrict(obs, {"labels": True, "batch_size": True}))
         truths.append(np.asarray(x))
-    return obs_list, truths
+    return obs_list, truths, stats
 
 
 def part_a(args, ds, rows, seed):
@@ -191,6 +228,7 @@ def part_a(args, ds, rows, seed):
     rng = np.random.default_rng(seed)
     shape = ds.input_shape
     lr = 0.25
+    protocol = getattr(args, "a_protocol", "pruned_model")
     probe_idx = rng.choice(len(ds.y_train), 64, replace=False)  # server batch for SNIP/GraSP
     xp, yp = jnp.asarray(ds.x_train[probe_idx]), jnp.asarray(ds.y_train[probe_idx])
     jobs = []  # (model, B, scheme, p)
@@ -222,22 +260,24 @@ def part_a(args, ds, rows, seed):
             mask_key, mask_name = part_a_key(seed, "mask", model_name, scheme, p)
             mask = scheme_mask(scheme, mask_key, params, p, apply_fn, xp, yp, shape,
                                args.synflow_iterations)
-            pm = apply_mask(params, mask)
+            # "alg1": the victim trains the dense model and prunes afterwards.
+            pm = params if protocol == "alg1" else apply_mask(params, mask)
             trained_acc = None
             if getattr(args, "a_trained_rounds", 0):
                 if model_name != "conv2":
                     raise ValueError("--a-trained-rounds trains part B's Conv-2 only")
                 pm, trained_acc = train_masked(args, ds, pm, mask, seed, args.a_trained_rounds)
-            obs, xs = victim_observations(apply_fn, pm, mask, ds, victims, lr)
+            obs, xs, stats = victim_observations(apply_fn, pm, mask, ds, victims, lr, protocol)
             obs_list += obs
             truths += xs
-            meta.append((scheme, p, time.perf_counter() - t0, trained_acc, mask_name))
+            meta.append((scheme, p, time.perf_counter() - t0, trained_acc, mask_name, stats))
         t0 = time.perf_counter()
         attack_key, attack_name = part_a_key(seed, "attack", model_name, B)
-        gi, sg = attack_all(obs_list, args.attack, attack_key)
+        gi, sg = attack_all(obs_list, args.attack, attack_key,
+                            upload="weights" if protocol == "alg1" else "update")
         secs = time.perf_counter() - t0
         V = args.victims
-        for j, (scheme, p, mask_s, trained_acc, mask_name) in enumerate(meta):
+        for j, (scheme, p, mask_s, trained_acc, mask_name, stats) in enumerate(meta):
             for name, recs in (("gi", gi), ("sgi", sg)):
                 sc = [score(recs[j * V + v].x, truths[j * V + v]) for v in range(V)]
                 rows.append({"part": "A", "dataset": _dataset(args),
@@ -252,6 +292,10 @@ def part_a(args, ds, rows, seed):
                              "victim_indices": [np.asarray(v).tolist() for v in victims],
                              "seed": seed, "init_key": init_name, "mask_key": mask_name,
                              "attack_key": attack_name,
+                             "protocol": protocol,
+                             "pruned_grad_share_victims": [x["pruned_grad_share"] for x in stats],
+                             "pruned_weight_ratio_victims": [x["pruned_weight_ratio"]
+                                                             for x in stats],
                              "round": getattr(args, "a_trained_rounds", 0),
                              "trained_rounds": getattr(args, "a_trained_rounds", 0),
                              "trained_accuracy": trained_acc, "mask_seconds": mask_s,
@@ -749,7 +793,7 @@ def _same_b_settings(other: dict, main: dict) -> str:
     """'yes', or the settings that differ from the seed-0 part B (seed aside)."""
     skip = {"seed", "parts", "combine", "out"}
     # Options added after a run was made are absent from its settings: their default then.
-    defaults = {"a_trained_rounds": 0, "upload": "weights"}
+    defaults = {"a_trained_rounds": 0, "upload": "weights", "a_protocol": "pruned_model"}
     get = lambda s, k: s.get(k, defaults.get(k))
     diff = [k for k in sorted(set(other) | set(main)) if k not in skip
             and get(other, k) != get(main, k)]
@@ -892,15 +936,28 @@ def acceptance_checks(rows):
 def a_table_lines(a, settings, title="A. GI vs SGI on pruned FedSGD uploads") -> list[str]:
     """Markdown of part-A rows: one line per (model, B, scheme, p), GI beside SGI."""
     trained = max((r.get("trained_rounds", 0) for r in a), default=0)
+    alg1 = any(r.get("protocol") == "alg1" for r in a)
     where = (f"Conv-2 trained {trained} FedAvg rounds with the scheme's mask" if trained
-             else "initial model")
+             else "initial dense model, pruned after the local step: Alg 1 weight uploads"
+             if alg1 else "initial model")
+    # Diagnostics of rows made since they were added (older JSONs lack them).
+    diag = all(r.get("pruned_grad_share_victims") for r in a) and bool(a)
     lines = ["", f"## {title} ({where}, lr 0.25)", "",
              f"Attack budget (identical for GI and SGI, paired keys and victims): "
              f"{settings.get('attack')}; {settings.get('victims')} victims per setting (the same "
-             "images in every setting of a (model, B) group); mean over victims.", "",
-             "| model | B | base | p | GI NMI | SGI NMI | GI PSNR | SGI PSNR |"
-             + (" trained acc |" if trained else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|" if trained else "")]
+             "images in every setting of a (model, B) group); mean over victims.", ""]
+    if diag:
+        lines += ["Pruned share of g: ‖g ⊙ (1 − m)‖² / ‖g‖², the victims' gradient on the "
+                  "pruned coordinates" + (" (GI's targets there are −w, whose size against the "
+                                           "shared update ‖lr·g ⊙ m‖ is the next column)"
+                                           if alg1 else " (GI's targets there are 0)")
+                  + "; mean over victims.", ""]
+    lines += ["| model | B | base | p | GI NMI | SGI NMI | GI PSNR | SGI PSNR |"
+              + (" trained acc |" if trained else "")
+              + (" pruned share of g |" if diag else "") + (" ‖w ⊙ (1−m)‖ / ‖lr·g ⊙ m‖ |"
+                                                            if diag and alg1 else ""),
+              "|---|---|---|---|---|---|---|---|" + ("---|" if trained else "")
+              + ("---|" if diag else "") + ("---|" if diag and alg1 else "")]
     keys = sorted({(r["model"], r["B"], r["base"], r["p"]) for r in a},
                   key=lambda k: (k[0], k[1], k[2], k[3]))
     for k in keys:
@@ -908,16 +965,22 @@ def a_table_lines(a, settings, title="A. GI vs SGI on pruned FedSGD uploads") ->
         s = next(r for r in a if (r["model"], r["B"], r["base"], r["p"]) == k and r["attack"] == "sgi")
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {g['nmi']:.4f} | {s['nmi']:.4f} | "
                      f"{g['psnr']:.2f} | {s['psnr']:.2f} |"
-                     + (f" {g['trained_accuracy']:.4f} |" if trained else ""))
+                     + (f" {g['trained_accuracy']:.4f} |" if trained else "")
+                     + (f" {np.mean(g['pruned_grad_share_victims']):.4f} |" if diag else "")
+                     + (f" {np.mean(g['pruned_weight_ratio_victims']):.1f} |"
+                        if diag and alg1 else ""))
     return lines
 
 
 def other_a_tables(result) -> list[str]:
-    """Markdown for part A at a trained model (``chu2023_A_trained<R>.json``), with its checks."""
+    """Markdown for the part-A variants (``chu2023_A_trained<R>.json`` at a trained model,
+    ``chu2023_A_alg1.json`` under the paper's Alg 1 uploads), each with its checks."""
     lines = []
     for o in result.get("other_A", []):
+        what = ("A under Alg 1 weight uploads" if o["settings"].get("a_protocol") == "alg1"
+                else "A at a trained model")
         lines += a_table_lines(o["rows"], o["settings"],
-                               title=f"A at a trained model ({o['file']}, commit {o.get('commit')}, "
+                               title=f"{what} ({o['file']}, commit {o.get('commit')}, "
                                      f"{o['seconds']:.0f} s)")
         lines += ["", "Checks on these rows (same rules as the acceptance checks above):", ""]
         lines += [f"- **{'PASS' if c['pass'] else 'FAIL'}** {c['check']}: {c['detail']}"
@@ -1142,6 +1205,12 @@ def main(argv=None):
                     help="part A: train each pruned Conv-2 by FedAvg for R rounds (part B's "
                          "clients, the scheme's mask fixed) and attack uploads at the trained "
                          "model; writes chu2023_A_trained<R>.json")
+    ap.add_argument("--a-protocol", choices=A_PROTOCOLS, default="pruned_model",
+                    help="part A's upload: 'pruned_model' (default): FedSGD update of the pruned "
+                         "model, zeros where pruned; 'alg1': the paper's Alg 1, the victim trains "
+                         "the dense model and prunes it afterwards, uploading masked weights (GI "
+                         "sees -w at the pruned coordinates, SGI masks them off); writes "
+                         "chu2023_A_alg1.json")
     ap.add_argument("--lambda-pri", type=float, default=None,
                     help="override PriPrune's λ_pri in part B (default 10; exploratory runs)")
     ap.add_argument("--out", default=None,
@@ -1166,6 +1235,11 @@ def main(argv=None):
         ap.error(f"--a-trained-rounds must be >= 0, got {args.a_trained_rounds}")
     if args.a_trained_rounds and ("A" not in args.parts or "B" in args.parts):
         ap.error("--a-trained-rounds is a part-A variant: use it with --parts A")
+    if args.a_protocol != "pruned_model":
+        if "A" not in args.parts or "B" in args.parts:
+            ap.error("--a-protocol is a part-A variant: use it with --parts A")
+        if args.a_trained_rounds:
+            ap.error("--a-protocol alg1 attacks the initial dense model: drop --a-trained-rounds")
     # Local, not a module global: a second main() in the same process (tests) must
     # not inherit the first one's --out.
     out_dir = Path(args.out) if args.out else RESULTS
@@ -1198,7 +1272,8 @@ def main(argv=None):
             {"file": f.name, "commit": o.get("commit"), "seconds": o["seconds"],
              "settings": o["settings"], "rows": o["rows"], "checks": acceptance_checks(o["rows"])}
             for f, o in ((f, json.loads(f.read_text()))
-                         for f in sorted(out_dir.glob(f"{stem}_A_trained*.json")))]
+                         for f in sorted(out_dir.glob(f"{stem}_A_trained*.json"))
+                         + sorted(out_dir.glob(f"{stem}_A_alg1*.json")))]
         result.update(stem=stem, dataset=args.dataset, partition=args.partition)
         finalize(result, _load(ap, args.dataset, args.partition, a["image_size"]), out_dir)
         return
@@ -1281,6 +1356,7 @@ def main(argv=None):
     # Other upload semantics than the default are exploratory: their own file.
     suffix = ("" if args.upload == "weights" else f"_{args.upload}_uploads") \
         + (f"_trained{args.a_trained_rounds}" if args.a_trained_rounds else "") \
+        + ("" if args.a_protocol == "pruned_model" else f"_{args.a_protocol}") \
         + ("" if args.seed == 0 else f"_seed{args.seed}")
     (out_dir / f"{stem}_{args.parts}{suffix}.json").write_text(
         json.dumps(result, indent=1, default=float))
