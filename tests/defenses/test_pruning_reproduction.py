@@ -412,3 +412,165 @@ def test_attack_noise_refuses_different_models():
     from benchmarks.sgi_attack_noise import paired_states
     with pytest.raises(ValueError, match="not the same model"):
         paired_states(*_noise_inputs(acc_trained=0.51))
+
+
+def _tiny_victim_setting():
+    """A small MLP, a random half mask of its weights and two victim batches of 3."""
+    from types import SimpleNamespace
+
+    from defenses.pruning.schemes import initial_mask
+    from fedsim.models import build_model, init_params, make_apply_fn
+    rng = np.random.default_rng(0)
+    ds = SimpleNamespace(x_train=rng.uniform(size=(12, 6, 6, 1)).astype(np.float32),
+                         y_train=rng.integers(0, 4, size=12), input_shape=(6, 6, 1),
+                         num_classes=4)
+    model = build_model("mlp", 4)
+    apply_fn = make_apply_fn(model)
+    params = init_params(model, ds.input_shape, jax.random.key(1))
+    mask = initial_mask("random", jax.random.key(2), params, 0.5)
+    return ds, apply_fn, params, mask, [np.array([0, 1, 2]), np.array([3, 4, 5])]
+
+
+def _flat(tree):
+    return np.concatenate([np.ravel(np.asarray(l)) for l in jax.tree_util.tree_leaves(tree)])
+
+
+def _victim_grad(apply_fn, params, ds, idx):
+    import optax
+
+    def loss(p):
+        logits = apply_fn(p, ds.x_train[idx])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, ds.y_train[idx]).mean()
+    return jax.grad(loss)(params)
+
+
+def test_alg1_uploads_are_the_trained_dense_model_pruned_afterwards():
+    # Alg 1: the victim steps on the dense model, then prunes; the server carries ŵ − w.
+    from attacks.sgi import from_weight_upload
+    from benchmarks.reproduce_chu2023 import victim_observations
+    ds, apply_fn, params, mask, victims = _tiny_victim_setting()
+    lr = 0.25
+    obs, truths, stats = victim_observations(apply_fn, params, mask, ds, victims, lr, "alg1")
+    w, m = _flat(params), _flat(mask)
+    for o, idx, st in zip(obs, victims, stats):
+        g = _flat(_victim_grad(apply_fn, params, ds, idx))
+        w_hat = (w - lr * g) * m
+        np.testing.assert_allclose(_flat(o.update), w_hat - w, rtol=1e-5, atol=1e-7)
+        assert np.all(_flat(o.params) == w)  # GI and SGI differentiate at the dense model
+        # SGI's view (Alg 2 lines 3–4): the shared coordinates' change only.
+        np.testing.assert_allclose(_flat(from_weight_upload(o).update), -lr * g * m,
+                                   rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(st["pruned_grad_share"],
+                                   np.sum((g * (1 - m)) ** 2) / np.sum(g ** 2), rtol=1e-5)
+        np.testing.assert_allclose(st["pruned_weight_ratio"], np.linalg.norm(w * (1 - m))
+                                   / np.linalg.norm(lr * g * m), rtol=1e-5)
+    assert [t.shape for t in truths] == [(3, 6, 6, 1)] * 2
+
+
+def test_pruned_model_uploads_are_fedsgd_updates_of_the_pruned_model():
+    from benchmarks.reproduce_chu2023 import victim_observations
+    from defenses.pruning import apply_mask
+    ds, apply_fn, params, mask, victims = _tiny_victim_setting()
+    pm = apply_mask(params, mask)
+    obs, _, stats = victim_observations(apply_fn, pm, mask, ds, victims, 0.25)
+    m = _flat(mask)
+    for o, idx, st in zip(obs, victims, stats):
+        g = _flat(_victim_grad(apply_fn, pm, ds, idx))
+        np.testing.assert_allclose(_flat(o.update), -0.25 * g * m, rtol=1e-5, atol=1e-7)
+        assert st["pruned_weight_ratio"] == 0.0
+        np.testing.assert_allclose(st["pruned_grad_share"],
+                                   np.sum((g * (1 - m)) ** 2) / np.sum(g ** 2), rtol=1e-5)
+    with pytest.raises(ValueError, match="protocol"):
+        victim_observations(apply_fn, pm, mask, ds, victims, 0.25, "dense")
+
+
+def test_a_protocol_is_a_part_a_variant():
+    from benchmarks.reproduce_chu2023 import main
+    for argv in (["--parts", "B", "--a-protocol", "alg1"],
+                 ["--parts", "AB", "--a-protocol", "alg1"],
+                 ["--parts", "A", "--a-protocol", "alg1", "--a-trained-rounds", "2"],
+                 ["--parts", "A", "--a-protocol", "dense"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+
+
+@pytest.mark.slow
+def test_part_a_smoke_under_alg1_uploads_is_combined_as_a_variant(tmp_path):
+    import json
+
+    from benchmarks.reproduce_chu2023 import main
+    main(["--smoke", "--parts", "A", "--a-protocol", "alg1", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "chu2023_A_alg1.json").read_text())
+    rows = res["rows"]
+    assert rows and all(r["protocol"] == "alg1" for r in rows)
+    assert all(len(r["pruned_weight_ratio_victims"]) == len(r["psnr_victims"]) for r in rows)
+    # GI's −w targets: nonzero wherever something is pruned.
+    assert all(min(r["pruned_weight_ratio_victims"]) > 0 for r in rows)
+    main(["--smoke", "--parts", "A", "--out", str(tmp_path)])
+    main(["--smoke", "--parts", "B", "--out", str(tmp_path)])
+    main(["--combine", "--out", str(tmp_path)])
+    md = (tmp_path / "chu2023.md").read_text()
+    assert "## A under Alg 1 weight uploads (chu2023_A_alg1.json" in md
+    assert "‖w ⊙ (1−m)‖ / ‖lr·g ⊙ m‖" in md
+
+
+def _gap_rows(protocol_ratio=None):
+    rows = []
+    for base, p, gi, sg in (("snip", 0.1, 24.0, 22.0), ("random", 0.1, 21.0, 24.0),
+                            ("random", 0.5, 13.0, 28.0), ("prunefl", 0.9, 9.4, 8.7),
+                            ("snip", 0.3, 24.0, 22.0)):
+        for att, ps in (("gi", gi), ("sgi", sg)):
+            r = _a(base, p, att, 0.5, ps)
+            if protocol_ratio is not None:
+                r["pruned_weight_ratio_victims"] = [protocol_ratio]
+                r["pruned_grad_share_victims"] = [0.01 * p]
+            rows.append(r)
+    rows.append(_a("prunefl", 0.3, "sgi", 0.5, 30.0, B=1))  # another axis: left out
+    rows.append(_a("prunefl", 0.3, "gi", 0.5, 20.0, B=1))
+    return rows
+
+
+def test_sgi_vs_gi_relates_gaps_to_the_pruned_share():
+    from benchmarks.diagnose_sgi_vs_gi import check_recorded, summary, table
+    rows = _gap_rows()
+    shares = {("snip", 0.1): [0.004, 0.002], ("random", 0.1): [0.1, 0.1],
+              ("random", 0.5): [0.5, 0.4], ("prunefl", 0.9): [0.9, 0.9], ("snip", 0.3): [0.02]}
+    entries = table({"rows": rows}, shares)
+    assert [(e["scheme"], e["p"]) for e in entries] == sorted(shares)  # B = 1 left out
+    snip = next(e for e in entries if (e["scheme"], e["p"]) == ("snip", 0.1))
+    assert snip["pruned_grad_share"] == pytest.approx(0.003)
+    assert snip["sgi_minus_gi_psnr"] == pytest.approx(-2.0)
+    s = summary(entries)
+    assert s["excluded_both_flat"] == ["prunefl/p=0.9"]  # both below 10 dB
+    assert sorted(s["gi_wins"]) == ["snip/p=0.1", "snip/p=0.3"]
+    assert s["max_share_where_gi_wins"] == pytest.approx(0.02)
+    assert s["min_share_where_sgi_wins"] == pytest.approx(0.1)
+    assert s["n"] == 4 and s["spearman_rho"] > 0.9
+    check_recorded({"rows": rows}, shares)  # nothing recorded: nothing to compare
+    recorded = _gap_rows(protocol_ratio=3.0)
+    with pytest.raises(ValueError, match="not part A's models"):
+        check_recorded({"rows": recorded}, shares)
+    check_recorded({"rows": recorded}, {k: [0.01 * k[1]] for k in shares})
+
+
+def test_sgi_vs_gi_needs_part_a_results(capsys, tmp_path):
+    from benchmarks.diagnose_sgi_vs_gi import main
+    with pytest.raises(SystemExit):
+        main(["--results", str(tmp_path), "--out", str(tmp_path)])
+    assert "no chu2023_A.json" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sgi_vs_gi_rebuilds_part_as_models(tmp_path):
+    # Under Alg 1 the rows record the shares; the diagnostic must recompute them exactly.
+    import json
+
+    from benchmarks.diagnose_sgi_vs_gi import main as diagnose
+    from benchmarks.reproduce_chu2023 import main
+    main(["--smoke", "--parts", "A", "--out", str(tmp_path)])
+    main(["--smoke", "--parts", "A", "--a-protocol", "alg1", "--out", str(tmp_path)])
+    diagnose(["--results", str(tmp_path), "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "sgi_vs_gi.json").read_text())
+    assert [p["protocol"] for p in res["parts"]] == ["pruned_model", "alg1"]
+    assert all(0.0 <= e["pruned_grad_share"] <= 1.0 for p in res["parts"] for e in p["entries"])
+    assert "## chu2023_A_alg1.json" in (tmp_path / "sgi_vs_gi.md").read_text()
