@@ -574,3 +574,15 @@ def test_sgi_vs_gi_rebuilds_part_as_models(tmp_path):
     assert [p["protocol"] for p in res["parts"]] == ["pruned_model", "alg1"]
     assert all(0.0 <= e["pruned_grad_share"] <= 1.0 for p in res["parts"] for e in p["entries"])
     assert "## chu2023_A_alg1.json" in (tmp_path / "sgi_vs_gi.md").read_text()
+
+
+def test_part_a_table_shows_diagnostics_only_where_every_row_has_them():
+    from benchmarks.reproduce_chu2023 import a_table_lines
+    old = [_a("random", 0.1, "gi", 0.5, 20.0), _a("random", 0.1, "sgi", 0.6, 24.0)]
+    text = "\n".join(a_table_lines(old, {"attack": {}, "victims": 3}))
+    assert "pruned share" not in text and "| conv2 | 8 | random | 0.1 |" in text
+    new = [{**r, "protocol": "alg1", "pruned_grad_share_victims": [0.1, 0.3],
+            "pruned_weight_ratio_victims": [10.0, 20.0]} for r in old]
+    text = "\n".join(a_table_lines(new, {"attack": {}, "victims": 3}))
+    assert "Alg 1 weight uploads" in text
+    assert "| 20.00 | 24.00 | 0.2000 | 15.0 |" in text
