@@ -139,6 +139,7 @@ def summary(entries: list[dict]) -> dict:
 
 
 def markdown(parts: list[dict]) -> str:
+    from benchmarks.reproduce_chu2023 import share_text
     lines = ["# Where GI beats SGI: the pruned share of the victims' gradient", "",
              "share = ‖g ⊙ (1 − m)‖² / ‖g‖², g the victim's gradient at the model it was "
              "computed on, mean over the setting's victims: the part of the gradient that SGI "
@@ -157,7 +158,7 @@ def markdown(parts: list[dict]) -> str:
                   + (" ‖w ⊙ (1−m)‖ / ‖lr·g ⊙ m‖ |" if alg1 else ""),
                   "|---|---|---|---|---|" + ("---|" if alg1 else "")]
         for e in part["entries"]:
-            lines.append(f"| {e['scheme']} | {e['p']} | {e['pruned_grad_share']:.4f} | "
+            lines.append(f"| {e['scheme']} | {e['p']} | {share_text(e['pruned_grad_share'])} | "
                          f"{e['sgi_minus_gi_psnr']:+.2f} | {e['sgi_minus_gi_nmi']:+.4f} |"
                          + (f" {e['pruned_weight_ratio']:.1f} |" if alg1 else ""))
         s = part["summary"]
@@ -165,8 +166,8 @@ def markdown(parts: list[dict]) -> str:
                   f"(p = {s['spearman_p']:.3f}, n = {s['n']}; left out, both flat: "
                   f"{', '.join(s['excluded_both_flat']) or 'none'}). GI wins at: "
                   f"{', '.join(s['gi_wins']) or 'none'}"
-                  + (f" (largest share among them {s['max_share_where_gi_wins']:.4f}; "
-                     f"smallest share where SGI wins {s['min_share_where_sgi_wins']:.4f})"
+                  + (f" (largest share among them {share_text(s['max_share_where_gi_wins'])}; "
+                     f"smallest share where SGI wins {share_text(s['min_share_where_sgi_wins'])})"
                      if s["gi_wins"] and s["min_share_where_sgi_wins"] is not None else "")
                   + ".", ""]
     return "\n".join(lines)

@@ -966,10 +966,16 @@ def a_table_lines(a, settings, title="A. GI vs SGI on pruned FedSGD uploads") ->
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {g['nmi']:.4f} | {s['nmi']:.4f} | "
                      f"{g['psnr']:.2f} | {s['psnr']:.2f} |"
                      + (f" {g['trained_accuracy']:.4f} |" if trained else "")
-                     + (f" {np.mean(g['pruned_grad_share_victims']):.4f} |" if diag else "")
+                     + (f" {share_text(np.mean(g['pruned_grad_share_victims']))} |"
+                        if diag else "")
                      + (f" {np.mean(g['pruned_weight_ratio_victims']):.1f} |"
                         if diag and alg1 else ""))
     return lines
+
+
+def share_text(x: float) -> str:
+    """A pruned share with 4 decimals, or in scientific notation below 0.001."""
+    return f"{x:.4f}" if x >= 1e-3 else f"{x:.1e}"
 
 
 def other_a_tables(result) -> list[str]:
