@@ -19,7 +19,8 @@ the dense model and the size of GI's −w targets). It checks that it rebuilt pa
 models: the key-stream names must match the rows', and under Alg 1 the recomputed
 shares must equal the recorded ones.
 
-No attack runs here: seconds on a CPU.
+No attack runs here; the SynFlow/GraSP masks and the compiles take a few minutes on
+2 CPU cores (4–6 min here, beside other jobs).
 
 Usage: ``python benchmarks/diagnose_sgi_vs_gi.py`` → ``benchmarks/results/sgi_vs_gi.{json,md}``.
 """
