@@ -45,7 +45,9 @@ def p_axis(rows: list[dict]) -> dict:
     a = [r for r in rows if r["part"] == "A"]
     if not a:
         raise ValueError("no part-A rows")
-    bp = next(r["B"] for r in a if r["base"] == "random")
+    bp = next((r["B"] for r in a if r["base"] == "random"), None)
+    if bp is None:
+        raise ValueError("no Random rows: the p axis is identified by its Random settings")
     out: dict = {}
     for r in a:
         if r["model"] == "conv2" and r["B"] == bp:

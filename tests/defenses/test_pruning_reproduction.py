@@ -550,6 +550,8 @@ def test_sgi_vs_gi_relates_gaps_to_the_pruned_share():
     with pytest.raises(ValueError, match="not part A's models"):
         check_recorded({"rows": recorded}, shares)
     check_recorded({"rows": recorded}, {k: [0.01 * k[1]] for k in shares})
+    with pytest.raises(ValueError, match="no Random rows"):
+        table({"rows": [r for r in rows if r["base"] != "random"]}, shares)
 
 
 def test_sgi_vs_gi_needs_part_a_results(capsys, tmp_path):
