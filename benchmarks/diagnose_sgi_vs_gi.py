@@ -55,9 +55,14 @@ def p_axis(rows: list[dict]) -> dict:
     return out
 
 
-def recompute_shares(result: dict, protocol: str) -> dict:
-    """The pruned share of each p-axis setting's victims' gradients, per victim, at
-    part A's initial model (pruned under "pruned_model", dense under "alg1")."""
+def rebuild(result: dict, protocol: str, only=None):
+    """Yield ``(scheme, p, observations, true images, stats)`` of part A's p-axis settings,
+    rebuilt from the key streams and victims the rows name (``only``: one (scheme, p)).
+    The model is part A's initial Conv-2, pruned under "pruned_model", dense under "alg1".
+
+    Raises:
+        ValueError: the rows' key-stream names are not part A's current ones.
+    """
     import jax
     import jax.numpy as jnp
 
@@ -77,8 +82,9 @@ def recompute_shares(result: dict, protocol: str) -> dict:
     init_key, init_name = part_a_key(seed, "init", "conv2")
     params = init_params(model, ds.input_shape, init_key)
     its = result["settings"]["synflow_iterations"]
-    shares = {}
     for (scheme, p), pair in sorted(p_axis(result["rows"]).items()):
+        if only is not None and (scheme, p) != tuple(only):
+            continue
         row = pair["sgi"]
         mask_key, mask_name = part_a_key(seed, "mask", "conv2", scheme, p)
         if (row.get("init_key"), row.get("mask_key")) != (init_name, mask_name):
@@ -88,11 +94,16 @@ def recompute_shares(result: dict, protocol: str) -> dict:
         mask = scheme_mask(scheme, mask_key, params, p, apply_fn, xp, yp, ds.input_shape, its)
         model_params = params if protocol == "alg1" else apply_mask(params, mask)
         victims = [np.asarray(v) for v in row["victim_indices"]]
-        _, _, stats = victim_observations(apply_fn, model_params, mask, ds, victims, 0.25,
-                                          protocol)
-        shares[(scheme, p)] = [s["pruned_grad_share"] for s in stats]
+        obs, truths, stats = victim_observations(apply_fn, model_params, mask, ds, victims,
+                                                 0.25, protocol)
+        yield scheme, p, obs, truths, stats
         jax.clear_caches()
-    return shares
+
+
+def recompute_shares(result: dict, protocol: str) -> dict:
+    """The pruned share of each p-axis setting's victims' gradients, per victim."""
+    return {(scheme, p): [s["pruned_grad_share"] for s in stats]
+            for scheme, p, _, _, stats in rebuild(result, protocol)}
 
 
 def table(result: dict, shares: dict) -> list[dict]:
@@ -112,10 +123,11 @@ def table(result: dict, shares: dict) -> list[dict]:
 
 
 def check_recorded(result: dict, shares: dict, tol: float = 1e-4) -> None:
-    """Raise unless the recomputed shares equal the ones the rows recorded (same models)."""
+    """Raise unless the recomputed shares equal the ones the rows recorded (same models);
+    settings absent from ``shares`` are not compared."""
     for (scheme, p), pair in p_axis(result["rows"]).items():
         rec = pair["sgi"].get("pruned_grad_share_victims")
-        if rec is None:
+        if rec is None or (scheme, p) not in shares:
             continue
         if not np.allclose(rec, shares[(scheme, p)], rtol=tol, atol=1e-7):
             raise ValueError(f"{scheme} p={p}: recomputed pruned shares {shares[(scheme, p)]} "

@@ -587,3 +587,30 @@ def test_part_a_table_shows_diagnostics_only_where_every_row_has_them():
     text = "\n".join(a_table_lines(new, {"attack": {}, "victims": 3}))
     assert "Alg 1 weight uploads" in text
     assert "| 20.00 | 24.00 | 0.2000 | 15.0 |" in text
+
+
+def test_tv_factor_is_the_cosine_shrink_of_gis_minus_w_targets():
+    # s = ‖Δ‖ / ‖Δ ⊙ m‖ = √(1 + r²), r the recorded ‖w ⊙ (1 − m)‖ / ‖lr·g ⊙ m‖.
+    from benchmarks.diagnose_gi_tv_scaling import tv_factor
+    from benchmarks.reproduce_chu2023 import victim_observations
+    ds, apply_fn, params, mask, victims = _tiny_victim_setting()
+    obs, _, stats = victim_observations(apply_fn, params, mask, ds, victims, 0.25, "alg1")
+    np.testing.assert_allclose(tv_factor(obs),
+                               [np.sqrt(1 + s["pruned_weight_ratio"] ** 2) for s in stats],
+                               rtol=1e-4)
+
+
+def test_tv_scaling_markdown_and_missing_results(capsys, tmp_path):
+    from benchmarks.diagnose_gi_tv_scaling import main, markdown
+    arm = lambda tv, ps: {"tv": tv, "psnr_victims": ps, "psnr": float(np.mean(ps)), "nmi": 0.6}
+    out = {"scheme": "snip", "p": 0.1, "file": "f.json", "source_commit": "a", "commit": "b",
+           "attack": {"tv": 1e-3}, "key": "k", "tv_factor_victims": [10.0, 20.0],
+           "tv_factor": 15.0, "arms": {"gi": arm(1e-3, [26.0, 28.0]),
+                                       "sgi": arm(1e-3, [24.0, 25.0]),
+                                       "sgi_tv_scaled": arm(0.015, [27.0, 29.0])}}
+    md = markdown(out)
+    assert "| SGI, TV × s | 0.015 | 27.00 / 29.00 | 28.00 | 0.6000 |" in md
+    assert "-2.50 dB at the same TV weight, +1.00 dB" in md
+    with pytest.raises(SystemExit):
+        main(["--results", str(tmp_path), "--out", str(tmp_path)])
+    assert "no chu2023_A_alg1.json" in capsys.readouterr().err
