@@ -64,6 +64,22 @@ def test_priprune_check_per_accuracy_reading(reading, passes):
     assert not any(c["pass"] for c in acceptance_checks(rows) if c["check"].startswith("PriPrune"))
 
 
+def test_priprune_check_on_the_last_five_rounds_reading():
+    # Made only when the rows carry the last-5-round mean; one-sided at 1 point.
+    rows = [_b("none", "sgi", 0.46, 14.0, 0.55), _b("priprune", "sgi", 0.40, 11.0, 0.50)]
+    label = "global model, mean of last 5 rounds"
+    assert not [c for c in acceptance_checks(rows) if label in c["check"]]
+    for a_pri, passes in ((0.545, True), (0.535, False), (0.60, True)):
+        rows[0]["accuracy_last5"], rows[1]["accuracy_last5"] = 0.55, a_pri
+        (c,) = [c for c in acceptance_checks(rows) if c["check"].startswith("PriPrune")
+                and label in c["check"]]
+        assert c["pass"] is passes and f"{a_pri:.4f}" in c["detail"]
+    # The final-round reading is unchanged by it (5 points below: FAIL).
+    assert not _check(acceptance_checks(rows), "PriPrune on PruneFL: SGI privacy clearly "
+                      "better (NMI -5 % or PSNR -1 dB) with accuracy at most 1 point below "
+                      "PruneFL's (global model, whole")["pass"]
+
+
 def test_largest_pseudo_recovery_per_part_and_reading():
     rows = [_b("none", "sgi", 0.46, 14.0, 0.55, local=0.55),
             _b("largest", "sgi", 0.40, 11.0, 0.20, local=0.15),
@@ -153,6 +169,13 @@ def test_part_b_smoke_with_split_uploads(tmp_path):
     got = {(r["defense"], r["upload"], r["upload_semantics"]) for r in rows}
     assert got == {("none", "weights", "split"), ("largest", "weights", "split"),
                    ("largest_pseudo", "update", "split"), ("priprune", "update", "split")}
+    # Every row carries the global model's accuracy after each of the 3 rounds; the
+    # final one is the "accuracy" reading, their mean (fewer than 5 rounds) the last-5 one.
+    for r in rows:
+        assert len(r["accuracy_by_round"]) == 3
+        assert all(0.0 <= a <= 1.0 for a in r["accuracy_by_round"])
+        assert r["accuracy"] == r["accuracy_by_round"][-1]
+        assert r["accuracy_last5"] == pytest.approx(np.mean(r["accuracy_by_round"]))
 
 
 def test_other_b_runs_and_the_semantics_summary(tmp_path):
@@ -188,11 +211,14 @@ def test_other_b_runs_and_the_semantics_summary(tmp_path):
     table = [l for l in semantics_summary(result) if l.startswith("| chu2023")]
     # main (weights, 0), weights seed 1, split seed 0, split seed 1; one reading given per
     # row here (all three readings carry the same accuracy in these rows).
+    # These rows carry no last-5-round accuracy: its cell is "—".
     assert table == [
-        "| chu2023_B.json (main) | weights | 0 | FAIL / FAIL / FAIL | FAIL / FAIL / FAIL |",
-        "| chu2023_B_seed1.json | weights | 1 | FAIL / FAIL / FAIL | FAIL / FAIL / FAIL |",
-        "| chu2023_B_split_uploads.json | split | 0 | PASS / PASS / PASS | PASS / PASS / PASS |",
-        "| chu2023_B_split_uploads_seed1.json | split | 1 | PASS / PASS / PASS | FAIL / FAIL / FAIL |"]
+        "| chu2023_B.json (main) | weights | 0 | FAIL / FAIL / FAIL / — | FAIL / FAIL / FAIL / — |",
+        "| chu2023_B_seed1.json | weights | 1 | FAIL / FAIL / FAIL / — | FAIL / FAIL / FAIL / — |",
+        "| chu2023_B_split_uploads.json | split | 0 | PASS / PASS / PASS / — | "
+        "PASS / PASS / PASS / — |",
+        "| chu2023_B_split_uploads_seed1.json | split | 1 | PASS / PASS / PASS / — | "
+        "FAIL / FAIL / FAIL / — |"]
     text = "\n".join(other_seed_tables(result))
     assert "## B at seed 0, split uploads (split uploads; chu2023_B_split_uploads.json" in text
 
@@ -353,7 +379,16 @@ def test_seed_pooled_lines_pool_priprune_minus_prunefl_per_upload():
     # 95 % t interval −7 ± t(0.975, 1)·4.24/√2 = −7 ± 12.706·3 = −45.1 to +31.1);
     # NMI gains 20 % and 40 %. One seed of split or update is not pooled.
     cell = "-7.0 ± 4.2 (0/2; 95 % CI -45.1 to +31.1)"
-    assert table == [f"| weights | 0, 1 | {cell} | {cell} | {cell} | +30.0% ± 14.1% |"]
+    # The rows carry no last-5-round accuracy: "—".
+    assert table == [f"| weights | 0, 1 | {cell} | {cell} | {cell} | — | +30.0% ± 14.1% |"]
+    # With it (PriPrune's last-5 mean 0.3 points below PruneFL's at seed 0, 1.5 at seed 1):
+    # mean −0.9, sample std 0.85, one seed within the 1-point rule.
+    for run, (a0, a1) in zip([result] + result["other_seeds_B"][:1], [(0.600, 0.597),
+                                                                      (0.700, 0.685)]):
+        for r, a in zip(run["rows"], (a0, a1)):
+            r["accuracy_last5"] = a
+    table = [l for l in seed_pooled_lines(result) if l.startswith("| ")][1:]
+    assert table[0].split(" | ")[5] == "-0.9 ± 0.8 (1/2; 95 % CI -8.5 to +6.7)"
     result["other_seeds_B"] = result["other_seeds_B"][2:]
     assert seed_pooled_lines(result) == []
 
