@@ -809,7 +809,8 @@ def _same_b_settings(other: dict, main: dict) -> str:
     """'yes', or the settings that differ from the seed-0 part B (seed aside)."""
     skip = {"seed", "parts", "combine", "out"}
     # Options added after a run was made are absent from its settings: their default then.
-    defaults = {"a_trained_rounds": 0, "upload": "weights", "a_protocol": "pruned_model"}
+    defaults = {"a_trained_rounds": 0, "upload": "weights", "a_protocol": "pruned_model",
+                "dataset": DEFAULT_DATASET, "partition": "dirichlet"}
     get = lambda s, k: s.get(k, defaults.get(k))
     diff = [k for k in sorted(set(other) | set(main)) if k not in skip
             and get(other, k) != get(main, k)]

@@ -279,8 +279,11 @@ def test_out_holds_for_its_own_call_only(capsys, tmp_path):
 def test_settings_comparison_reads_absent_new_options_as_their_defaults():
     from benchmarks.reproduce_chu2023 import _same_b_settings
     old = {"rounds": 30, "seed": 0}                   # a run made before the options existed
-    new = {"rounds": 30, "seed": 1, "a_trained_rounds": 0, "upload": "weights"}
+    new = {"rounds": 30, "seed": 1, "a_trained_rounds": 0, "upload": "weights",
+           "dataset": "fashion_mnist", "partition": "dirichlet"}
     assert _same_b_settings(new, old) == "yes"
+    assert _same_b_settings({**new, "dataset": "emnist"}, old) == "differ in dataset"
+    assert _same_b_settings({**new, "partition": "natural"}, old) == "differ in partition"
     assert _same_b_settings({**new, "upload": "split"}, old) == "differ in upload"
     assert _same_b_settings({**new, "rounds": 120}, old) == "differ in rounds"
 
