@@ -354,6 +354,8 @@ N_PAPER = 6_603_710
 # Part B's steadier accuracy reading: the global model's test accuracy averaged over
 # the last LAST_ROUNDS rounds (row key ``accuracy_last5``).
 LAST_ROUNDS = 5
+# That reading's label in check names and tables.
+LAST_READING = f"global model, mean of last {LAST_ROUNDS} rounds"
 
 
 UPLOADS = ("weights", "update", "split", "sender")
@@ -675,7 +677,7 @@ def semantics_summary(result) -> list[str]:
         return []
     short = {"global model, whole test set": "global", "client models, whole test set": "client",
              "client models, own label mix": "own mix",
-             "global model, mean of last 5 rounds": "global last 5"}
+             LAST_READING: f"global last {LAST_ROUNDS}"}
 
     def verdicts(checks, start):
         out = []
@@ -693,7 +695,7 @@ def semantics_summary(result) -> list[str]:
              "(update); `sender` — every client uploads updates and the server averages "
              "each coordinate over the clients that sent it (sender_mean). Each cell: global model / "
              "client models / client models on their own label mix / global model averaged "
-             "over the last 5 rounds (— where a run predates that reading).", "",
+             f"over the last {LAST_ROUNDS} rounds (— where a run predates that reading).", "",
              "| run | upload | seed | PriPrune: privacy + accuracy within 1 point | "
              "Largest (Pseudo) recovers ≥ 50 % |", "|---|---|---|---|---|"]
     for r in sorted(runs, key=lambda r: ({"weights": 0, "update": 1, "split": 2, "sender": 3}.get(r["upload"], 4),
@@ -761,7 +763,7 @@ def seed_pooled_lines(result) -> list[str]:
              "checks stay per run (verdict table above); this shows how the per-seed verdicts "
              "sit against the seed-to-seed spread.", "",
              "| upload | seeds | global model | client models | client models, own label mix | "
-             "global model, last 5 rounds | SGI NMI gain |", "|---|---|---|---|---|---|---|"]
+             f"global model, last {LAST_ROUNDS} rounds | SGI NMI gain |", "|---|---|---|---|---|---|---|"]
     order = {"weights": 0, "update": 1, "split": 2, "sender": 3}
     for upload in sorted(pooled, key=lambda u: order.get(u, 4)):
         effs = pooled[upload]
@@ -787,7 +789,7 @@ def other_seed_tables(result) -> list[str]:
                   f"{o.get('file', '')}, commit {o.get('commit')}, "
                   f"{o['seconds']:.0f} s; same settings: "
                   f"{_same_b_settings(o['settings'], result.get('settings_B', {}))})", "",
-                  "| defense | global acc | global acc, last 5 rounds | client-model acc | "
+                  f"| defense | global acc | global acc, last {LAST_ROUNDS} rounds | client-model acc | "
                   "client-model acc, own label mix | "
                   "SGI NMI | SGI PSNR | GI NMI | GI PSNR |", "|---|---|---|---|---|---|---|---|---|"]
         fmt = lambda v: "—" if v is None else f"{v:.4f}"
@@ -906,12 +908,12 @@ def acceptance_checks(rows):
         # set; the client models on the test set; the client models on their own
         # label mix (FEMNIST's per-writer test data, where the paper evaluates).
         # Without Pseudo-Pruning a client's model is the global model.
-        # A fourth: the global model's accuracy averaged over the last 5 rounds (rows
-        # from runs before it was recorded lack it; the check is then not made).
+        # A fourth: the global model's accuracy averaged over the last LAST_ROUNDS rounds
+        # (rows from runs before it was recorded lack it; the check is then not made).
         readings = (("global model, whole test set", "accuracy"),
                     ("client models, whole test set", "client_model_accuracy"),
                     ("client models, own label mix", "client_model_local_accuracy"),
-                    ("global model, mean of last 5 rounds", "accuracy_last5"))
+                    (LAST_READING, "accuracy_last5"))
         if acc("priprune") is not None:
             n0, n1 = m("none", "sgi", "nmi"), m("priprune", "sgi", "nmi")
             p0, p1 = m("none", "sgi", "psnr"), m("priprune", "sgi", "psnr")
@@ -993,6 +995,103 @@ def a_table_lines(a, settings, title="A. GI vs SGI on pruned FedSGD uploads") ->
     return lines
 
 
+def _paired_summary(d) -> dict:
+    """Mean of paired differences ``d``, its 95 % t interval and the verdict on its sign."""
+    from scipy import stats
+    d = np.asarray(d, float)
+    mean = float(d.mean())
+    half = (float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
+            if len(d) > 1 else float("inf"))
+    verdict = ("SGI better" if mean - half > 0 else "GI better" if mean + half < 0
+               else "not resolved")
+    return {"diffs": d.tolist(), "mean": mean, "ci": (mean - half, mean + half),
+            "verdict": verdict}
+
+
+def sgi_gi_paired(a) -> list[dict]:
+    """SGI − GI in PSNR per p-axis setting of part-A rows, paired over victims.
+
+    Both attacks see the same victims with the same attack key (``attack_all``), so
+    the per-victim differences are paired. Per (scheme, p): the differences, their
+    mean and its 95 % t interval (victims as independent replicates), and a verdict:
+    "SGI better" / "GI better" where the interval excludes 0, else "not resolved".
+    The acceptance check compares means only; this says which of its failures (and
+    passes) the victims resolve at all.
+    """
+    if not any(r["base"] == "random" for r in a):
+        return []
+    bp = next(r["B"] for r in a if r["base"] == "random")
+    sel = [r for r in a if r["model"] == "conv2" and r["B"] == bp]
+    out = []
+    for scheme, p in sorted({(r["base"], r["p"]) for r in sel}):
+        by = {r["attack"]: r for r in sel if (r["base"], r["p"]) == (scheme, p)}
+        d = np.asarray(by["sgi"]["psnr_victims"]) - np.asarray(by["gi"]["psnr_victims"])
+        out.append({"B": bp, "base": scheme, "p": p, "gi_psnr": by["gi"]["psnr"],
+                    "sgi_psnr": by["sgi"]["psnr"], **_paired_summary(d)})
+    return out
+
+
+def sgi_gi_pooled(runs: list[list[dict]]) -> list[dict]:
+    """:func:`sgi_gi_paired` of several seeds of one protocol, the victims pooled.
+
+    The seeds draw other models, masks and victims, so their victims are independent
+    replicates of the same setting; each setting's differences are concatenated.
+    Only settings present in every run are kept.
+    """
+    keys = set.intersection(*({(x["B"], x["base"], x["p"]) for x in pr} for pr in runs))
+    out = []
+    for k in sorted(keys):
+        xs = [next(x for x in pr if (x["B"], x["base"], x["p"]) == k) for pr in runs]
+        out.append({"B": k[0], "base": k[1], "p": k[2],
+                    "gi_psnr": float(np.mean([x["gi_psnr"] for x in xs])),
+                    "sgi_psnr": float(np.mean([x["sgi_psnr"] for x in xs])),
+                    **_paired_summary([v for x in xs for v in x["diffs"]])})
+    return out
+
+
+def sgi_gi_paired_lines(result) -> list[str]:
+    """Markdown of :func:`sgi_gi_paired` for the main part A and each part-A variant, and
+    of :func:`sgi_gi_pooled` for each protocol run at two or more seeds."""
+    main_rows = [r for r in result["rows"] if r["part"] == "A"]
+    runs = [(f"{result.get('stem', 'chu2023')}_A.json (main)", result["seed"], main_rows)]
+    runs += [(o["file"], o["settings"].get("seed"), o["rows"]) for o in result.get("other_A", [])]
+    runs = [(name, seed, rows, sgi_gi_paired(rows)) for name, seed, rows in runs]
+    runs = [r for r in runs if r[3]]
+    if not runs:
+        return []
+    groups = {}
+    for name, seed, rows, pr in runs:
+        protocol = (rows[0].get("protocol") or "pruned_model", rows[0].get("trained_rounds", 0))
+        groups.setdefault(protocol, []).append((seed, pr))
+    tables = [(name, pr) for name, _, _, pr in runs]
+    tables += [(f"pooled over seeds {', '.join(str(s) for s, _ in g)} ({proto}"
+                + (f", trained {trained} rounds" if trained else "") + ")",
+                sgi_gi_pooled([pr for _, pr in g]))
+               for (proto, trained), g in groups.items() if len(g) >= 2]
+    lines = ["", "## SGI − GI in PSNR per setting, paired over victims", "",
+             "Conv-2 p axis of each part-A run. Both attacks see the same victims with the "
+             "same attack key, so the per-victim differences SGI − GI (dB) are paired; mean "
+             "and 95 % t interval over the victims (pooled tables: over the victims of every "
+             "seed; GI / SGI PSNR there are the seeds' mean). 'GI better' / 'SGI better': "
+             "the interval excludes 0; 'not resolved': it does not. The acceptance check "
+             "above compares the means only; this table is information, not a check.", ""]
+    for name, pr in tables:
+        worse = [x for x in pr if x["mean"] < 0]
+        lines += [f"### {name}: SGI below GI on the mean at {len(worse)}/{len(pr)} settings; "
+                  f"GI better beyond the interval at "
+                  f"{sum(x['verdict'] == 'GI better' for x in pr)}, SGI better at "
+                  f"{sum(x['verdict'] == 'SGI better' for x in pr)}", "",
+                  "| B | base | p | GI PSNR | SGI PSNR | SGI − GI per victim | mean (95 % CI) "
+                  "| verdict |", "|---|---|---|---|---|---|---|---|"]
+        for x in pr:
+            lines.append(f"| {x['B']} | {x['base']} | {x['p']} | {x['gi_psnr']:.2f} | "
+                         f"{x['sgi_psnr']:.2f} | {' / '.join(f'{v:+.2f}' for v in x['diffs'])} | "
+                         f"{x['mean']:+.2f} ({x['ci'][0]:+.2f} to {x['ci'][1]:+.2f}) | "
+                         f"{x['verdict']} |")
+        lines.append("")
+    return lines
+
+
 def share_text(x: float) -> str:
     """A pruned share with 4 decimals, or in scientific notation below 0.001."""
     return f"{x:.4f}" if x >= 1e-3 else f"{x:.1e}"
@@ -1060,7 +1159,7 @@ def markdown(result) -> str:
                   "it the global model), on the whole test set and on each client's own label "
                   "mix (FEMNIST-style local test data), over the same clients for every "
                   "defense.", "",
-                  "| defense | global acc | global acc, last 5 rounds | client-model acc | "
+                  f"| defense | global acc | global acc, last {LAST_ROUNDS} rounds | client-model acc | "
                   "client-model acc, own label mix | "
                   "SGI NMI | SGI PSNR | GI NMI | GI PSNR | upload zeros | bound (bits) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -1137,6 +1236,7 @@ def markdown(result) -> str:
                              f"{'—' if cl is None else f'{cl:.4f}'} | {m('sgi', 'nmi'):.4f} | "
                              f"{m('sgi', 'psnr'):.2f} | {m('gi', 'nmi'):.4f} |")
     lines += other_a_tables(result)
+    lines += sgi_gi_paired_lines(result)
     lines += semantics_summary(result)
     lines += seed_pooled_lines(result)
     lines += other_seed_tables(result)

@@ -396,6 +396,71 @@ def test_seed_pooled_lines_pool_priprune_minus_prunefl_per_upload():
     assert seed_pooled_lines(result) == []
 
 
+def _av(base, p, attack, psnrs, B=8):
+    return {**_a(base, p, attack, 0.5, float(np.mean(psnrs)), B=B), "psnr_victims": psnrs}
+
+
+def test_sgi_gi_paired_resolves_the_sign_of_per_victim_differences():
+    from benchmarks.reproduce_chu2023 import sgi_gi_paired
+
+    rows = [_av("random", 0.1, "gi", [10.0, 11.0, 12.0]), _av("random", 0.1, "sgi", [11.0, 13.0, 15.0]),
+            _av("snip", 0.1, "gi", [20.0, 20.0, 20.0]), _av("snip", 0.1, "sgi", [19.0, 19.5, 18.5]),
+            _av("snip", 0.5, "gi", [20.0, 20.0, 20.0]), _av("snip", 0.5, "sgi", [25.0, 15.0, 20.3]),
+            # Another batch size is not on the p axis.
+            _av("snip", 0.5, "gi", [1.0, 1.0, 1.0], B=1), _av("snip", 0.5, "sgi", [0.0, 0.0, 0.0], B=1)]
+    out = {(x["base"], x["p"]): x for x in sgi_gi_paired(rows)}
+    assert set(out) == {("random", 0.1), ("snip", 0.1), ("snip", 0.5)}
+    # random: differences 1, 2, 3 -> mean 2, sample std 1, half width t(0.975, 2)/sqrt(3)
+    # = 4.302653 / 1.732051 = 2.484138 -> (-0.48, 4.48): the interval holds 0.
+    r = out[("random", 0.1)]
+    assert r["diffs"] == [1.0, 2.0, 3.0] and r["mean"] == pytest.approx(2.0)
+    np.testing.assert_allclose(r["ci"], (2.0 - 2.484138, 2.0 + 2.484138), rtol=1e-6)
+    assert r["verdict"] == "not resolved"
+    # snip 0.1: -1, -0.5, -1.5 -> mean -1, std 0.5, half 1.242069: (-2.24, +0.24): unresolved;
+    s = out[("snip", 0.1)]
+    np.testing.assert_allclose(s["ci"], (-1.0 - 1.242069, -1.0 + 1.242069), rtol=1e-6)
+    assert s["verdict"] == "not resolved"
+    # with a tighter spread GI is resolved better, and SGI in the mirror case.
+    rows[3]["psnr_victims"] = [19.0, 19.1, 18.9]
+    rows[1]["psnr_victims"] = [12.0, 13.1, 13.9]
+    out = {(x["base"], x["p"]): x for x in sgi_gi_paired(rows)}
+    assert out[("snip", 0.1)]["verdict"] == "GI better"
+    assert out[("random", 0.1)]["verdict"] == "SGI better"
+    assert out[("snip", 0.5)]["verdict"] == "not resolved"
+
+
+def test_sgi_gi_pooled_concatenates_seeds_and_the_markdown_names_each_run():
+    from benchmarks.reproduce_chu2023 import sgi_gi_paired, sgi_gi_paired_lines, sgi_gi_pooled
+
+    def run(d):
+        return [_av("random", 0.1, "gi", [10.0, 10.0, 10.0]),
+                _av("random", 0.1, "sgi", [10.0 + v for v in d])]
+
+    s0, s1 = run([-1.0, -0.5, -1.5]), run([-1.0, -0.9, -1.1])
+    pooled = sgi_gi_pooled([sgi_gi_paired(s0), sgi_gi_paired(s1)])
+    (x,) = pooled
+    np.testing.assert_allclose(x["diffs"], [-1.0, -0.5, -1.5, -1.0, -0.9, -1.1])
+    # Six differences: mean -1, sample std sqrt(0.52/5) = 0.322490, t(0.975, 5) = 2.570582.
+    half = 2.570582 * 0.322490 / np.sqrt(6)
+    np.testing.assert_allclose(x["ci"], (-1.0 - half, -1.0 + half), rtol=1e-5)
+    assert x["verdict"] == "GI better"
+    for r in s1:
+        r["protocol"] = "alg1"
+    s2 = [dict(r, seed=2) for r in s1]
+    result = {"seed": 0, "rows": s0, "other_A": [
+        {"file": "chu2023_A_alg1.json", "settings": {"seed": 0}, "rows": s1},
+        {"file": "chu2023_A_alg1_seed2.json", "settings": {"seed": 2}, "rows": s2}]}
+    heads = [l for l in sgi_gi_paired_lines(result) if l.startswith("### ")]
+    # One table per run, and one pooled table for the protocol run at two seeds (alg1);
+    # the main run's protocol has one seed only.
+    assert [h.split(":")[0] for h in heads] == [
+        "### chu2023_A.json (main)", "### chu2023_A_alg1.json", "### chu2023_A_alg1_seed2.json",
+        "### pooled over seeds 0, 2 (alg1)"]
+    assert heads[0].endswith("SGI below GI on the mean at 1/1 settings; GI better beyond the "
+                             "interval at 0, SGI better at 0")
+    assert sgi_gi_paired_lines({"seed": 0, "rows": []}) == []
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--rates", "0.5"], "--rates: two or more pruning rates in (0, 1)"),
     (["--rates", "0.1", "1.0"], "--rates: two or more pruning rates in (0, 1)"),
