@@ -995,16 +995,22 @@ def a_table_lines(a, settings, title="A. GI vs SGI on pruned FedSGD uploads") ->
     return lines
 
 
-def _paired_summary(d) -> dict:
-    """Mean of paired differences ``d``, its 95 % t interval and the verdict on its sign."""
+def _mean_ci(d) -> tuple[float, float, float]:
+    """Mean of replicates ``d`` and its 95 % t interval (infinite for one replicate)."""
     from scipy import stats
     d = np.asarray(d, float)
     mean = float(d.mean())
     half = (float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
             if len(d) > 1 else float("inf"))
-    verdict = ("SGI better" if mean - half > 0 else "GI better" if mean + half < 0
-               else "not resolved")
-    return {"diffs": d.tolist(), "mean": mean, "ci": (mean - half, mean + half),
+    return mean, mean - half, mean + half
+
+
+def _paired_summary(d) -> dict:
+    """Mean of paired differences SGI − GI ``d``, its 95 % t interval and the verdict on
+    its sign."""
+    mean, lo, hi = _mean_ci(d)
+    verdict = "SGI better" if lo > 0 else "GI better" if hi < 0 else "not resolved"
+    return {"diffs": np.asarray(d, float).tolist(), "mean": mean, "ci": (lo, hi),
             "verdict": verdict}
 
 
@@ -1049,6 +1055,113 @@ def sgi_gi_pooled(runs: list[list[dict]]) -> list[dict]:
     return out
 
 
+def p_trend(a) -> list[dict]:
+    """Per scheme, attack and metric of part A's Conv-2 p axis: the slope over p, per victim.
+
+    Every setting of a (model, B) group attacks the same victim images, so each victim
+    traces its own NMI / PSNR curve over p. Its least-squares slope (per unit p: NMI,
+    or dB) is one replicate; the mean slope's 95 % t interval over the victims gives a
+    verdict: "falls" / "rises" where it excludes 0, else "not resolved". The acceptance
+    check asks for a monotone fall of the victim means; this is information beside it.
+    """
+    if not any(r["base"] == "random" for r in a):
+        return []
+    bp = next(r["B"] for r in a if r["base"] == "random")
+    sel = [r for r in a if r["model"] == "conv2" and r["B"] == bp]
+    if len({json.dumps(r.get("victim_indices")) for r in sel}) > 1:
+        raise ValueError("p_trend: the p-axis rows attack different victims; per-victim "
+                         "slopes need the same victims at every p")
+    out = []
+    for scheme in sorted({r["base"] for r in sel}):
+        ps = sorted({r["p"] for r in sel if r["base"] == scheme})
+        if len(ps) < 2:
+            continue
+        for attack in ("sgi", "gi"):
+            for metric in ("nmi", "psnr"):
+                curves = np.array([next(r for r in sel if (r["base"], r["p"], r["attack"])
+                                        == (scheme, p, attack))[f"{metric}_victims"]
+                                   for p in ps]).T  # (victims, rates)
+                # Least-squares slope Σ(p − p̄)(v − v̄) / Σ(p − p̄)²: exactly 0 for a flat
+                # curve (np.polyfit leaves ~1e-17 there, which a zero-spread interval
+                # would call a rise).
+                dp = np.asarray(ps) - np.mean(ps)
+                slopes = [float(dp @ (c - c.mean()) / (dp @ dp)) for c in curves]
+                out.append({"base": scheme, "ps": ps, "attack": attack, "metric": metric,
+                            **_trend_summary(slopes)})
+    return out
+
+
+def _trend_summary(slopes) -> dict:
+    mean, lo, hi = _mean_ci(slopes)
+    return {"slopes": list(slopes), "mean": mean, "ci": (lo, hi),
+            "verdict": "falls" if hi < 0 else "rises" if lo > 0 else "not resolved"}
+
+
+def p_trend_pooled(runs: list[list[dict]]) -> list[dict]:
+    """:func:`p_trend` of several seeds of one protocol, the victims' slopes pooled
+    (entries with the same scheme, rates, attack and metric in every run)."""
+    key = lambda x: (x["base"], tuple(x["ps"]), x["attack"], x["metric"])
+    keys = [key(x) for x in runs[0] if all(key(x) in {key(y) for y in r} for r in runs[1:])]
+    out = []
+    for k in keys:
+        slopes = [v for r in runs for x in r if key(x) == k for v in x["slopes"]]
+        out.append({"base": k[0], "ps": list(k[1]), "attack": k[2], "metric": k[3],
+                    **_trend_summary(slopes)})
+    return out
+
+
+def p_trend_lines(result) -> list[str]:
+    """Markdown of :func:`p_trend` per part-A run and :func:`p_trend_pooled` per protocol
+    run at two or more seeds."""
+    main_rows = [r for r in result["rows"] if r["part"] == "A"]
+    runs = [(f"{result.get('stem', 'chu2023')}_A.json (main)", result["seed"], main_rows)]
+    runs += [(o["file"], o["settings"].get("seed"), o["rows"]) for o in result.get("other_A", [])]
+    runs = [(name, seed, rows, p_trend(rows)) for name, seed, rows in runs]
+    runs = [r for r in runs if r[3]]
+    if not runs:
+        return []
+    groups = {}
+    for _, seed, rows, tr in runs:
+        proto = (rows[0].get("protocol") or "pruned_model", rows[0].get("trained_rounds", 0))
+        groups.setdefault(proto, []).append((seed, tr))
+    tables = [(name, tr) for name, _, _, tr in runs]
+    tables += [(f"pooled over seeds {', '.join(str(s) for s, _ in g)} ({proto}"
+                + (f", trained {trained} rounds" if trained else "") + ")",
+                p_trend_pooled([tr for _, tr in g]))
+               for (proto, trained), g in groups.items() if len(g) >= 2]
+    cols = [("sgi", "nmi"), ("sgi", "psnr"), ("gi", "nmi"), ("gi", "psnr")]
+    lines = ["", "## NMI / PSNR against p per scheme, slopes over victims", "",
+             "Conv-2 p axis of each part-A run. Each victim is attacked at every p, so its "
+             "least-squares slope over p (NMI, or dB, per unit p) is one replicate; cells: "
+             "mean slope (95 % t interval over the victims; pooled tables: over the victims "
+             "of every seed) and 'falls' / 'rises' where the interval excludes 0. "
+             "Information beside the acceptance check, which asks for a monotone fall of "
+             "the victim means. Pooling treats the victims of different seeds as "
+             "exchangeable: it does not separate a seed's own effect (other initial model "
+             "and masks), so with two seeds its interval is optimistic.", ""]
+    for name, tr in tables:
+        count = lambda att, met, v: sum(x["verdict"] == v for x in tr
+                                        if (x["attack"], x["metric"]) == (att, met))
+        n = len({x["base"] for x in tr})
+        lines += [f"### {name}: falls beyond the interval in "
+                  + ", ".join(f"{a.upper()} {m.upper()} {count(a, m, 'falls')}/{n}"
+                              for a, m in cols)
+                  + "; rises in " + ", ".join(f"{a.upper()} {m.upper()} {count(a, m, 'rises')}"
+                                             for a, m in cols), "",
+                  "| base | p | SGI NMI | SGI PSNR | GI NMI | GI PSNR |",
+                  "|---|---|---|---|---|---|"]
+        for scheme in sorted({x["base"] for x in tr}):
+            cell = {(x["attack"], x["metric"]): x for x in tr if x["base"] == scheme}
+            fmt = lambda x, d: (f"{x['mean']:+.{d}f} ({x['ci'][0]:+.{d}f} to "
+                                f"{x['ci'][1]:+.{d}f}) {x['verdict']}")
+            ps = cell[cols[0]]["ps"]
+            lines.append(f"| {scheme} | {'/'.join(f'{p:g}' for p in ps)} | "
+                         + " | ".join(fmt(cell[c], 3 if c[1] == "nmi" else 1) for c in cols)
+                         + " |")
+        lines.append("")
+    return lines
+
+
 def sgi_gi_paired_lines(result) -> list[str]:
     """Markdown of :func:`sgi_gi_paired` for the main part A and each part-A variant, and
     of :func:`sgi_gi_pooled` for each protocol run at two or more seeds."""
@@ -1074,7 +1187,10 @@ def sgi_gi_paired_lines(result) -> list[str]:
              "and 95 % t interval over the victims (pooled tables: over the victims of every "
              "seed; GI / SGI PSNR there are the seeds' mean). 'GI better' / 'SGI better': "
              "the interval excludes 0; 'not resolved': it does not. The acceptance check "
-             "above compares the means only; this table is information, not a check.", ""]
+             "above compares the means only; this table is information, not a check. "
+             "Pooling treats the victims of different seeds as exchangeable: it does not "
+             "separate a seed's own effect (other initial model and masks), so with two "
+             "seeds its interval is optimistic.", ""]
     for name, pr in tables:
         worse = [x for x in pr if x["mean"] < 0]
         lines += [f"### {name}: SGI below GI on the mean at {len(worse)}/{len(pr)} settings; "
@@ -1237,6 +1353,7 @@ def markdown(result) -> str:
                              f"{m('sgi', 'psnr'):.2f} | {m('gi', 'nmi'):.4f} |")
     lines += other_a_tables(result)
     lines += sgi_gi_paired_lines(result)
+    lines += p_trend_lines(result)
     lines += semantics_summary(result)
     lines += seed_pooled_lines(result)
     lines += other_seed_tables(result)

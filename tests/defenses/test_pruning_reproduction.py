@@ -461,6 +461,63 @@ def test_sgi_gi_pooled_concatenates_seeds_and_the_markdown_names_each_run():
     assert sgi_gi_paired_lines({"seed": 0, "rows": []}) == []
 
 
+def _trend_rows(curves, scheme="random", attack="sgi", ps=(0.1, 0.5, 0.9), victims=None):
+    """Part-A rows whose victims trace ``curves`` (victims × rates) in NMI and PSNR."""
+    rows = []
+    for j, p in enumerate(ps):
+        vals = [c[j] for c in curves]
+        for att in ("sgi", "gi"):
+            v = vals if att == attack else [0.5] * len(vals)
+            rows.append({**_a(scheme, p, att, float(np.mean(v)), float(np.mean(v))),
+                         "nmi_victims": v, "psnr_victims": v,
+                         "victim_indices": victims or [[0], [1], [2]]})
+    return rows
+
+
+def test_p_trend_takes_each_victims_least_squares_slope():
+    from benchmarks.reproduce_chu2023 import p_trend
+
+    # Slopes by hand, p = 0.1 / 0.5 / 0.9 (Σ(p − 0.5)² = 0.32): −0.8/0.32·0.4 = −1;
+    # (−0.4·0.4333 + 0.4·(−0.4667)) / 0.32 = −1.125; −0.24/0.32 = −0.75.
+    curves = [[0.9, 0.5, 0.1], [1.0, 0.6, 0.1], [0.8, 0.5, 0.2]]
+    out = {(x["attack"], x["metric"]): x for x in p_trend(_trend_rows(curves))}
+    s = out[("sgi", "nmi")]
+    np.testing.assert_allclose(s["slopes"], [-1.0, -1.125, -0.75], atol=1e-9)
+    mean, sd = -2.875 / 3, float(np.std([-1.0, -1.125, -0.75], ddof=1))
+    half = 4.302653 * sd / np.sqrt(3)
+    np.testing.assert_allclose(s["ci"], (mean - half, mean + half), rtol=1e-5)
+    assert s["verdict"] == "falls" and out[("sgi", "psnr")]["verdict"] == "falls"
+    # GI's curves are flat: slope 0 with no spread, neither falls nor rises.
+    assert out[("gi", "nmi")]["verdict"] == "not resolved"
+    rising = [[c[2], c[1], c[0]] for c in curves]
+    assert {x["verdict"] for x in p_trend(_trend_rows(rising)) if x["attack"] == "sgi"} == {"rises"}
+    mixed = [[0.9, 0.5, 0.1], [0.1, 0.5, 0.9], [0.5, 0.5, 0.4]]
+    assert p_trend(_trend_rows(mixed))[0]["verdict"] == "not resolved"
+
+
+def test_p_trend_needs_the_same_victims_and_pools_seeds():
+    from benchmarks.reproduce_chu2023 import p_trend, p_trend_lines, p_trend_pooled
+
+    rows = _trend_rows([[0.9, 0.5, 0.1], [1.0, 0.6, 0.1], [0.8, 0.5, 0.2]])
+    rows[0]["victim_indices"] = [[5], [1], [2]]
+    with pytest.raises(ValueError, match="different victims"):
+        p_trend(rows)
+    s0 = _trend_rows([[0.9, 0.5, 0.1], [1.0, 0.6, 0.1], [0.8, 0.5, 0.2]])
+    s1 = _trend_rows([[0.5, 0.5, 0.5], [0.6, 0.5, 0.4], [0.7, 0.5, 0.3]])
+    pooled = {(x["attack"], x["metric"]): x for x in p_trend_pooled([p_trend(s0), p_trend(s1)])}
+    np.testing.assert_allclose(pooled[("sgi", "nmi")]["slopes"],
+                               [-1.0, -1.125, -0.75, 0.0, -0.25, -0.5], atol=1e-9)
+    for r in s0 + s1:
+        r["protocol"] = "alg1"
+    result = {"seed": 0, "rows": [], "other_A": [
+        {"file": "chu2023_A_alg1.json", "settings": {"seed": 0}, "rows": s0},
+        {"file": "chu2023_A_alg1_seed1.json", "settings": {"seed": 1}, "rows": s1}]}
+    heads = [l for l in p_trend_lines(result) if l.startswith("### ")]
+    assert [h.split(":")[0] for h in heads] == [
+        "### chu2023_A_alg1.json", "### chu2023_A_alg1_seed1.json", "### pooled over seeds 0, 1 (alg1)"]
+    assert "SGI NMI 1/1" in heads[2] and "GI NMI 0/1" in heads[2]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--rates", "0.5"], "--rates: two or more pruning rates in (0, 1)"),
     (["--rates", "0.1", "1.0"], "--rates: two or more pruning rates in (0, 1)"),
