@@ -1042,6 +1042,8 @@ def sgi_gi_pooled(runs: list[list[dict]]) -> list[dict]:
 
     The seeds draw other models, masks and victims, so their victims are independent
     replicates of the same setting; each setting's differences are concatenated.
+    Pooled victims ignore a seed's own effect (its model and masks); ``seed_ci`` /
+    ``seed_verdict`` take the seeds' mean differences as the replicates instead.
     Only settings present in every run are kept.
     """
     keys = set.intersection(*({(x["B"], x["base"], x["p"]) for x in pr} for pr in runs))
@@ -1051,8 +1053,18 @@ def sgi_gi_pooled(runs: list[list[dict]]) -> list[dict]:
         out.append({"B": k[0], "base": k[1], "p": k[2],
                     "gi_psnr": float(np.mean([x["gi_psnr"] for x in xs])),
                     "sgi_psnr": float(np.mean([x["sgi_psnr"] for x in xs])),
-                    **_paired_summary([v for x in xs for v in x["diffs"]])})
+                    **_paired_summary([v for x in xs for v in x["diffs"]]),
+                    **_seed_level([x["mean"] for x in xs],
+                                  ("SGI better", "GI better", "not resolved"))})
     return out
+
+
+def _seed_level(means, verdicts=("rises", "falls", "not resolved")) -> dict:
+    """The seeds' means as replicates: their 95 % t interval and its verdict
+    (positive, negative, unresolved)."""
+    _, lo, hi = _mean_ci(means)
+    return {"seed_ci": (lo, hi),
+            "seed_verdict": verdicts[0] if lo > 0 else verdicts[1] if hi < 0 else verdicts[2]}
 
 
 def p_trend(a) -> list[dict]:
@@ -1099,14 +1111,16 @@ def _trend_summary(slopes) -> dict:
 
 def p_trend_pooled(runs: list[list[dict]]) -> list[dict]:
     """:func:`p_trend` of several seeds of one protocol, the victims' slopes pooled
-    (entries with the same scheme, rates, attack and metric in every run)."""
+    (entries with the same scheme, rates, attack and metric in every run), and the
+    seeds' mean slopes as replicates (``seed_ci`` / ``seed_verdict``)."""
     key = lambda x: (x["base"], tuple(x["ps"]), x["attack"], x["metric"])
     keys = [key(x) for x in runs[0] if all(key(x) in {key(y) for y in r} for r in runs[1:])]
     out = []
     for k in keys:
-        slopes = [v for r in runs for x in r if key(x) == k for v in x["slopes"]]
+        xs = [next(x for x in r if key(x) == k) for r in runs]
         out.append({"base": k[0], "ps": list(k[1]), "attack": k[2], "metric": k[3],
-                    **_trend_summary(slopes)})
+                    **_trend_summary([v for x in xs for v in x["slopes"]]),
+                    **_seed_level([x["mean"] for x in xs])})
     return out
 
 
@@ -1138,22 +1152,31 @@ def p_trend_lines(result) -> list[str]:
              "Information beside the acceptance check, which asks for a monotone fall of "
              "the victim means. Pooling treats the victims of different seeds as "
              "exchangeable: it does not separate a seed's own effect (other initial model "
-             "and masks), so with two seeds its interval is optimistic.", ""]
+             "and masks), so its interval is optimistic; the pooled tables' heading also "
+             "counts the verdicts with the seeds' mean slopes as the replicates (t interval "
+             "with seeds − 1 degrees of freedom), each cell's last word.", ""]
     for name, tr in tables:
-        count = lambda att, met, v: sum(x["verdict"] == v for x in tr
-                                        if (x["attack"], x["metric"]) == (att, met))
+        count = lambda att, met, v, field="verdict": sum(
+            x[field] == v for x in tr if (x["attack"], x["metric"]) == (att, met))
         n = len({x["base"] for x in tr})
+        seeds = "seed_verdict" in tr[0]
         lines += [f"### {name}: falls beyond the interval in "
                   + ", ".join(f"{a.upper()} {m.upper()} {count(a, m, 'falls')}/{n}"
                               for a, m in cols)
                   + "; rises in " + ", ".join(f"{a.upper()} {m.upper()} {count(a, m, 'rises')}"
-                                             for a, m in cols), "",
+                                             for a, m in cols)
+                  + ("; over seeds, falls in " + ", ".join(
+                      f"{a.upper()} {m.upper()} {count(a, m, 'falls', 'seed_verdict')}/{n}"
+                      for a, m in cols) + ", rises in " + ", ".join(
+                      f"{a.upper()} {m.upper()} {count(a, m, 'rises', 'seed_verdict')}"
+                      for a, m in cols) if seeds else ""), "",
                   "| base | p | SGI NMI | SGI PSNR | GI NMI | GI PSNR |",
                   "|---|---|---|---|---|---|"]
         for scheme in sorted({x["base"] for x in tr}):
             cell = {(x["attack"], x["metric"]): x for x in tr if x["base"] == scheme}
             fmt = lambda x, d: (f"{x['mean']:+.{d}f} ({x['ci'][0]:+.{d}f} to "
-                                f"{x['ci'][1]:+.{d}f}) {x['verdict']}")
+                                f"{x['ci'][1]:+.{d}f}) {x['verdict']}"
+                                + (f"; over seeds {x['seed_verdict']}" if seeds else ""))
             ps = cell[cols[0]]["ps"]
             lines.append(f"| {scheme} | {'/'.join(f'{p:g}' for p in ps)} | "
                          + " | ".join(fmt(cell[c], 3 if c[1] == "nmi" else 1) for c in cols)
@@ -1189,21 +1212,31 @@ def sgi_gi_paired_lines(result) -> list[str]:
              "the interval excludes 0; 'not resolved': it does not. The acceptance check "
              "above compares the means only; this table is information, not a check. "
              "Pooling treats the victims of different seeds as exchangeable: it does not "
-             "separate a seed's own effect (other initial model and masks), so with two "
-             "seeds its interval is optimistic.", ""]
+             "separate a seed's own effect (other initial model and masks), so its interval "
+             "is optimistic; the pooled tables' last column takes the seeds' mean "
+             "differences as the replicates instead (t interval with seeds − 1 degrees of "
+             "freedom).", ""]
     for name, pr in tables:
         worse = [x for x in pr if x["mean"] < 0]
+        seeds = "seed_verdict" in pr[0]
         lines += [f"### {name}: SGI below GI on the mean at {len(worse)}/{len(pr)} settings; "
                   f"GI better beyond the interval at "
                   f"{sum(x['verdict'] == 'GI better' for x in pr)}, SGI better at "
-                  f"{sum(x['verdict'] == 'SGI better' for x in pr)}", "",
+                  f"{sum(x['verdict'] == 'SGI better' for x in pr)}"
+                  + (f" (over seeds: GI better at "
+                     f"{sum(x['seed_verdict'] == 'GI better' for x in pr)}, SGI better at "
+                     f"{sum(x['seed_verdict'] == 'SGI better' for x in pr)})" if seeds else ""),
+                  "",
                   "| B | base | p | GI PSNR | SGI PSNR | SGI − GI per victim | mean (95 % CI) "
-                  "| verdict |", "|---|---|---|---|---|---|---|---|"]
+                  "| verdict |" + (" over seeds (95 % CI) |" if seeds else ""),
+                  "|---|---|---|---|---|---|---|---|" + ("---|" if seeds else "")]
         for x in pr:
             lines.append(f"| {x['B']} | {x['base']} | {x['p']} | {x['gi_psnr']:.2f} | "
                          f"{x['sgi_psnr']:.2f} | {' / '.join(f'{v:+.2f}' for v in x['diffs'])} | "
                          f"{x['mean']:+.2f} ({x['ci'][0]:+.2f} to {x['ci'][1]:+.2f}) | "
-                         f"{x['verdict']} |")
+                         f"{x['verdict']} |"
+                         + (f" {x['seed_verdict']} ({x['seed_ci'][0]:+.2f} to "
+                            f"{x['seed_ci'][1]:+.2f}) |" if seeds else ""))
         lines.append("")
     return lines
 

@@ -444,6 +444,8 @@ def test_sgi_gi_pooled_concatenates_seeds_and_the_markdown_names_each_run():
     half = 2.570582 * 0.322490 / np.sqrt(6)
     np.testing.assert_allclose(x["ci"], (-1.0 - half, -1.0 + half), rtol=1e-5)
     assert x["verdict"] == "GI better"
+    # Over seeds: both seeds' mean differences are -1, no spread: GI better too.
+    assert x["seed_ci"] == (-1.0, -1.0) and x["seed_verdict"] == "GI better"
     for r in s1:
         r["protocol"] = "alg1"
     s2 = [dict(r, seed=2) for r in s1]
@@ -507,6 +509,13 @@ def test_p_trend_needs_the_same_victims_and_pools_seeds():
     pooled = {(x["attack"], x["metric"]): x for x in p_trend_pooled([p_trend(s0), p_trend(s1)])}
     np.testing.assert_allclose(pooled[("sgi", "nmi")]["slopes"],
                                [-1.0, -1.125, -0.75, 0.0, -0.25, -0.5], atol=1e-9)
+    assert pooled[("sgi", "nmi")]["verdict"] == "falls"
+    # Over seeds the replicates are the seeds' mean slopes, -0.9583 and -0.25: the t
+    # interval with one degree of freedom, -0.604 +- 12.706 * 0.5009 / sqrt(2), holds 0.
+    lo, hi = pooled[("sgi", "nmi")]["seed_ci"]
+    half = 12.706205 * float(np.std([-2.875 / 3, -0.25], ddof=1)) / np.sqrt(2)
+    np.testing.assert_allclose((lo, hi), (-0.6041667 - half, -0.6041667 + half), rtol=1e-5)
+    assert pooled[("sgi", "nmi")]["seed_verdict"] == "not resolved"
     for r in s0 + s1:
         r["protocol"] = "alg1"
     result = {"seed": 0, "rows": [], "other_A": [
