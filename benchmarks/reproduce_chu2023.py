@@ -839,6 +839,7 @@ def finalize(result, ds, out: Path = RESULTS):
     add_round_bounds(result, bd)
     result["bound"] = bd
     result["checks"] = acceptance_checks(result["rows"])
+    result["part_a_analyses"] = part_a_analyses(result)
     out.mkdir(parents=True, exist_ok=True)
     stem = result.get("stem", "chu2023")
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=float))
@@ -1124,25 +1125,40 @@ def p_trend_pooled(runs: list[list[dict]]) -> list[dict]:
     return out
 
 
+def per_run_and_pooled(result, analyse, pool) -> list[tuple[str, list[dict]]]:
+    """``analyse(rows)`` for the main part A and each part-A variant, then ``pool`` over
+    the runs of each (protocol, trained rounds) made at two or more seeds; as (title,
+    entries) pairs, runs without entries left out."""
+    runs = [(f"{result.get('stem', 'chu2023')}_A.json (main)", result["seed"],
+             [r for r in result["rows"] if r["part"] == "A"])]
+    runs += [(o["file"], o["settings"].get("seed"), o["rows"]) for o in result.get("other_A", [])]
+    runs = [(name, seed, rows, analyse(rows)) for name, seed, rows in runs if rows]
+    runs = [r for r in runs if r[3]]
+    groups = {}
+    for _, seed, rows, entries in runs:
+        proto = (rows[0].get("protocol") or "pruned_model", rows[0].get("trained_rounds", 0))
+        groups.setdefault(proto, []).append((seed, entries))
+    tables = [(name, entries) for name, _, _, entries in runs]
+    tables += [(f"pooled over seeds {', '.join(str(s) for s, _ in g)} ({proto}"
+                + (f", trained {trained} rounds" if trained else "") + ")",
+                pool([entries for _, entries in g]))
+               for (proto, trained), g in groups.items() if len(g) >= 2]
+    return tables
+
+
+def part_a_analyses(result) -> dict:
+    """The two part-A analyses beside the checks, for the JSON: SGI − GI paired over
+    victims and the per-victim slopes over p, per run and pooled (title → entries)."""
+    return {"sgi_minus_gi_psnr": dict(per_run_and_pooled(result, sgi_gi_paired, sgi_gi_pooled)),
+            "p_trend": dict(per_run_and_pooled(result, p_trend, p_trend_pooled))}
+
+
 def p_trend_lines(result) -> list[str]:
     """Markdown of :func:`p_trend` per part-A run and :func:`p_trend_pooled` per protocol
     run at two or more seeds."""
-    main_rows = [r for r in result["rows"] if r["part"] == "A"]
-    runs = [(f"{result.get('stem', 'chu2023')}_A.json (main)", result["seed"], main_rows)]
-    runs += [(o["file"], o["settings"].get("seed"), o["rows"]) for o in result.get("other_A", [])]
-    runs = [(name, seed, rows, p_trend(rows)) for name, seed, rows in runs]
-    runs = [r for r in runs if r[3]]
-    if not runs:
+    tables = per_run_and_pooled(result, p_trend, p_trend_pooled)
+    if not tables:
         return []
-    groups = {}
-    for _, seed, rows, tr in runs:
-        proto = (rows[0].get("protocol") or "pruned_model", rows[0].get("trained_rounds", 0))
-        groups.setdefault(proto, []).append((seed, tr))
-    tables = [(name, tr) for name, _, _, tr in runs]
-    tables += [(f"pooled over seeds {', '.join(str(s) for s, _ in g)} ({proto}"
-                + (f", trained {trained} rounds" if trained else "") + ")",
-                p_trend_pooled([tr for _, tr in g]))
-               for (proto, trained), g in groups.items() if len(g) >= 2]
     cols = [("sgi", "nmi"), ("sgi", "psnr"), ("gi", "nmi"), ("gi", "psnr")]
     lines = ["", "## NMI / PSNR against p per scheme, slopes over victims", "",
              "Conv-2 p axis of each part-A run. Each victim is attacked at every p, so its "
@@ -1188,22 +1204,9 @@ def p_trend_lines(result) -> list[str]:
 def sgi_gi_paired_lines(result) -> list[str]:
     """Markdown of :func:`sgi_gi_paired` for the main part A and each part-A variant, and
     of :func:`sgi_gi_pooled` for each protocol run at two or more seeds."""
-    main_rows = [r for r in result["rows"] if r["part"] == "A"]
-    runs = [(f"{result.get('stem', 'chu2023')}_A.json (main)", result["seed"], main_rows)]
-    runs += [(o["file"], o["settings"].get("seed"), o["rows"]) for o in result.get("other_A", [])]
-    runs = [(name, seed, rows, sgi_gi_paired(rows)) for name, seed, rows in runs]
-    runs = [r for r in runs if r[3]]
-    if not runs:
+    tables = per_run_and_pooled(result, sgi_gi_paired, sgi_gi_pooled)
+    if not tables:
         return []
-    groups = {}
-    for name, seed, rows, pr in runs:
-        protocol = (rows[0].get("protocol") or "pruned_model", rows[0].get("trained_rounds", 0))
-        groups.setdefault(protocol, []).append((seed, pr))
-    tables = [(name, pr) for name, _, _, pr in runs]
-    tables += [(f"pooled over seeds {', '.join(str(s) for s, _ in g)} ({proto}"
-                + (f", trained {trained} rounds" if trained else "") + ")",
-                sgi_gi_pooled([pr for _, pr in g]))
-               for (proto, trained), g in groups.items() if len(g) >= 2]
     lines = ["", "## SGI − GI in PSNR per setting, paired over victims", "",
              "Conv-2 p axis of each part-A run. Both attacks see the same victims with the "
              "same attack key, so the per-victim differences SGI − GI (dB) are paired; mean "

@@ -525,6 +525,12 @@ def test_p_trend_needs_the_same_victims_and_pools_seeds():
     assert [h.split(":")[0] for h in heads] == [
         "### chu2023_A_alg1.json", "### chu2023_A_alg1_seed1.json", "### pooled over seeds 0, 1 (alg1)"]
     assert "SGI NMI 1/1" in heads[2] and "GI NMI 0/1" in heads[2]
+    # The JSON carries the same tables, keyed by title.
+    from benchmarks.reproduce_chu2023 import part_a_analyses
+    an = part_a_analyses(result)
+    assert list(an["p_trend"]) == [h[4:].split(":")[0] for h in heads]
+    assert an["p_trend"]["pooled over seeds 0, 1 (alg1)"] == p_trend_pooled([p_trend(s0), p_trend(s1)])
+    assert list(an["sgi_minus_gi_psnr"]) == list(an["p_trend"])
 
 
 @pytest.mark.parametrize("argv, message", [
