@@ -1015,6 +1015,16 @@ def _paired_summary(d) -> dict:
             "verdict": verdict}
 
 
+def _p_axis_rows(a) -> list[dict]:
+    """Part A's Conv-2 p-axis rows (the batch size Random pruning is run at), or none
+    when a run lacks that axis or predates the per-victim scores."""
+    if not any(r["base"] == "random" for r in a):
+        return []
+    bp = next(r["B"] for r in a if r["base"] == "random")
+    sel = [r for r in a if r["model"] == "conv2" and r["B"] == bp]
+    return sel if all("psnr_victims" in r and "nmi_victims" in r for r in sel) else []
+
+
 def sgi_gi_paired(a) -> list[dict]:
     """SGI − GI in PSNR per p-axis setting of part-A rows, paired over victims.
 
@@ -1025,15 +1035,12 @@ def sgi_gi_paired(a) -> list[dict]:
     The acceptance check compares means only; this says which of its failures (and
     passes) the victims resolve at all.
     """
-    if not any(r["base"] == "random" for r in a):
-        return []
-    bp = next(r["B"] for r in a if r["base"] == "random")
-    sel = [r for r in a if r["model"] == "conv2" and r["B"] == bp]
+    sel = _p_axis_rows(a)
     out = []
     for scheme, p in sorted({(r["base"], r["p"]) for r in sel}):
         by = {r["attack"]: r for r in sel if (r["base"], r["p"]) == (scheme, p)}
         d = np.asarray(by["sgi"]["psnr_victims"]) - np.asarray(by["gi"]["psnr_victims"])
-        out.append({"B": bp, "base": scheme, "p": p, "gi_psnr": by["gi"]["psnr"],
+        out.append({"B": by["gi"]["B"], "base": scheme, "p": p, "gi_psnr": by["gi"]["psnr"],
                     "sgi_psnr": by["sgi"]["psnr"], **_paired_summary(d)})
     return out
 
@@ -1077,10 +1084,7 @@ def p_trend(a) -> list[dict]:
     verdict: "falls" / "rises" where it excludes 0, else "not resolved". The acceptance
     check asks for a monotone fall of the victim means; this is information beside it.
     """
-    if not any(r["base"] == "random" for r in a):
-        return []
-    bp = next(r["B"] for r in a if r["base"] == "random")
-    sel = [r for r in a if r["model"] == "conv2" and r["B"] == bp]
+    sel = _p_axis_rows(a)
     if len({json.dumps(r.get("victim_indices")) for r in sel}) > 1:
         raise ValueError("p_trend: the p-axis rows attack different victims; per-victim "
                          "slopes need the same victims at every p")

@@ -397,7 +397,8 @@ def test_seed_pooled_lines_pool_priprune_minus_prunefl_per_upload():
 
 
 def _av(base, p, attack, psnrs, B=8):
-    return {**_a(base, p, attack, 0.5, float(np.mean(psnrs)), B=B), "psnr_victims": psnrs}
+    return {**_a(base, p, attack, 0.5, float(np.mean(psnrs)), B=B), "psnr_victims": psnrs,
+            "nmi_victims": [0.5] * len(psnrs)}
 
 
 def test_sgi_gi_paired_resolves_the_sign_of_per_victim_differences():
@@ -461,6 +462,9 @@ def test_sgi_gi_pooled_concatenates_seeds_and_the_markdown_names_each_run():
     assert heads[0].endswith("SGI below GI on the mean at 1/1 settings; GI better beyond the "
                              "interval at 0, SGI better at 0")
     assert sgi_gi_paired_lines({"seed": 0, "rows": []}) == []
+    # Runs made before the per-victim scores were recorded are left out, not an error.
+    old = [{k: v for k, v in r.items() if k != "psnr_victims"} for r in s0]
+    assert sgi_gi_paired(old) == []
 
 
 def _trend_rows(curves, scheme="random", attack="sgi", ps=(0.1, 0.5, 0.9), victims=None):
