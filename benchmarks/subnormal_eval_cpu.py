@@ -103,7 +103,9 @@ def main(argv=None) -> dict:
     if child.returncode != 0:
         raise SystemExit(f"flush-to-zero child process failed:\n{child.stderr[-2000:]}")
     ftz = json.loads(child.stdout.strip().splitlines()[-1])
-    result = {"examples": args.examples, "repeats": args.repeats,
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    result = {"examples": args.examples, "repeats": args.repeats, "commit": commit,
               "device": f"cpu ({platform.machine()}, {os.cpu_count()} cpus)",
               "load_average_1min": [load0, os.getloadavg()[0]],
               "default": default, "flush_to_zero": ftz}
@@ -116,7 +118,7 @@ def main(argv=None) -> dict:
              f"of {args.repeats} interleaved calls; 1-min load average "
              f"{load0:.1f} → {result['load_average_1min'][1]:.1f}. Flush to zero: a child "
              f"process with `XLA_FLAGS={FTZ_FLAGS}`. Produced by "
-             "`python benchmarks/subnormal_eval_cpu.py`.", "",
+             f"`python benchmarks/subnormal_eval_cpu.py` at commit {commit[:7]}.", "",
              "| parameters | subnormal share of kernels | default (ms) | ratio to initial | "
              "flush to zero (ms) | ratio to initial, default |", "|---|---|---|---|---|---|"]
     for k in VARIANTS:
