@@ -94,14 +94,17 @@ PAPER = {
 }
 
 
-def git_commit() -> str:
-    """HEAD of the checkout running this script (+ "-dirty" with uncommitted changes)."""
+def git_commit(root: Path | None = None) -> str:
+    """HEAD of the checkout running this script, + "-dirty" where tracked files outside
+    ``benchmarks/results`` differ from it (a result file rewritten by an earlier run of a
+    chain does not change the code a later run loads)."""
     import subprocess
-    root = Path(__file__).resolve().parent.parent
+    root = root or Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                               text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!benchmarks/results"], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
