@@ -1,8 +1,9 @@
 """What subnormal floats cost a Conv-2 forward pass on XLA:CPU.
 
 Part B of ``reproduce_chu2023.py`` evaluates the global Conv-2 on the test set
-after every round. Its Largest runs spend 2–4× longer in that phase than its
-no-defense runs, although the network is the same. One candidate: weights that
+after every round. Its Largest runs' training phase (rounds plus those
+evaluations, ``train_seconds``) takes 2–4× as long as its no-defense runs',
+although the network is the same. One candidate: weights that
 shrink round after round (a withheld weight averaged as 0 under the ``weights``
 and ``split`` semantics) reach the subnormal range, where x86 arithmetic is slow
 unless it flushes them to zero. This script measures that cost alone: the
