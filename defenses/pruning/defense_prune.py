@@ -47,14 +47,14 @@ import jax
 import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
-from defenses.pruning.masks import check_rate, check_upload, flatten, magnitude_mask, \
+from defenses.pruning.masks import check_rate, check_upload, magnitude_mask, \
     mask_pruning_count, num_params, pseudo_pruning_begin, unflatten, withhold
 
 
 def defense_mask(update, key, p_largest: float, p_random: float):
     """The share mask (1 = uploaded) withholding the largest then random nonzero coordinates."""
     shared = jax.tree_util.tree_map(lambda u: (u != 0).astype(jnp.float32), update)
-    n = jnp.sum(flatten(shared))
+    n = sum(jnp.sum(l) for l in jax.tree_util.tree_leaves(shared))
     keep = magnitude_mask(update, p_largest, "highest", eligible=shared, rate_of_eligible=True)
     if p_random > 0:
         scores = unflatten(jax.random.uniform(key, (num_params(update),)), update)

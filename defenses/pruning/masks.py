@@ -91,16 +91,15 @@ def mask_from_scores(scores: PyTree, p: float, prune: str = "lowest",
     p = check_rate(p)
     if prune not in ("lowest", "highest"):
         raise ValueError(f"prune must be 'lowest' or 'highest', got {prune!r}")
-    s = flatten(scores).astype(jnp.float32)
-    elig = None if eligible is None else flatten(eligible)
     if rate_of_eligible:
-        if elig is None:
+        if eligible is None:
             raise ValueError("rate_of_eligible=True needs an eligible mask")
         # round half to even, as Python's round() for the static count.
-        k = jnp.round(p * jnp.sum(elig > 0)).astype(jnp.int32)
+        n_eligible = sum(jnp.sum(e > 0) for e in jax.tree_util.tree_leaves(eligible))
+        k = jnp.round(p * n_eligible).astype(jnp.int32)
     else:
-        k = int(round(p * s.shape[0]))
-    return unflatten(_keep_vector(s, elig, k, prune == "highest"), scores)
+        k = int(round(p * num_params(scores)))
+    return _keep_tree(scores, eligible, k, prune == "highest")
 
 
 def mask_pruning_count(scores: PyTree, k, prune: str, eligible: PyTree) -> PyTree:
@@ -111,46 +110,63 @@ def mask_pruning_count(scores: PyTree, k, prune: str, eligible: PyTree) -> PyTre
     """
     if prune not in ("lowest", "highest"):
         raise ValueError(f"prune must be 'lowest' or 'highest', got {prune!r}")
-    s = flatten(scores).astype(jnp.float32)
-    return unflatten(_keep_vector(s, flatten(eligible), k, prune == "highest"), scores)
+    return _keep_tree(scores, eligible, k, prune == "highest")
 
 
-@functools.partial(jax.jit, static_argnums=(3,))
-def _keep_vector(s, eligible, k, highest: bool):
-    """1 except at the k lowest scores (ties by position), k traced.
-
-    Same result as a stable argsort, but in O(32·d): a bisection over the
-    scores' order-preserving uint32 keys finds the k-th smallest value T, then
-    ties at T are broken by position with a cumulative sum (an argsort of
-    d = 2·10⁶ floats took ~2 s on the shared CPU; this is ~30× faster).
-    """
+def _order_key(s, eligible, highest: bool):
+    """Order-preserving uint32 keys of float scores (ineligible ones rank last)."""
+    s = jnp.ravel(s).astype(jnp.float32)
     if highest:
         s = -s
     if eligible is not None:
         # Ineligible coordinates rank last, so they are pruned only if k
         # exceeds the eligible count (it never does for callers that cap p).
-        s = jnp.where(eligible > 0, s, jnp.inf)
+        s = jnp.where(jnp.ravel(eligible) > 0, s, jnp.inf)
     s = jnp.where(s == 0, 0.0, s)  # -0.0 and +0.0 tie
-    bits = jax.lax.bitcast_convert_type(s.astype(jnp.float32), jnp.uint32)
-    sign = bits >> 31
-    key = jnp.where(sign == 1, ~bits, bits | jnp.uint32(0x80000000))
+    bits = jax.lax.bitcast_convert_type(s, jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+@functools.partial(jax.jit, static_argnums=(3,))
+def _keep_tree(scores, eligible, k, highest: bool):
+    """1 except at the k lowest scores over the whole pytree (ties by position), k traced.
+
+    Same result as a stable argsort of :func:`flatten` (scores), but in
+    O(33·d) and without materialising the flat vector: a bisection over the
+    scores' order-preserving uint32 keys finds the k-th smallest value T, then
+    ties at T are broken by position (leaf order, then row-major) with a
+    cumulative sum per leaf offset by the earlier leaves' tie counts. An
+    argsort of d = 2·10⁶ floats took ~2 s on the shared CPU; and XLA:CPU's
+    concatenate of Conv-2's leaves (d = 6.5·10⁶) alone took 0.2–0.6 s, several
+    times the selection itself (``benchmarks/mask_selection_cpu.py``).
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(scores)
+    elig = [None] * len(leaves) if eligible is None else jax.tree_util.tree_leaves(eligible)
+    keys = [_order_key(s, e, highest) for s, e in zip(leaves, elig)]
     k = jnp.asarray(k, jnp.int32)
+
+    def count_at_most(t):
+        return sum(jnp.sum(key <= t) for key in keys)
 
     def body(_, lohi):
         lo, hi = lohi
         mid = lo + (hi - lo) // 2
-        enough = jnp.sum(key <= mid) >= k
+        enough = count_at_most(mid) >= k
         return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
 
     lo, _ = jax.lax.fori_loop(0, 33, body, (jnp.uint32(0), jnp.uint32(0xFFFFFFFF)))
-    below = key < lo
-    ties = key == lo
-    n_ties = k - jnp.sum(below)
-    pruned = below | (ties & (jnp.cumsum(ties) <= n_ties))
-    keep = jnp.where(pruned & (k > 0), 0.0, 1.0).astype(jnp.float32)
-    if eligible is not None:
-        keep = jnp.where(eligible > 0, keep, 1.0)
-    return keep
+    n_ties = k - sum(jnp.sum(key < lo) for key in keys)
+    out, ties_before = [], jnp.int32(0)
+    for leaf, key, e in zip(leaves, keys, elig):
+        ties = key == lo
+        tie_rank = jnp.cumsum(ties, dtype=jnp.int32) + ties_before
+        ties_before = ties_before + jnp.sum(ties, dtype=jnp.int32)
+        pruned = (key < lo) | (ties & (tie_rank <= n_ties))
+        keep = jnp.where(pruned & (k > 0), 0.0, 1.0).astype(jnp.float32)
+        if e is not None:
+            keep = jnp.where(jnp.ravel(e) > 0, keep, 1.0)
+        out.append(keep.reshape(jnp.shape(leaf)))
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def magnitude_mask(tree: PyTree, p: float, prune: str = "lowest", eligible: PyTree | None = None,

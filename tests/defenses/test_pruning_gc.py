@@ -88,3 +88,33 @@ def test_mask_from_scores_equals_stable_argsort_with_ties(k, prune):
     ref[np.argsort(np.where(sv == 0, 0.0, sv), kind="stable")[:k]] = 0
     got = np.asarray(mask_from_scores({"v": v}, k / v.size, prune)["v"])
     np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("k", [0, 3, 40, 41, 60, 95, 120])
+@pytest.mark.parametrize("prune", ["lowest", "highest"])
+def test_selection_over_leaves_equals_stable_argsort_of_the_flat_vector(k, prune):
+    """Ties that straddle leaves are broken by flat position (leaf order, then row-major),
+    ineligible coordinates are never pruned, and a traced k gives the same mask."""
+    from defenses.pruning.masks import mask_pruning_count
+    vals = np.round(np.asarray(jax.random.normal(jax.random.key(7), (120,))), 1)  # many ties
+    vals[::13] = 0.0
+    vals[5] = -0.0
+    tree = {"a": jnp.asarray(vals[:35].reshape(7, 5)), "b": jnp.asarray(vals[35:40]),
+            "c": jnp.asarray(vals[40:].reshape(4, 5, 4))}
+    elig_flat = (np.arange(120) % 7 != 3).astype(np.float32)
+    eligible = {"a": jnp.asarray(elig_flat[:35].reshape(7, 5)),
+                "b": jnp.asarray(elig_flat[35:40]), "c": jnp.asarray(elig_flat[40:].reshape(4, 5, 4))}
+    flat = np.asarray(flatten(tree))
+    np.testing.assert_array_equal(flat, vals)  # leaf order of the pytree is a, b, c
+    sv = -flat if prune == "highest" else flat
+    sv = np.where(sv == 0, 0.0, sv)
+    ref = np.ones(120)
+    ref[np.argsort(sv, kind="stable")[:k]] = 0
+    np.testing.assert_array_equal(np.asarray(flatten(mask_from_scores(tree, k / 120, prune))), ref)
+    # Among the eligible only, with k traced under jit.
+    ranked = [i for i in np.argsort(np.where(elig_flat > 0, sv, np.inf), kind="stable")
+              if elig_flat[i] > 0]
+    ref_e = np.ones(120)
+    ref_e[ranked[:min(k, len(ranked))]] = 0
+    got = jax.jit(lambda s, e, n: mask_pruning_count(s, n, prune, e))(tree, eligible, k)
+    np.testing.assert_array_equal(np.asarray(flatten(got)), ref_e)
