@@ -366,8 +366,18 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
 
 
 def init_params(model: nn.Module, input_shape: Sequence[int], key: jax.Array):
-    """Initialise ``model`` for inputs of shape ``input_shape`` (no batch dim)."""
-    return model.init(key, jnp.zeros((1, *input_shape), jnp.float32))["params"]
+    """Initialise ``model`` for inputs of shape ``input_shape`` (no batch dim).
+
+    Raises:
+      ValueError: when the model cannot take inputs of that shape (the message
+        names the model and the shape, e.g. a shape given with a batch dim).
+    """
+    try:
+        return model.init(key, jnp.zeros((1, *input_shape), jnp.float32))["params"]
+    except (ZeroDivisionError, TypeError, ValueError) as e:
+        raise ValueError(f"{type(model).__name__} cannot be initialised for input_shape "
+                         f"{tuple(input_shape)} (one example, no batch dimension, e.g. "
+                         f"(28, 28, 1)): {type(e).__name__}: {e}") from e
 
 
 def make_apply_fn(model: nn.Module) -> Callable[[object, jax.Array], jax.Array]:

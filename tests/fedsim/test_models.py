@@ -80,6 +80,13 @@ def test_unknown_model_lists_known_ones():
         build_model("nope")
 
 
+def test_init_params_names_the_shape_it_cannot_take():
+    # A shape given with its batch dim: Conv-2's Dense layer sees no features.
+    with pytest.raises(ValueError, match=r"Conv2 cannot be initialised for input_shape "
+                                         r"\(1, 28, 28, 1\).*no batch dimension"):
+        init_params(build_model("conv2", 10), (1, 28, 28, 1), jax.random.key(0))
+
+
 @pytest.mark.parametrize("window,size", [(2, 28), (2, 7), (3, 16)])
 def test_max_pool_matches_flax_values_and_gradients(window, size):
     """The sliced max pool equals flax's reduce_window pool (ties aside)."""
