@@ -13,7 +13,8 @@ of coordinates 0 as after base pruning):
 
 - ``flatten``: XLA:CPU's concatenate of the leaves alone, beside numpy's;
 - ``flat``: the selection as before (flatten, select on the one vector,
-  split back), written here from the public ``masks`` functions;
+  split back), written here from the ``masks`` functions (with today's
+  exact count, ``masks.rate_count``);
 - ``leaf-wise``: the defense's share mask as it is now (``defense_mask``);
 - ``numpy argsort``: an independent stable argsort of the flat |Δ|, the
   correctness reference (every mask is checked equal to it).
@@ -70,12 +71,12 @@ def selections():
     import jax.numpy as jnp
 
     from defenses.pruning.defense_prune import defense_mask
-    from defenses.pruning.masks import flatten, mask_pruning_count, unflatten
+    from defenses.pruning.masks import flatten, mask_pruning_count, rate_count, unflatten
 
     def flat(update):
         s = jnp.abs(flatten(update))
         shared = (s != 0).astype(jnp.float32)
-        k = jnp.round(RATE * jnp.sum(shared)).astype(jnp.int32)
+        k = rate_count(RATE, jnp.sum(s != 0, dtype=jnp.int32))
         keep = mask_pruning_count({"v": s}, k, "highest", {"v": shared})["v"]
         return unflatten(keep, update)
 

@@ -48,20 +48,19 @@ import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
 from defenses.pruning.masks import check_rate, check_upload, magnitude_mask, \
-    mask_pruning_count, num_params, pseudo_pruning_begin, unflatten, withhold
+    mask_pruning_count, num_params, pseudo_pruning_begin, rate_count, unflatten, withhold
 
 
 def defense_mask(update, key, p_largest: float, p_random: float):
     """The share mask (1 = uploaded) withholding the largest then random nonzero coordinates."""
     shared = jax.tree_util.tree_map(lambda u: (u != 0).astype(jnp.float32), update)
-    n = sum(jnp.sum(l) for l in jax.tree_util.tree_leaves(shared))
+    n = sum(jnp.sum(u != 0, dtype=jnp.int32) for u in jax.tree_util.tree_leaves(update))
     keep = magnitude_mask(update, p_largest, "highest", eligible=shared, rate_of_eligible=True)
     if p_random > 0:
         scores = unflatten(jax.random.uniform(key, (num_params(update),)), update)
         # Random withholding among the shared coordinates the Largest step kept.
         rest = jax.tree_util.tree_map(jnp.multiply, keep, shared)
-        extra = mask_pruning_count(scores, jnp.round(p_random * n).astype(jnp.int32), "lowest",
-                                   rest)
+        extra = mask_pruning_count(scores, rate_count(p_random, n), "lowest", rest)
         keep = jax.tree_util.tree_map(jnp.multiply, keep, extra)
     return keep
 

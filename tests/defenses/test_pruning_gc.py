@@ -118,3 +118,37 @@ def test_selection_over_leaves_equals_stable_argsort_of_the_flat_vector(k, prune
     ref_e[ranked[:min(k, len(ranked))]] = 0
     got = jax.jit(lambda s, e, n: mask_pruning_count(s, n, prune, e))(tree, eligible, k)
     np.testing.assert_array_equal(np.asarray(flatten(got)), ref_e)
+
+
+def test_rate_count_rounds_decimal_rates_exactly_where_float32_is_off_by_one():
+    """round(p·n), half to even, against exact decimal arithmetic, n traced up to 2**31 - 1."""
+    from fractions import Fraction
+
+    from defenses.pruning.masks import rate_count
+    rng = np.random.default_rng(0)
+    ns = np.concatenate([[0, 1, 2, 3, 5, 10, 15, 65535, 65536, 65537, 3_897_298, 2**31 - 1],
+                         rng.integers(0, 2**31 - 1, 400), rng.integers(0, 10**6, 400),
+                         20 * rng.integers(0, 2**31 // 20, 400) + rng.integers(0, 20, 400)])
+    count = lambda p: jax.jit(jax.vmap(lambda n: rate_count(p, n)))
+    for p in (0.0, 0.05, 0.1, 0.15, 0.25, 0.3, 0.35, 0.5, 0.7, 0.75, 0.9, 1.0):
+        want = [round(Fraction(repr(p)) * int(n)) for n in ns]  # the decimal p, exact
+        np.testing.assert_array_equal(np.asarray(count(p)(ns.astype(np.int32))), want,
+                                      err_msg=f"p={p}")
+    # Rates without a short decimal form: Python's float64 round(p * n).
+    small = ns[ns < 10**7]
+    for p in (1 / 3, 0.123456789):
+        np.testing.assert_array_equal(np.asarray(count(p)(small.astype(np.int32))),
+                                      [round(p * int(n)) for n in small], err_msg=f"p={p}")
+    # The float32 rounding this replaces is off by one there.
+    assert int(jnp.round(0.3 * jnp.int32(3_897_298))) == 1_169_190
+    assert int(rate_count(0.3, 3_897_298)) == 1_169_189 == round(0.3 * 3_897_298)
+
+
+def test_two_sum_returns_the_rounding_error_under_jit():
+    """rate_count's compensated sum: XLA must not simplify (a + b) − a to b."""
+    from defenses.pruning.masks import _two_sum
+    a, b = jnp.float32(1.0), jnp.float32(2.0 ** -30)
+    s, err = jax.jit(_two_sum)(a, b)
+    assert float(s) == 1.0 and float(err) == 2.0 ** -30
+    s, err = jax.jit(_two_sum)(jnp.float32(3.0), jnp.float32(0.1))
+    assert float(s) + float(err) == 3.0 + float(jnp.float32(0.1))  # exact in float64
