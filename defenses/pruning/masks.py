@@ -198,9 +198,10 @@ def _keep_tree(scores, eligible, k, highest: bool):
     scores' order-preserving uint32 keys finds the k-th smallest value T, then
     ties at T are broken by position (leaf order, then row-major) with a
     cumulative sum per leaf offset by the earlier leaves' tie counts. An
-    argsort of d = 2·10⁶ floats took ~2 s on the shared CPU; and XLA:CPU's
-    concatenate of Conv-2's leaves (d = 6.5·10⁶) alone took 0.2–0.6 s, several
-    times the selection itself (``benchmarks/mask_selection_cpu.py``).
+    argsort of d = 2·10⁶ floats took ~2 s on the shared CPU. Going through the
+    flat vector (XLA:CPU concatenates the leaves, then the mask is split back)
+    made one client's Conv-2 share mask 2.7–2.8× slower than this
+    (``benchmarks/mask_selection_cpu.py``).
     """
     leaves, treedef = jax.tree_util.tree_flatten(scores)
     elig = [None] * len(leaves) if eligible is None else jax.tree_util.tree_leaves(eligible)
