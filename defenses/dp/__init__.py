@@ -16,14 +16,14 @@ Accounting:
 """
 
 from defenses.dp._params import DPParameters, dp_parameters
-from defenses.dp.clipping import clip_rows, clip_rows_per_layer
+from defenses.dp.clipping import clip_examples, clip_layers
 from defenses.dp.gaussian import dp_clip, dp_gaussian
 from defenses.dp.psac import dp_psac, psac_weights
 from defenses.dp.update_noise import client_level_dp, update_gaussian, update_laplace
 from defenses.dp.vmf import dp_vmf, sample_vmf, sample_vmf_cosine, wood_constants
 
 __all__ = [
-    "DPParameters", "dp_parameters", "clip_rows", "clip_rows_per_layer", "dp_clip",
+    "DPParameters", "dp_parameters", "clip_examples", "clip_layers", "dp_clip",
     "dp_gaussian", "dp_psac", "psac_weights", "client_level_dp", "update_gaussian",
     "update_laplace", "dp_vmf", "sample_vmf", "sample_vmf_cosine", "wood_constants",
 ]

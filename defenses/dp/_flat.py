@@ -1,4 +1,4 @@
-"""Flatten per-example gradient pytrees to one [B, P] matrix and back.
+"""Flatten per-example gradient pytrees to [B, P] (or per-leaf [B, n]) and back.
 
 DP mechanisms act on the whole flattened gradient (001 §VI: "single flattened
 gradients"), and drawing noise in ONE ``jax.random`` call over all P
@@ -12,21 +12,21 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fedsim.typing import PyTree
 
 
-def flatten_batched(tree: PyTree) -> tuple[jax.Array, callable]:
-    """Ravel every leaf [B, ...] of ``tree`` into a [B, P] matrix.
+def batched_rows(tree: PyTree) -> tuple[list[jax.Array], callable]:
+    """Ravel every leaf [B, ...] of ``tree`` into a float32 [B, n_leaf] block.
 
     Returns:
-      (matrix [B, P], unflatten) where ``unflatten(v)`` maps a [P] vector back
-      to an UNbatched pytree with the leaves' shapes and dtypes.
+      (blocks, unflatten) where ``unflatten(v)`` maps a flat [P] vector (the
+      blocks' columns in order, P = Σ n_leaf) back to an UNbatched pytree with
+      the leaves' shapes and dtypes.
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     if not leaves:
-        raise ValueError("flatten_batched: empty gradient pytree")
+        raise ValueError("per-example gradients: the pytree has no leaves")
     batch = leaves[0].shape[0]
     for leaf in leaves:
         if leaf.ndim == 0 or leaf.shape[0] != batch:
@@ -36,8 +36,7 @@ def flatten_batched(tree: PyTree) -> tuple[jax.Array, callable]:
     shapes = [leaf.shape[1:] for leaf in leaves]
     dtypes = [leaf.dtype for leaf in leaves]
     sizes = [math.prod(s) for s in shapes]
-    matrix = jnp.concatenate([leaf.reshape(batch, -1).astype(jnp.float32) for leaf in leaves],
-                             axis=1)
+    blocks = [leaf.reshape(batch, -1).astype(jnp.float32) for leaf in leaves]
 
     def unflatten(vector: jax.Array) -> PyTree:
         parts, start = [], 0
@@ -46,15 +45,17 @@ def flatten_batched(tree: PyTree) -> tuple[jax.Array, callable]:
             start += size
         return jax.tree_util.tree_unflatten(treedef, parts)
 
-    return matrix, unflatten
+    return blocks, unflatten
 
 
-def layer_segments(tree: PyTree) -> jax.Array:
-    """int32 [P]: the index of the leaf (layer tensor) each flat coordinate belongs to."""
-    leaves = jax.tree_util.tree_leaves(tree)
-    sizes = [math.prod(leaf.shape[1:]) for leaf in leaves]
-    # Static (numpy) so that it is a constant under jit.
-    return jnp.asarray(np.repeat(np.arange(len(sizes), dtype=np.int32), sizes))
+def flatten_batched(tree: PyTree) -> tuple[jax.Array, callable]:
+    """Ravel every leaf [B, ...] of ``tree`` into one [B, P] matrix.
+
+    Returns:
+      (matrix [B, P], unflatten) as in :func:`batched_rows`.
+    """
+    blocks, unflatten = batched_rows(tree)
+    return jnp.concatenate(blocks, axis=1), unflatten
 
 
 def real_count(mask: jax.Array | None, batch: int) -> jax.Array:

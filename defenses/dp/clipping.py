@@ -13,40 +13,56 @@ noise scale's sensitivity).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 
 CLIPPING_MODES = ("flat", "per_layer")
 
 
-def clip_rows(matrix: jax.Array, clip_norm: float) -> tuple[jax.Array, jax.Array]:
-    """Clip each row of [B, P] to L2 norm ≤ ``clip_norm``.
+def clip_examples(rows: Sequence[jax.Array], clip_norm: float
+                  ) -> tuple[list[jax.Array], jax.Array]:
+    """Clip every example's whole gradient to L2 norm ≤ ``clip_norm`` ("flat").
 
-    Returns:
-      (clipped [B, P], the original row norms [B]).
-    """
-    norms = jnp.sqrt(jnp.sum(matrix * matrix, axis=1))
-    scale = 1.0 / jnp.maximum(1.0, norms / clip_norm)
-    return matrix * scale[:, None], norms
-
-
-def clip_rows_per_layer(matrix: jax.Array, segments: jax.Array, num_layers: int,
-                        clip_norm: float) -> tuple[jax.Array, jax.Array]:
-    """Clip each (row, layer) block of [B, P] to L2 norm ≤ ``clip_norm``.
+    The gradient arrives as one [B, n_r] block per layer tensor r; example i's
+    norm is √(Σ_r ‖block_r[i]‖²), and every block of row i is scaled by the same
+    1 / max(1, norm/C). Working on the blocks rather than one concatenated
+    [B, P] matrix was 1.4–2.1× faster on XLA:CPU in ``benchmarks/dp_clip_cpu.py``.
 
     Args:
-      matrix: [B, P] flattened per-example gradients.
-      segments: int32 [P], layer index of each coordinate.
-      num_layers: R, the number of layer tensors.
+      rows: one [B, n_r] array per layer tensor (per-example gradients).
+      clip_norm: C, the per-example bound.
+
+    Returns:
+      (clipped blocks, same shapes as ``rows``; the original norms [B]).
+    """
+    norms = jnp.sqrt(sum(jnp.sum(r * r, axis=1) for r in rows))
+    scale = 1.0 / jnp.maximum(1.0, norms / clip_norm)
+    return [r * scale[:, None] for r in rows], norms
+
+
+def clip_layers(rows: Sequence[jax.Array], clip_norm: float
+                ) -> tuple[list[jax.Array], jax.Array]:
+    """Clip every example's block of each layer tensor to L2 norm ≤ ``clip_norm``.
+
+    Works layer by layer, so no [B, P] matrix or scatter is built:
+    ``benchmarks/dp_clip_cpu.py`` measured the former segment-sum over a
+    concatenated [B, P] matrix 3–16× slower on XLA:CPU, and its float32
+    scatter-add lost accuracy on large layers (a 2²⁰-coordinate layer summed to
+    ~3·10⁻⁴ relative error; ``tests/defenses/test_dp_gaussian.py``).
+
+    Args:
+      rows: one [B, n_r] array per layer tensor r (per-example gradients,
+        flattened within the layer).
       clip_norm: C, the per-layer bound.
 
     Returns:
-      (clipped [B, P], per-layer norms [B, R]).
+      (clipped blocks, same shapes as ``rows``; per-layer norms [B, R]).
     """
-    sq = jax.ops.segment_sum((matrix * matrix).T, segments, num_layers).T  # [B, R]
-    norms = jnp.sqrt(sq)
-    scale = 1.0 / jnp.maximum(1.0, norms / clip_norm)  # [B, R]
-    return matrix * scale[:, segments], norms
+    norms = jnp.stack([jnp.sqrt(jnp.sum(r * r, axis=1)) for r in rows], axis=1)  # [B, R]
+    scale = 1.0 / jnp.maximum(1.0, norms / clip_norm)
+    return [r * scale[:, i, None] for i, r in enumerate(rows)], norms
 
 
 def check_clipping(mode: str) -> None:

@@ -22,7 +22,8 @@ Deviation / why not optax: ``optax.contrib.differentially_private_aggregate``
 draws noise per leaf from an internal seed in its state and divides by the
 padded batch size; the engine needs an explicit key, masking of padding rows
 and one noise draw over the flattened parameters (compile time), so the
-reduction is written here on top of the flat [B, P] matrix.
+reduction is written here, leaf by leaf (``clipping.clip_examples`` /
+``clip_layers``), concatenating only the [P] sums.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import jax
 import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
-from defenses.dp._flat import flatten_batched, layer_segments, real_count
+from defenses.dp._flat import batched_rows, real_count
 from defenses.dp._params import DPParameters, tag
-from defenses.dp.clipping import check_clipping, check_positive, clip_rows, clip_rows_per_layer
+from defenses.dp.clipping import check_clipping, check_positive, clip_examples, clip_layers
 
 
 def clipped_sum(per_example, mask, clip_norm: float, clipping: str):
@@ -42,18 +43,19 @@ def clipped_sum(per_example, mask, clip_norm: float, clipping: str):
     Returns:
       (sum [P], sensitivity (total L2 bound of one example), unflatten, count).
     """
-    matrix, unflatten = flatten_batched(per_example)
+    blocks, unflatten = batched_rows(per_example)
+    batch = blocks[0].shape[0]
     if mask is not None:
-        matrix = matrix * mask.astype(matrix.dtype)[:, None]
+        blocks = [b * mask.astype(b.dtype)[:, None] for b in blocks]
     if clipping == "flat":
-        clipped, _ = clip_rows(matrix, clip_norm)
+        clipped, _ = clip_examples(blocks, clip_norm)
         sensitivity = clip_norm
     else:
-        num_layers = len(jax.tree_util.tree_leaves(per_example))
-        clipped, _ = clip_rows_per_layer(matrix, layer_segments(per_example), num_layers,
-                                         clip_norm)
-        sensitivity = clip_norm * num_layers ** 0.5
-    return jnp.sum(clipped, axis=0), sensitivity, unflatten, real_count(mask, matrix.shape[0])
+        clipped, _ = clip_layers(blocks, clip_norm)
+        sensitivity = clip_norm * len(blocks) ** 0.5
+    # Summed leaf by leaf; only the [P] sums are concatenated (one noise draw).
+    total = jnp.concatenate([jnp.sum(c, axis=0) for c in clipped])
+    return total, sensitivity, unflatten, real_count(mask, batch)
 
 
 @register_defense("dp_gaussian")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from defenses.dp import clip_rows, clip_rows_per_layer, dp_clip, dp_gaussian, dp_parameters
+from defenses.dp import clip_examples, clip_layers, dp_clip, dp_gaussian, dp_parameters
 from fedsim.hooks import build_defense
 from tests.defenses.dp_helpers import check_keyed_randomness, context, flat_rows, per_example_tree
 
@@ -15,22 +15,32 @@ from tests.defenses.dp_helpers import check_keyed_randomness, context, flat_rows
 def test_flat_clipping_bounds_every_norm_and_keeps_small_rows():
     m = jnp.concatenate([10 * jax.random.normal(jax.random.key(0), (20, 50)),
                          0.01 * jnp.ones((3, 50))])
-    clipped, norms = clip_rows(m, 1.5)
-    out = np.linalg.norm(np.asarray(clipped), axis=1)
+    blocks = [m[:, :20], m[:, 20:]]  # one example's norm spans both blocks
+    clipped, norms = clip_examples(blocks, 1.5)
+    c = np.concatenate([np.asarray(b) for b in clipped], axis=1)
+    out = np.linalg.norm(c, axis=1)
     assert np.all(out <= 1.5 * (1 + 1e-6))
     np.testing.assert_allclose(out[:20], 1.5, rtol=1e-5)  # big rows land on the sphere
-    chex.assert_trees_all_close(clipped[20:], m[20:])     # small rows untouched
+    np.testing.assert_allclose(c[20:], np.asarray(m[20:]))  # small rows untouched
     np.testing.assert_allclose(norms, np.linalg.norm(np.asarray(m), axis=1), rtol=1e-5)
+    # the same direction per example: the blocks are scaled together
+    np.testing.assert_allclose(c[:20] * np.linalg.norm(np.asarray(m[:20]), axis=1)[:, None] / 1.5,
+                               np.asarray(m[:20]), rtol=1e-4, atol=1e-5)
 
 
-def test_per_layer_clipping_bounds_each_layer():
-    tree = per_example_tree(jax.random.key(1))
-    m = flat_rows(tree)
-    seg = jnp.asarray(np.repeat([0, 1], [7, 30]))
-    clipped, _ = clip_rows_per_layer(m, seg, 2, 0.7)
-    c = np.asarray(clipped)
-    for lo, hi in ((0, 7), (7, 37)):
-        assert np.all(np.linalg.norm(c[:, lo:hi], axis=1) <= 0.7 * (1 + 1e-6))
+def test_per_layer_clipping_bounds_each_layer_and_matches_float64():
+    m = np.asarray(flat_rows(per_example_tree(jax.random.key(1))))
+    blocks = [m[:, :7], 10 * m[:, 7:]]  # the second layer's rows mostly exceed C
+    clipped, norms = clip_layers([jnp.asarray(b) for b in blocks], 0.7)
+    assert norms.shape == (m.shape[0], 2)
+    for b, c in zip(blocks, clipped):
+        b64 = b.astype(np.float64)
+        n64 = np.linalg.norm(b64, axis=1)
+        assert np.all(np.linalg.norm(np.asarray(c), axis=1) <= 0.7 * (1 + 1e-6))
+        np.testing.assert_allclose(np.asarray(c), b64 / np.maximum(1.0, n64 / 0.7)[:, None],
+                                   rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(norms), np.stack(
+        [np.linalg.norm(b.astype(np.float64), axis=1) for b in blocks], 1), rtol=1e-5)
 
 
 def test_reduction_matches_numpy_without_noise_and_ignores_padding():
@@ -44,6 +54,24 @@ def test_reduction_matches_numpy_without_noise_and_ignores_padding():
     expect = clipped.sum(0) / 5
     got = np.concatenate([np.asarray(g["v"]).ravel(), np.asarray(g["w"]).ravel()])
     np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-6)
+
+
+def test_per_layer_reduction_matches_float64_on_a_million_coordinate_layer():
+    # A layer of 2**20 coordinates (Conv-2's first dense layer is 2**21): the
+    # former segment-sum over a flat [B, P] matrix was off by ~1e-4 relative here.
+    k1, k2 = jax.random.split(jax.random.key(7))
+    tree = {"big": 0.01 * jax.random.normal(k1, (4, 1024, 1024)),
+            "small": 3.0 * jax.random.normal(k2, (4, 10))}
+    mask = np.array([1, 1, 1, 0], np.float32)
+    g, _ = dp_clip(1.0).apply(tree, (), key=jax.random.key(0), context=context(mask))
+    expect = {}
+    for name, leaf in tree.items():
+        rows = np.asarray(leaf, np.float64).reshape(4, -1)[:3]
+        clipped = rows / np.maximum(1.0, np.linalg.norm(rows, axis=1, keepdims=True))
+        expect[name] = clipped.sum(0) / 3
+    for name, e in expect.items():
+        got = np.asarray(g[name], np.float64).ravel()
+        assert np.max(np.abs(got - e)) <= 2e-6 * np.max(np.abs(e)), name
 
 
 @pytest.mark.parametrize("factor,should_pass", [(1.0, True), (2 / 3, False), (1.5, False)])
