@@ -28,7 +28,7 @@ def clip_examples(rows: Sequence[jax.Array], clip_norm: float
     The gradient arrives as one [B, n_r] block per layer tensor r; example i's
     norm is √(Σ_r ‖block_r[i]‖²), and every block of row i is scaled by the same
     1 / max(1, norm/C). Working on the blocks rather than one concatenated
-    [B, P] matrix was 1.4–2.1× faster on XLA:CPU in ``benchmarks/dp_clip_cpu.py``.
+    [B, P] matrix was 1.2–1.7× faster on XLA:CPU in ``benchmarks/dp_clip_cpu.py``.
 
     Args:
       rows: one [B, n_r] array per layer tensor (per-example gradients).
@@ -48,7 +48,7 @@ def clip_layers(rows: Sequence[jax.Array], clip_norm: float
 
     Works layer by layer, so no [B, P] matrix or scatter is built:
     ``benchmarks/dp_clip_cpu.py`` measured the former segment-sum over a
-    concatenated [B, P] matrix 3–16× slower on XLA:CPU, and its float32
+    concatenated [B, P] matrix 4–16× slower on XLA:CPU, and its float32
     scatter-add lost accuracy on large layers (a 2²⁰-coordinate layer summed to
     ~3·10⁻⁴ relative error; ``tests/defenses/test_dp_gaussian.py``).
 
