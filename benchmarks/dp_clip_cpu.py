@@ -189,14 +189,25 @@ def _markdown(result: dict) -> str:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--case", nargs=3, action="append", metavar=("MODEL", "SIZE", "BATCH"),
+                    help="measure this model at SIZE x SIZE inputs and batch BATCH instead of "
+                         "the default cases (repeatable)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    cases = CASES
+    if args.case:
+        try:
+            cases = [(m, int(size), 1, int(batch)) for m, size, batch in args.case]
+        except ValueError:
+            ap.error(f"--case takes MODEL SIZE BATCH with integer SIZE and BATCH, got {args.case}")
+        if any(size < 4 or batch < 1 for _, size, _, batch in cases):
+            ap.error(f"--case needs SIZE >= 4 and BATCH >= 1, got {args.case}")
     import jax
 
     load0 = os.getloadavg()[0]
-    cases = [measure(*case, args.repeats) for case in CASES]
+    cases = [measure(*case, args.repeats) for case in cases]
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip() or "unknown"
     result = {"repeats": args.repeats, "clip_norm": CLIP_NORM, "commit": commit,
