@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
-from defenses.dp._flat import flatten_batched, real_count
+from defenses.dp._flat import batched_rows, real_count
 from defenses.dp._params import DPParameters, tag
 from defenses.dp.clipping import check_positive
 
@@ -54,14 +54,16 @@ def dp_psac(noise_multiplier: float, clip_norm: float = 1.0, r: float = 0.1) -> 
 
     def apply(per_example, state, *, key, context=None):
         mask = None if context is None else context.mask
-        matrix, unflatten = flatten_batched(per_example)
+        blocks, unflatten = batched_rows(per_example)
         if mask is not None:
-            matrix = matrix * mask.astype(matrix.dtype)[:, None]
-        norms = jnp.sqrt(jnp.sum(matrix * matrix, axis=1))
-        total = jnp.sum(matrix * (clip_norm * psac_weights(norms, r))[:, None], axis=0)
+            blocks = [b * mask.astype(b.dtype)[:, None] for b in blocks]
+        # Leaf by leaf, as clipping.clip_examples (benchmarks/dp_clip_cpu.py).
+        norms = jnp.sqrt(sum(jnp.sum(b * b, axis=1) for b in blocks))
+        weights = clip_norm * psac_weights(norms, r)
+        total = jnp.concatenate([jnp.sum(b * weights[:, None], axis=0) for b in blocks])
         if sigma > 0:
             total = total + sigma * clip_norm * jax.random.normal(key, total.shape, total.dtype)
-        return unflatten(total / real_count(mask, matrix.shape[0])), state
+        return unflatten(total / real_count(mask, blocks[0].shape[0])), state
 
     tag(apply, DPParameters("gauss" if sigma > 0 else "clip", noise_multiplier=sigma,
                             clip_norm=clip_norm))
