@@ -148,10 +148,15 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=30)
     default_torch = "/tmp/torchenv/bin/python" if os.path.exists("/tmp/torchenv/bin/python") else ""
     ap.add_argument("--torch-python", default=default_torch)
+    ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES),
+                    help="which models to time (default: all)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
+    if args.reps < 1:
+        ap.error(f"--reps must be >= 1, got {args.reps}")
+    load0 = os.getloadavg()[0]
     rows = []
-    for name in ("lenet", "mlp"):
+    for name in args.models:
         for batch in (64, 128):
             params, opt, plain, dp = make_steps(name, batch)
             tp = time_step(plain, params, opt, args.reps)
@@ -160,16 +165,19 @@ def main(argv=None):
                          "ratio": td / tp})
             print(json.dumps(rows[-1]), flush=True)
     ref = opacus_reference(args.torch_python, args.reps)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    load1 = os.getloadavg()[0]
     result = {"device": f"{jax.default_backend()} ({platform.machine()}), jax {jax.__version__}, "
-                        f"load average {os.getloadavg()[0]:.1f}",
-              "reps": args.reps, "rows": rows, "opacus": ref,
+                        f"1-min load average {load0:.1f} → {load1:.1f}",
+              "commit": commit, "load_average_1min": [load0, load1], "reps": args.reps, "rows": rows, "opacus": ref,
               "paper_000_table2": {"LeNet": "DP-SGD +57 % over SGD (Opacus 1.1.2, 4×A100, 25 epochs)"}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "dp_overhead.json").write_text(json.dumps(result, indent=2))
     lines = ["# DP-SGD overhead (median step time, ms)", "",
-             f"Produced by `benchmarks/dp_overhead.py`; device: {result['device']}; "
-             f"{args.reps} timed steps each. Shared 2-core CPU: ratios are the meaningful part.",
+             f"Produced by `benchmarks/dp_overhead.py` at commit {commit[:7]}; device: "
+             f"{result['device']}; {args.reps} timed steps each. Shared 2-core CPU: ratios are the meaningful part.",
              "", "| model | batch | plain JAX | DP JAX | ratio | plain torch | Opacus | ratio |",
              "|---|---|---|---|---|---|---|---|"]
     ref_rows = {(r["model"], r["batch"]): r for r in ref.get("rows", [])}
