@@ -28,7 +28,7 @@ def clip_examples(rows: Sequence[jax.Array], clip_norm: float
     The gradient arrives as one [B, n_r] block per layer tensor r; example i's
     norm is √(Σ_r ‖block_r[i]‖²), and every block of row i is scaled by the same
     1 / max(1, norm/C). Working on the blocks rather than one concatenated
-    [B, P] matrix was 1.2–1.7× faster on XLA:CPU in ``benchmarks/dp_clip_cpu.py``.
+    [B, P] matrix was 1.3–1.6× faster on XLA:CPU in ``benchmarks/dp_clip_cpu.py``.
 
     Args:
       rows: one [B, n_r] array per layer tensor (per-example gradients).
@@ -48,7 +48,7 @@ def clip_layers(rows: Sequence[jax.Array], clip_norm: float
 
     Works layer by layer, so no [B, P] matrix or scatter is built:
     ``benchmarks/dp_clip_cpu.py`` measured the former segment-sum over a
-    concatenated [B, P] matrix 4–16× slower on XLA:CPU, and its float32
+    concatenated [B, P] matrix 3–9× slower on XLA:CPU, and its float32
     scatter-add lost accuracy on large layers (1.9·10⁻⁶ relative error against
     float64 on Conv-2 at B = 32, 1.4·10⁻⁷ here; a test on a 2²⁰-coordinate
     layer with a 2·10⁻⁶ bound fails on it, ``tests/defenses/test_dp_gaussian.py``).
