@@ -204,6 +204,12 @@ def main(argv=None) -> dict:
             ap.error(f"--case takes MODEL SIZE BATCH with integer SIZE and BATCH, got {args.case}")
         if any(size < 4 or batch < 1 for _, size, _, batch in cases):
             ap.error(f"--case needs SIZE >= 4 and BATCH >= 1, got {args.case}")
+        sys.path.insert(0, str(ROOT))
+        from fedsim.models import MODEL_REGISTRY
+
+        unknown = sorted({m for m, *_ in cases} - set(MODEL_REGISTRY))
+        if unknown:
+            ap.error(f"--case: unknown model(s) {unknown}; known: {', '.join(sorted(MODEL_REGISTRY))}")
     import jax
 
     load0 = os.getloadavg()[0]

@@ -16,6 +16,9 @@ def test_rejects_bad_cases(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--case", "mlp", "eight", "4"])
     assert "integer SIZE" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--case", "nosuchmodel", "8", "4"])
+    assert "unknown model(s) ['nosuchmodel']" in capsys.readouterr().err
 
 
 def test_every_variant_equals_the_float64_clipped_sum():
