@@ -170,14 +170,16 @@ def main(argv=None):
     load1 = os.getloadavg()[0]
     result = {"device": f"{jax.default_backend()} ({platform.machine()}), jax {jax.__version__}, "
                         f"1-min load average {load0:.1f} → {load1:.1f}",
-              "commit": commit, "load_average_1min": [load0, load1], "reps": args.reps, "rows": rows, "opacus": ref,
+              "commit": commit, "load_average_1min": [load0, load1], "reps": args.reps,
+              "rows": rows, "opacus": ref,
               "paper_000_table2": {"LeNet": "DP-SGD +57 % over SGD (Opacus 1.1.2, 4×A100, 25 epochs)"}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "dp_overhead.json").write_text(json.dumps(result, indent=2))
     lines = ["# DP-SGD overhead (median step time, ms)", "",
              f"Produced by `benchmarks/dp_overhead.py` at commit {commit[:7]}; device: "
-             f"{result['device']}; {args.reps} timed steps each. Shared 2-core CPU: ratios are the meaningful part.",
+             f"{result['device']}; {args.reps} timed steps each. Shared 2-core CPU: ratios "
+             "are the meaningful part.",
              "", "| model | batch | plain JAX | DP JAX | ratio | plain torch | Opacus | ratio |",
              "|---|---|---|---|---|---|---|---|"]
     ref_rows = {(r["model"], r["batch"]): r for r in ref.get("rows", [])}
