@@ -1,7 +1,11 @@
 """The papers' models (flax.linen), built by name from a registry.
 
 Every model maps NHWC float inputs to logits. Parameter counts depend on the
-input shape and class count; ``tests/fedsim/test_models.py`` pins them.
+input shape and class count; ``tests/fedsim/test_models.py`` pins them. The
+convolutions are :class:`Conv` (``nn.Conv``'s parameters; on CPU at batch ≤
+:data:`IM2COL_MAX_BATCH` an im2col GEMM, which makes vmapped gradient-inversion
+attacks 2–20× faster: ``benchmarks/results/conv_im2col_cpu.md``), except
+LeNet-5's fused conv → ReLU → pool blocks (:class:`ConvReLUMaxPool`).
 
 * ``mlp``: 256→50→15→10, sigmoid, no bias (paper 001 §VI: 13,700 params on
   16×16×1 inputs). Flattens its input, so it needs 256 input features.
@@ -116,6 +120,88 @@ def conv_relu_maxpool(x: jax.Array, kernel: jax.Array, bias: jax.Array,
     return jax.nn.relu(jnp.max(y, axis=3) + bias)
 
 
+# Largest batch (as the layer sees it: per example under ``vmap``) for which
+# :class:`Conv` uses :func:`conv_im2col` on CPU; above it XLA's own convolution.
+# Read off benchmarks/results/conv_im2col_cpu.md: im2col wins for attacks (second
+# order, vmapped over victims/restarts) at dummy batches 1 and 4, and loses
+# ~20-40 % for plain training steps at batch 8 and more (also 7-26 % at batch 4 for
+# some models, the price of covering batch-4 attacks). Read at trace time:
+# changing it does not affect functions already jitted.
+IM2COL_MAX_BATCH = 4
+
+
+def _pairs(padding, in_hw, window, strides):
+    """nn.Conv's ``padding`` (int, "SAME", "VALID" or (lo, hi) pairs) as (lo, hi) pairs."""
+    if isinstance(padding, str):
+        return jax.lax.padtype_to_pads(in_hw, window, strides, padding)
+    if isinstance(padding, int):
+        return [(padding, padding)] * len(window)
+    return [(p, p) if isinstance(p, int) else tuple(p) for p in padding]
+
+
+def conv_im2col(x: jax.Array, kernel: jax.Array, strides=(1, 1), padding="SAME") -> jax.Array:
+    """2-D convolution (NHWC, HWIO, no bias) as one patch matrix times the kernel.
+
+    The patch matrix is the K_h·K_w strided slices of the padded input,
+    concatenated on the channel axis (kernel-position-major, like
+    ``kernel.reshape(K_h·K_w·C, O)``); its gradient is slices and adds, and the
+    product is one GEMM. Why: on XLA:CPU the convolution's gradients, and above
+    all second-order gradients under ``vmap`` (gradient-inversion attacks
+    vectorised over victims and restarts), run far below the matmul rate at
+    small batch: see ``benchmarks/results/conv_im2col_cpu.md``. Same values as
+    ``lax.conv_general_dilated`` to float rounding (tested).
+    """
+    kh, kw, c, o = kernel.shape
+    sh, sw = (strides, strides) if isinstance(strides, int) else tuple(strides)
+    (ph, pw) = _pairs(padding, x.shape[1:3], (kh, kw), (sh, sw))
+    xp = jnp.pad(x, ((0, 0), tuple(ph), tuple(pw), (0, 0)))
+    ho = (xp.shape[1] - kh) // sh + 1
+    wo = (xp.shape[2] - kw) // sw + 1
+    cols = [xp[:, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw, :]
+            for i in range(kh) for j in range(kw)]
+    patches = cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1)
+    return patches @ kernel.reshape(kh * kw * c, o)
+
+
+class Conv(nn.Module):
+    """Drop-in for ``nn.Conv`` (2-D, NHWC): same parameter names, shapes and initialisers.
+
+    On CPU, for a batch of at most :data:`IM2COL_MAX_BATCH` (the batch the
+    layer sees, i.e. per example under ``vmap``), it computes
+    :func:`conv_im2col`; otherwise ``lax.conv_general_dilated``. The choice
+    is made when the model is traced. Named ``Conv`` so that flax names its
+    instances ``Conv_i`` as it names ``nn.Conv``'s: a model switching to it
+    keeps its parameter tree and, from the same key, its initial values
+    (tested). Only 2-D convolutions without dilation or feature groups, which
+    is all the registry uses.
+    """
+
+    features: int
+    kernel_size: Sequence[int]
+    strides: int | Sequence[int] = 1
+    padding: object = "SAME"
+    use_bias: bool = True
+    kernel_init: Callable = nn.initializers.lecun_normal()
+    bias_init: Callable = nn.initializers.zeros_init()
+
+    @nn.compact
+    def __call__(self, x):
+        ks = self.kernel_size
+        kh, kw = (ks, ks) if isinstance(ks, int) else tuple(ks)
+        kernel = self.param("kernel", self.kernel_init, (kh, kw, x.shape[-1], self.features),
+                            jnp.float32)
+        strides = (self.strides,) * 2 if isinstance(self.strides, int) else tuple(self.strides)
+        if jax.default_backend() == "cpu" and x.shape[0] <= IM2COL_MAX_BATCH:
+            y = conv_im2col(x, kernel, strides, self.padding)
+        else:
+            pads = _pairs(self.padding, x.shape[1:3], (kh, kw), strides)
+            y = jax.lax.conv_general_dilated(x, kernel, strides, pads,
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        if self.use_bias:
+            y = y + self.param("bias", self.bias_init, (self.features,), jnp.float32)
+        return y
+
+
 class ConvReLUMaxPool(nn.Module):
     """Conv (stride 1, with bias) → ReLU → 2×2 max pool; params as ``nn.Conv``'s.
 
@@ -183,7 +269,7 @@ class LeNetDLG(nn.Module):
                 key, shape, dtype, -s, s)
             kw = {"kernel_init": uniform, "bias_init": uniform}
         for stride in (2, 2, 1, 1):
-            x = nn.sigmoid(nn.Conv(12, (5, 5), strides=stride, padding=2, **kw)(x))
+            x = nn.sigmoid(Conv(12, (5, 5), strides=stride, padding=2, **kw)(x))
         x = x.reshape(x.shape[0], -1)
         return nn.Dense(self.num_classes, **kw)(x)
 
@@ -226,8 +312,8 @@ class LeNet5LeCun(nn.Module):
     @nn.compact
     def __call__(self, x):
         padding = "SAME" if x.shape[1] < 32 else "VALID"
-        x = nn.avg_pool(jnp.tanh(nn.Conv(6, (5, 5), padding=padding)(x)), (2, 2), (2, 2))
-        x = nn.avg_pool(jnp.tanh(nn.Conv(16, (5, 5), padding="VALID")(x)), (2, 2), (2, 2))
+        x = nn.avg_pool(jnp.tanh(Conv(6, (5, 5), padding=padding)(x)), (2, 2), (2, 2))
+        x = nn.avg_pool(jnp.tanh(Conv(16, (5, 5), padding="VALID")(x)), (2, 2), (2, 2))
         x = x.reshape(x.shape[0], -1)
         x = jnp.tanh(nn.Dense(120)(x))
         x = jnp.tanh(nn.Dense(84)(x))
@@ -245,10 +331,10 @@ class ConvNet(nn.Module):
     def __call__(self, x):
         w = self.width
         for ch in (w, 2 * w, 2 * w, 4 * w, 4 * w, 4 * w):
-            x = nn.relu(nn.Conv(ch, (3, 3), padding=1)(x))
+            x = nn.relu(Conv(ch, (3, 3), padding=1)(x))
         x = max_pool(x, 3)
         for ch in (4 * w, 4 * w):
-            x = nn.relu(nn.Conv(ch, (3, 3), padding=1)(x))
+            x = nn.relu(Conv(ch, (3, 3), padding=1)(x))
         x = max_pool(x, 3)
         x = x.reshape(x.shape[0], -1)
         return nn.Dense(self.num_classes)(x)
@@ -262,9 +348,9 @@ class Conv2(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        x = nn.relu(nn.Conv(32, (5, 5), padding="SAME")(x))
+        x = nn.relu(Conv(32, (5, 5), padding="SAME")(x))
         x = max_pool(x, 2)
-        x = nn.relu(nn.Conv(64, (5, 5), padding="SAME")(x))
+        x = nn.relu(Conv(64, (5, 5), padding="SAME")(x))
         x = max_pool(x, 2)
         x = x.reshape(x.shape[0], -1)
         x = nn.relu(nn.Dense(2048)(x))
@@ -279,13 +365,13 @@ class AlexNet(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        x = nn.relu(nn.Conv(64, (3, 3), strides=2, padding=1)(x))
+        x = nn.relu(Conv(64, (3, 3), strides=2, padding=1)(x))
         x = max_pool(x, 2)
-        x = nn.relu(nn.Conv(192, (3, 3), padding=1)(x))
+        x = nn.relu(Conv(192, (3, 3), padding=1)(x))
         x = max_pool(x, 2)
-        x = nn.relu(nn.Conv(384, (3, 3), padding=1)(x))
-        x = nn.relu(nn.Conv(256, (3, 3), padding=1)(x))
-        x = nn.relu(nn.Conv(256, (3, 3), padding=1)(x))
+        x = nn.relu(Conv(384, (3, 3), padding=1)(x))
+        x = nn.relu(Conv(256, (3, 3), padding=1)(x))
+        x = nn.relu(Conv(256, (3, 3), padding=1)(x))
         x = max_pool(x, 2)
         x = x.reshape(x.shape[0], -1)
         x = nn.relu(nn.Dense(4096)(x))
@@ -313,7 +399,7 @@ class VGG(nn.Module):
                 if x.shape[1] >= 2:
                     x = max_pool(x, 2)
             else:
-                x = nn.relu(nn.Conv(item, (3, 3), padding=1)(x))
+                x = nn.relu(Conv(item, (3, 3), padding=1)(x))
         x = jnp.mean(x, axis=(1, 2))  # global pool: works for 16/28/32 inputs
         return nn.Dense(self.num_classes)(x)
 
@@ -328,12 +414,12 @@ class _BasicBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        y = nn.Conv(self.channels, (3, 3), strides=self.stride, padding=1, use_bias=False)(x)
+        y = Conv(self.channels, (3, 3), strides=self.stride, padding=1, use_bias=False)(x)
         y = nn.relu(nn.GroupNorm(num_groups=min(32, self.channels))(y))
-        y = nn.Conv(self.channels, (3, 3), padding=1, use_bias=False)(y)
+        y = Conv(self.channels, (3, 3), padding=1, use_bias=False)(y)
         y = nn.GroupNorm(num_groups=min(32, self.channels))(y)
         if self.stride != 1 or x.shape[-1] != self.channels:
-            x = nn.Conv(self.channels, (1, 1), strides=self.stride, use_bias=False)(x)
+            x = Conv(self.channels, (1, 1), strides=self.stride, use_bias=False)(x)
             x = nn.GroupNorm(num_groups=min(32, self.channels))(x)
         return nn.relu(x + y)
 
@@ -346,7 +432,7 @@ class ResNet10(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        x = nn.Conv(64, (3, 3), padding=1, use_bias=False)(x)
+        x = Conv(64, (3, 3), padding=1, use_bias=False)(x)
         x = nn.relu(nn.GroupNorm(num_groups=32)(x))
         for channels, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
             x = _BasicBlock(channels, stride)(x)

@@ -1,0 +1,278 @@
+"""XLA's convolution vs an im2col GEMM (``fedsim.models.conv_im2col``) on CPU.
+
+For each model (the registry's conv models, all convolutions switched
+together) and two workloads, one run times the same jitted function twice:
+once with every ``fedsim.models.Conv`` computed by ``lax.conv_general_dilated``
+and once by :func:`fedsim.models.conv_im2col`:
+
+* ``train B``: the gradient of the mean cross-entropy over a batch of B
+  (one local SGD step's work);
+* ``per-example B``: ``vmap(grad)`` over B examples, each a batch of 1
+  (DP-SGD's per-example gradients);
+* ``attack b``: the gradient, with respect to a dummy input of batch b, of
+  the squared distance between the dummy's parameter gradient and a target
+  gradient (DLG's objective: second order); ``V=v shared`` vmaps it over v
+  instances with the same parameters (restarts against one victim), ``V=v
+  own`` over v instances with their own parameters (victims with their own
+  local models), as ``attacks.gradient_inversion`` does.
+
+End to end (``--end-to-end``, on by default): the attack suite's own vmapped
+loops, each implementation once after a compile call: DLG
+(``attacks.dlg.run_many``, L-BFGS) against 4 victims on the DLG LeNet
+(32×32×3, the reference code's U(−0.5, 0.5) init) and Inverting Gradients
+(``attacks.inverting_gradients.run_many``, Adam lr 0.1) against 4 victims on
+a width-8 ConvNet (16×16×1), reproduce_sun2021's quick GS settings; with
+each reconstruction's MSE to the truth.
+
+Each pair of calls is interleaved ``--reps`` times after a warm-up (compile
+excluded, ``block_until_ready``); the table gives medians and their ratio, and
+each implementation's float32 error: max |output − float64 output| / max
+|float64 output| per output array (the float64 output computed with XLA's
+conv), worst array. The choice that ``Conv`` makes by itself (im2col for
+batches up to ``IM2COL_MAX_BATCH``) is read off this table. Results:
+``benchmarks/results/conv_im2col_cpu.{json,md}``. Shared 2-core CPU: compare
+ratios, not absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from attacks import dlg, inverting_gradients  # noqa: E402
+from attacks.api import observation_from_gradient  # noqa: E402
+from fedsim import models  # noqa: E402
+from fedsim.client import cross_entropy  # noqa: E402
+
+# convnet at the size of reproduce_sun2021's quick GS runs (16×16 Fashion-MNIST).
+SHAPES = {"lenet": (32, 32, 3), "convnet": (16, 16, 1), "conv2": (28, 28, 1),
+          "lenet5_1998": (28, 28, 1), "alexnet": (32, 32, 3), "vgg11": (32, 32, 3),
+          "resnet10": (32, 32, 3)}
+DEFAULT_MODELS = ["lenet", "convnet", "conv2", "lenet5_1998"]
+F32 = jnp.float32
+IMPLS = {"xla": 0, "im2col": 10**9}  # IM2COL_MAX_BATCH forcing each implementation
+
+
+def workloads(model_name, train_batches, per_example_batches, attack_instances, attack_batches):
+    """Yield (label, fn, args) for one model; fn is traced under the current impl."""
+    model = models.build_model(model_name, 10)
+    apply_fn = models.make_apply_fn(model)
+    shape = SHAPES[model_name]
+    params = models.init_params(model, shape, jax.random.key(0))
+    def mean_loss(p, x, y):
+        return jnp.mean(cross_entropy(apply_fn(p, x), y))
+
+    for b in train_batches:
+        x = jax.random.uniform(jax.random.key(1), (b,) + shape, F32)
+        y = jax.random.randint(jax.random.key(2), (b,), 0, 10)
+        yield f"train B={b}", jax.grad(mean_loss), (params, x, y)
+    for b in per_example_batches:
+        x = jax.random.uniform(jax.random.key(1), (b, 1) + shape, F32)
+        y = jax.random.randint(jax.random.key(2), (b, 1), 0, 10)
+        yield f"per-example B={b}", jax.vmap(jax.grad(mean_loss), (None, 0, 0)), (params, x, y)
+    for b in attack_batches:
+        x1 = jax.random.uniform(jax.random.key(3), (b,) + shape, F32)
+        y1 = jnp.arange(b) % 10
+
+        def param_grad(p, x, y1=y1):
+            return jax.grad(lambda q: jnp.mean(cross_entropy(apply_fn(q, x), y1)))(p)
+
+        target = param_grad(params, x1)
+
+        def match(x, p, tgt, param_grad=param_grad):
+            g = param_grad(p, x)
+            return sum(jnp.sum((a - b) ** 2)
+                       for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(tgt)))
+
+        for v in attack_instances:
+            dummies = jax.random.uniform(jax.random.key(4), (v, b) + shape, F32)
+            if v == 1:
+                yield f"attack b={b}", jax.grad(match), (dummies[0], params, target)
+                continue
+            shared = jax.vmap(jax.grad(match), in_axes=(0, None, None))
+            yield f"attack b={b} V={v} shared", shared, (dummies, params, target)
+            stack = lambda t: jax.tree.map(  # noqa: E731
+                lambda a: jnp.broadcast_to(a, (v,) + a.shape), t)
+            own = jax.vmap(jax.grad(match), in_axes=(0, 0, 0))
+            yield f"attack b={b} V={v} own", own, (dummies, stack(params), stack(target))
+
+
+def relative_error(out, ref):
+    """Worst over output arrays of max |out − ref| / max |ref|."""
+    return max(float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-30))
+               for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)))
+
+
+def time_pair(fn, args, reps):
+    """Compile fn under each impl, measure each one's error, time interleaved calls."""
+    compiled, errors = {}, {}
+    models.IM2COL_MAX_BATCH = IMPLS["xla"]
+    to64 = lambda t: jax.tree.map(  # noqa: E731
+        lambda a: a.astype(jnp.float64) if a.dtype == F32 else a, t)
+    with jax.enable_x64(True):  # only the float64 reference
+        ref = jax.jit(lambda *a: fn(*a))(*to64(args))
+    for impl, limit in IMPLS.items():
+        models.IM2COL_MAX_BATCH = limit
+        # A fresh wrapper per impl: jit caches traces by function, and the
+        # implementation is chosen at trace time.
+        compiled[impl] = jax.jit(lambda *a: fn(*a)).lower(*args).compile()
+        out = jax.block_until_ready(compiled[impl](*args))
+        if any(a.dtype != F32 for a in jax.tree.leaves(out)):
+            raise RuntimeError("a float32 workload produced a non-float32 output")
+        errors[impl] = relative_error(out, ref)
+    models.IM2COL_MAX_BATCH = IMPLS["xla"]
+    times = {impl: [] for impl in IMPLS}
+    for _ in range(reps):
+        for impl in IMPLS:
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled[impl](*args))
+            times[impl].append(time.perf_counter() - t0)
+    med = {impl: 1e3 * statistics.median(ts) for impl, ts in times.items()}
+    return med, errors
+
+
+def end_to_end_cases(dlg_iterations, gs_iterations):
+    """(label, model, input_shape, attack module, attack config) of the end-to-end rows."""
+    lenet = models.LeNetDLG(num_classes=10, init_scale=0.5)
+    return [(f"DLG, 4 victims × {dlg_iterations} L-BFGS its", lenet, (32, 32, 3), dlg,
+             {"iterations": dlg_iterations}),
+            (f"GS, 4 victims × {gs_iterations} Adam its", models.ConvNet(num_classes=10, width=8),
+             (16, 16, 1), inverting_gradients, {"iterations": gs_iterations, "lr": 0.1})]
+
+
+def end_to_end(model, shape, attack, config, victims=4):
+    """Seconds of attack.run_many (after a compile call) and MSE to truth, per impl."""
+    apply_fn = models.make_apply_fn(model)
+    params = models.init_params(model, shape, jax.random.key(10))
+    xs = jax.random.uniform(jax.random.key(11), (victims, 1) + shape, F32)
+    ys = jax.random.randint(jax.random.key(12), (victims, 1), 0, 10)
+    models.IM2COL_MAX_BATCH = IMPLS["xla"]
+    grads = [jax.grad(lambda p: jnp.mean(cross_entropy(apply_fn(p, x), y)))(params)
+             for x, y in zip(xs, ys)]
+    out = {}
+    for impl, limit in IMPLS.items():
+        models.IM2COL_MAX_BATCH = limit
+        # A fresh apply_fn per impl: the attack suite caches its compiled loop
+        # by apply_fn, and Conv chooses its implementation at trace time.
+        fresh = models.make_apply_fn(model)
+        observations = [observation_from_gradient(g, params, fresh, input_shape=shape,
+                                                  num_classes=10, batch_size=1) for g in grads]
+        key = jax.random.key(13)
+        t0 = time.perf_counter()
+        jax.block_until_ready([r.x for r in attack.run_many(observations, config, key)])
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        recs = attack.run_many(observations, config, key)
+        jax.block_until_ready([r.x for r in recs])
+        out[impl] = {"seconds": time.perf_counter() - t0, "first_call_seconds": first,
+                     "mse": [float(jnp.mean((jnp.clip(r.x, 0, 1) - x) ** 2))
+                             for r, x in zip(recs, xs)]}
+    models.IM2COL_MAX_BATCH = IMPLS["xla"]
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", default=DEFAULT_MODELS, choices=list(SHAPES))
+    ap.add_argument("--train-batches", nargs="+", type=int, default=[1, 4, 8, 32, 64])
+    ap.add_argument("--per-example-batches", nargs="+", type=int, default=[64])
+    ap.add_argument("--attack-instances", nargs="+", type=int, default=[1, 8],
+                    help="V: 1 = one attack, not vmapped; V > 1 = vmap over V instances")
+    ap.add_argument("--attack-batches", nargs="+", type=int, default=[1, 4],
+                    help="b: the dummy batch each attack instance reconstructs")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--end-to-end", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the attack suite's DLG and GS loops (default: on)")
+    ap.add_argument("--dlg-iterations", type=int, default=100)
+    ap.add_argument("--gs-iterations", type=int, default=120)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args(argv)
+    for name, values in (("--train-batches", args.train_batches),
+                         ("--attack-instances", args.attack_instances),
+                         ("--attack-batches", args.attack_batches)):
+        if any(v < 1 for v in values):
+            ap.error(f"{name} must be >= 1, got {values}")
+    if min(args.dlg_iterations, args.gs_iterations) < 1:
+        ap.error("--dlg-iterations and --gs-iterations must be >= 1")
+    if args.reps < 1:
+        ap.error(f"--reps must be >= 1, got {args.reps}")
+    default_limit = models.IM2COL_MAX_BATCH
+    load0 = os.getloadavg()[0]
+    rows = []
+    try:
+        for name in args.models:
+            for label, fn, fargs in workloads(name, args.train_batches, args.per_example_batches,
+                                                  args.attack_instances, args.attack_batches):
+                med, err = time_pair(fn, fargs, args.reps)
+                rows.append({"model": name, "input_shape": list(SHAPES[name]), "workload": label,
+                             "xla_ms": med["xla"], "im2col_ms": med["im2col"],
+                             "xla_over_im2col": med["xla"] / med["im2col"],
+                             "xla_error_vs_f64": err["xla"], "im2col_error_vs_f64": err["im2col"]})
+                print(json.dumps(rows[-1]), flush=True)
+        e2e = []
+        if args.end_to_end:
+            for label, model, shape, attack, config in end_to_end_cases(args.dlg_iterations,
+                                                                        args.gs_iterations):
+                res = end_to_end(model, shape, attack, config)
+                e2e.append({"attack": label, "input_shape": list(shape), **res})
+                print(json.dumps(e2e[-1]), flush=True)
+    finally:
+        models.IM2COL_MAX_BATCH = default_limit
+    load1 = os.getloadavg()[0]
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    device = (f"{jax.default_backend()} ({platform.machine()}, {os.cpu_count()} cpus), "
+              f"jax {jax.__version__}")
+    result = {"device": device, "commit": commit, "load_average_1min": [load0, load1],
+              "reps": args.reps, "im2col_max_batch": default_limit, "rows": rows,
+              "end_to_end": e2e}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "conv_im2col_cpu.json").write_text(json.dumps(result, indent=2))
+    lines = ["# Convolutions on CPU: XLA's conv vs im2col GEMM (median ms)", "",
+             f"Device {device}; median of {args.reps} interleaved calls; 1-min load average "
+             f"{load0:.1f} → {load1:.1f}. Produced by `python benchmarks/conv_im2col_cpu.py` at "
+             f"commit {commit[:7]}. `train B`: gradient of the mean loss over a batch of B. "
+             "`attack V`: vmap over V instances of DLG's second-order gradient (dummy batch 1); "
+             "`shared` = same parameters, `own` = one parameter set per instance. "
+             "Error: max |float32 − float64| / max |float64| per output array (float64 through "
+             "XLA's conv), worst array.", "",
+             "| model | input | workload | XLA conv | im2col | XLA / im2col | XLA error | im2col error |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        shape = "×".join(map(str, r["input_shape"]))
+        lines.append(f"| {r['model']} | {shape} | {r['workload']} | {r['xla_ms']:.2f} | "
+                     f"{r['im2col_ms']:.2f} | {r['xla_over_im2col']:.2f} | "
+                     f"{r['xla_error_vs_f64']:.1e} | {r['im2col_error_vs_f64']:.1e} |")
+    if e2e:
+        lines += ["", "## End to end: the attack suite's vmapped loops (seconds, after a compile call)",
+                  "", "| attack | input | XLA conv | im2col | XLA / im2col | MSE to truth, XLA | "
+                  "MSE to truth, im2col |", "|---|---|---|---|---|---|---|"]
+        for r in e2e:
+            x, i = r["xla"], r["im2col"]
+            fmt = lambda v: " / ".join(f"{m:.3g}" for m in v)  # noqa: E731
+            lines.append(f"| {r['attack']} | {'×'.join(map(str, r['input_shape']))} | "
+                         f"{x['seconds']:.2f} | {i['seconds']:.2f} | "
+                         f"{x['seconds'] / i['seconds']:.1f} | {fmt(x['mse'])} | {fmt(i['mse'])} |")
+    lines += ["", f"`fedsim.models.Conv` uses im2col on CPU for batches up to "
+                  f"IM2COL_MAX_BATCH = {default_limit} (per example under vmap)."]
+    (out / "conv_im2col_cpu.md").write_text("\n".join(lines) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

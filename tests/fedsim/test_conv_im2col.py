@@ -1,0 +1,122 @@
+"""fedsim.models.Conv / conv_im2col: same values, gradients and parameters as nn.Conv."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedsim import models
+from fedsim.models import Conv, build_model, conv_im2col, init_params, make_apply_fn
+
+DN = ("NHWC", "HWIO", "NHWC")
+
+
+@pytest.mark.parametrize("kernel,strides,padding", [
+    ((5, 5), (2, 2), 2),                # the DLG LeNet's strided layers
+    ((5, 5), (1, 1), "SAME"),           # Conv-2
+    ((3, 3), (1, 1), 1),                # ConvNet, VGG
+    ((3, 3), (2, 2), "SAME"),           # asymmetric SAME padding at stride 2
+    ((5, 5), (1, 1), "VALID"),
+    ((3, 2), (2, 1), ((1, 0), (0, 2))),  # rectangular kernel, explicit pairs
+    ((1, 1), (2, 2), "VALID"),          # ResNet shortcut
+])
+def test_conv_im2col_matches_lax_conv_and_its_gradients(kernel, strides, padding):
+    ks = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(ks[0], (3, 11, 10, 4))
+    w = jax.random.normal(ks[1], kernel + (4, 6))
+    pads = padding
+    if isinstance(padding, int):
+        pads = ((padding, padding), (padding, padding))
+
+    def ref(x, w):
+        return jax.lax.conv_general_dilated(x, w, strides, pads, dimension_numbers=DN)
+
+    want, vjp_want = jax.vjp(ref, x, w)
+    got, vjp_got = jax.vjp(lambda x, w: conv_im2col(x, w, strides, padding), x, w)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    g = jax.random.normal(ks[2], want.shape)
+    for a, b in zip(vjp_got(g), vjp_want(g)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_module_keeps_nn_conv_parameters_and_values():
+    """Same parameter tree and initial values as nn.Conv from the same key, same outputs
+    through either implementation (batch above and below the im2col limit)."""
+    class Plain(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.sigmoid(nn.Conv(5, (5, 5), strides=2, padding=2)(x))
+            return nn.Conv(7, (3, 3), padding="SAME", use_bias=False)(x)
+
+    class Ours(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.sigmoid(Conv(5, (5, 5), strides=2, padding=2)(x))
+            return Conv(7, (3, 3), padding="SAME", use_bias=False)(x)
+
+    key = jax.random.key(1)
+    x0 = jnp.zeros((1, 12, 12, 3))
+    plain, ours = Plain().init(key, x0)["params"], Ours().init(key, x0)["params"]
+    assert jax.tree.structure(plain) == jax.tree.structure(ours)
+    assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)),
+                                            plain, ours)))
+    for batch in (1, models.IM2COL_MAX_BATCH, models.IM2COL_MAX_BATCH + 3):
+        x = jax.random.uniform(jax.random.fold_in(key, batch), (batch, 12, 12, 3))
+        np.testing.assert_allclose(Ours().apply({"params": ours}, x),
+                                   Plain().apply({"params": plain}, x), rtol=1e-5, atol=1e-6)
+
+
+def _count_convolutions(fn, *args):
+    # A fresh wrapper: jit caches traces per function, and Conv chooses at trace time.
+    text = jax.jit(lambda *a: fn(*a)).lower(*args).as_text()
+    return text.count("stablehlo.convolution")
+
+
+def test_conv_chooses_im2col_by_the_batch_the_layer_sees(monkeypatch):
+    """On CPU: im2col (no HLO convolution) up to IM2COL_MAX_BATCH, XLA's conv above;
+    under vmap the layer sees the per-instance batch."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the im2col path is CPU-only")
+    model = build_model("lenet", 10)
+    apply_fn = make_apply_fn(model)
+    params = init_params(model, (32, 32, 3), jax.random.key(0))
+    monkeypatch.setattr(models, "IM2COL_MAX_BATCH", 4)
+    small = jnp.zeros((4, 32, 32, 3))
+    large = jnp.zeros((5, 32, 32, 3))
+    assert _count_convolutions(apply_fn, params, small) == 0
+    assert _count_convolutions(apply_fn, params, large) == 4
+    per_example = jax.vmap(lambda p, x: apply_fn(p, x[None]), (None, 0))
+    assert _count_convolutions(per_example, params, jnp.zeros((64, 32, 32, 3))) == 0
+    monkeypatch.setattr(models, "IM2COL_MAX_BATCH", 0)
+    assert _count_convolutions(apply_fn, params, small) == 4
+
+
+def test_second_order_gradient_same_through_both_implementations(monkeypatch):
+    """DLG's objective (gradient of a gradient distance w.r.t. the input) agrees between
+    XLA's conv and im2col, vmapped over instances as the attacks run it."""
+    model = build_model("lenet", 10)
+    apply_fn = make_apply_fn(model)
+    params = init_params(model, (16, 16, 1), jax.random.key(0))
+    y = jnp.array([3])
+
+    def param_grad(p, x):
+        return jax.grad(lambda q: jnp.mean(
+            -jax.nn.log_softmax(apply_fn(q, x))[jnp.arange(1), y]))(p)
+
+    target = param_grad(params, jax.random.uniform(jax.random.key(1), (1, 16, 16, 1)))
+
+    def match(x):
+        g = param_grad(params, x)
+        return sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(g),
+                                                          jax.tree.leaves(target)))
+
+    dummies = jax.random.uniform(jax.random.key(2), (3, 1, 16, 16, 1))
+    results = []
+    for limit in (0, 10**9):
+        monkeypatch.setattr(models, "IM2COL_MAX_BATCH", limit)
+        results.append(jax.jit(jax.vmap(jax.grad(match)))(dummies))
+    scale = float(jnp.max(jnp.abs(results[0])))
+    assert scale > 0
+    np.testing.assert_allclose(results[1], results[0], rtol=0, atol=1e-4 * scale)
