@@ -123,10 +123,11 @@ def conv_relu_maxpool(x: jax.Array, kernel: jax.Array, bias: jax.Array,
 # Largest batch (as the layer sees it: per example under ``vmap``) for which
 # :class:`Conv` uses :func:`conv_im2col` on CPU; above it XLA's own convolution.
 # Read off benchmarks/results/conv_im2col_cpu.md: im2col wins for attacks (second
-# order, vmapped over victims/restarts) at dummy batches 1 and 4, and loses
-# ~20-40 % for plain training steps at batch 8 and more (also 7-26 % at batch 4 for
-# some models, the price of covering batch-4 attacks). Read at trace time:
-# changing it does not affect functions already jitted.
+# order, vmapped over victims/restarts: 1.9-24x) at dummy batches 1 and 4, and
+# loses 8-41 % for plain training steps at batch >= 8 on the DLG LeNet, ConvNet
+# and Conv-2 (6-13 % at batch 4 on ConvNet and Conv-2: the price of covering
+# batch-4 attacks). Read at trace time: changing it does not affect functions
+# already jitted.
 IM2COL_MAX_BATCH = 4
 
 
