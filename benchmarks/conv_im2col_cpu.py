@@ -220,7 +220,8 @@ def render_markdown(result):
                   "reference code's U(−0.5, 0.5) init; GS: `attacks.inverting_gradients.run_many` "
                   "(Adam lr 0.1) on a width-8 ConvNet, reproduce_sun2021's quick GS setting. Same "
                   "victims, targets and attack key for both; the MSE columns (reconstruction vs "
-                  "truth, per victim) show the two reach the same reconstructions.", "",
+                  "truth, per victim) show how close the two implementations' "
+                  "reconstructions end up.", "",
                   "| attack | input | XLA conv | im2col | XLA / im2col | MSE to truth, XLA | "
                   "MSE to truth, im2col |", "|---|---|---|---|---|---|---|"]
         for r in result["end_to_end"]:

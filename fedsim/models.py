@@ -4,7 +4,7 @@ Every model maps NHWC float inputs to logits. Parameter counts depend on the
 input shape and class count; ``tests/fedsim/test_models.py`` pins them. The
 convolutions are :class:`Conv` (``nn.Conv``'s parameters; on CPU at batch ≤
 :data:`IM2COL_MAX_BATCH` an im2col GEMM, which makes vmapped gradient-inversion
-attacks 2–20× faster: ``benchmarks/results/conv_im2col_cpu.md``), except
+attacks 2–24× faster: ``benchmarks/results/conv_im2col_cpu.md``), except
 LeNet-5's fused conv → ReLU → pool blocks (:class:`ConvReLUMaxPool`).
 
 * ``mlp``: 256→50→15→10, sigmoid, no bias (paper 001 §VI: 13,700 params on
@@ -123,9 +123,9 @@ def conv_relu_maxpool(x: jax.Array, kernel: jax.Array, bias: jax.Array,
 # Largest batch (as the layer sees it: per example under ``vmap``) for which
 # :class:`Conv` uses :func:`conv_im2col` on CPU; above it XLA's own convolution.
 # Read off benchmarks/results/conv_im2col_cpu.md: im2col wins for attacks (second
-# order, vmapped over victims/restarts: 1.9-24x) at dummy batches 1 and 4, and
-# loses 8-41 % for plain training steps at batch >= 8 on the DLG LeNet, ConvNet
-# and Conv-2 (6-13 % at batch 4 on ConvNet and Conv-2: the price of covering
+# order, vmapped over victims/restarts: 2-24x) at dummy batches 1 and 4, while
+# plain training steps at batch >= 8 take 1.1-1.6x as long with it on the DLG
+# LeNet, ConvNet and Conv-2 (ConvNet 6 % at batch 4: the price of covering
 # batch-4 attacks). Read at trace time: changing it does not affect functions
 # already jitted.
 IM2COL_MAX_BATCH = 4
