@@ -1,7 +1,7 @@
 """XLA's convolution vs an im2col GEMM (``fedsim.models.conv_im2col``) on CPU.
 
 For each model (the registry's conv models, all convolutions switched
-together) and two workloads, one run times the same jitted function twice:
+together) and each workload below, one run times the same jitted function twice:
 once with every ``fedsim.models.Conv`` computed by ``lax.conv_general_dilated``
 and once by :func:`fedsim.models.conv_im2col`:
 
@@ -74,6 +74,7 @@ def workloads(model_name, train_batches, per_example_batches, attack_instances, 
     apply_fn = models.make_apply_fn(model)
     shape = SHAPES[model_name]
     params = models.init_params(model, shape, jax.random.key(0))
+
     def mean_loss(p, x, y):
         return jnp.mean(cross_entropy(apply_fn(p, x), y))
 
@@ -129,7 +130,8 @@ def time_pair(fn, args, reps):
         lambda a: a.astype(jnp.float64) if a.dtype == F32 else a, t)
     with jax.enable_x64(True):  # only the float64 reference
         ref = [np.asarray(a) for a in jax.tree.leaves(jax.jit(lambda *a: fn(*a))(*to64(args)))]
-    assert all(a.dtype == np.float64 for a in ref)
+    if any(a.dtype != np.float64 for a in ref):
+        raise RuntimeError("the float64 reference did not run in float64")
     for impl, limit in IMPLS.items():
         models.IM2COL_MAX_BATCH = limit
         # A fresh wrapper per impl: jit caches traces by function, and the
