@@ -195,10 +195,11 @@ def end_to_end(model, shape, attack, config, victims=4):
 def render_markdown(result):
     """The markdown table of a result dict (what main writes; ``--render`` redoes it)."""
     load0, load1 = result["load_average_1min"]
+    args = "".join(" " + a for a in result.get("argv", []))
     lines = ["# Convolutions on CPU: XLA's conv vs im2col GEMM (median ms)", "",
              f"Device {result['device']}; median of {result['reps']} interleaved calls; 1-min "
              f"load average {load0:.1f} → {load1:.1f}. Produced by `python "
-             f"benchmarks/conv_im2col_cpu.py` at commit {result['commit'][:7]}. Both "
+             f"benchmarks/conv_im2col_cpu.py{args}` at commit {result['commit'][:7]}. Both "
              "implementations run the same jitted function, every `Conv` of the model switched "
              "together. `train B`: gradient of the mean loss over a batch of B. `per-example B`: "
              "vmap(grad) over B examples (DP-SGD). `attack b`: gradient w.r.t. a dummy batch of "
@@ -307,6 +308,7 @@ def main(argv=None):
     device = (f"{jax.default_backend()} ({platform.machine()}, {os.cpu_count()} cpus), "
               f"jax {jax.__version__}")
     result = {"device": device, "commit": commit, "load_average_1min": [load0, load1],
+              "argv": list(sys.argv[1:] if argv is None else argv),
               "reps": args.reps, "im2col_max_batch": default_limit, "rows": rows,
               "end_to_end": e2e}
     write_outputs(result, Path(args.out))

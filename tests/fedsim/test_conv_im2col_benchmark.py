@@ -43,9 +43,11 @@ def test_small_run_writes_json_and_markdown(tmp_path):
     assert result["end_to_end"] == []
     saved = json.loads((tmp_path / "conv_im2col_cpu.json").read_text())
     assert saved["rows"] == rows and saved["im2col_max_batch"] == limit
+    assert saved["argv"][:2] == ["--models", "lenet"]
     md = (tmp_path / "conv_im2col_cpu.md").read_text()
     assert "| lenet | 32×32×3 | attack b=1 V=2 own |" in md
     assert "## End to end" not in md
+    assert "conv_im2col_cpu.py --models lenet --train-batches 2" in md
     (tmp_path / "conv_im2col_cpu.md").unlink()
     bench.main(["--render", str(tmp_path / "conv_im2col_cpu.json")])
     assert (tmp_path / "conv_im2col_cpu.md").read_text() == md
