@@ -152,10 +152,16 @@ def conv_im2col(x: jax.Array, kernel: jax.Array, strides=(1, 1), padding="SAME")
     small batch: see ``benchmarks/results/conv_im2col_cpu.md``. Same values as
     ``lax.conv_general_dilated`` to float rounding (tested).
     """
+    if x.ndim != 4 or kernel.ndim != 4 or x.shape[-1] != kernel.shape[2]:
+        raise ValueError(f"conv_im2col: needs x [N, H, W, C] and kernel [K_h, K_w, C, O] with "
+                         f"the same C; got x {tuple(x.shape)}, kernel {tuple(kernel.shape)}")
     kh, kw, c, o = kernel.shape
     sh, sw = (strides, strides) if isinstance(strides, int) else tuple(strides)
     (ph, pw) = _pairs(padding, x.shape[1:3], (kh, kw), (sh, sw))
     xp = jnp.pad(x, ((0, 0), tuple(ph), tuple(pw), (0, 0)))
+    if xp.shape[1] < kh or xp.shape[2] < kw:
+        raise ValueError(f"conv_im2col: kernel {kh}×{kw} is larger than the padded input "
+                         f"{xp.shape[1]}×{xp.shape[2]} (x {tuple(x.shape)}, padding {padding!r})")
     ho = (xp.shape[1] - kh) // sh + 1
     wo = (xp.shape[2] - kw) // sw + 1
     cols = [xp[:, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw, :]

@@ -41,6 +41,15 @@ def test_conv_im2col_matches_lax_conv_and_its_gradients(kernel, strides, padding
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
+def test_conv_im2col_names_bad_shapes():
+    with pytest.raises(ValueError, match=r"same C; got x \(2, 8, 8, 3\), kernel \(3, 3, 4, 5\)"):
+        conv_im2col(jnp.zeros((2, 8, 8, 3)), jnp.zeros((3, 3, 4, 5)))
+    with pytest.raises(ValueError, match="needs x"):
+        conv_im2col(jnp.zeros((8, 8, 3)), jnp.zeros((3, 3, 3, 5)))
+    with pytest.raises(ValueError, match="kernel 5×5 is larger than the padded input 3×3"):
+        conv_im2col(jnp.zeros((1, 3, 3, 1)), jnp.zeros((5, 5, 1, 2)), padding="VALID")
+
+
 def test_conv_module_keeps_nn_conv_parameters_and_values():
     """Same parameter tree and initial values as nn.Conv from the same key, same outputs
     through either implementation (batch above and below the im2col limit)."""
