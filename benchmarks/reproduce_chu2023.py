@@ -115,11 +115,12 @@ def scheme_mask(scheme, key, params, p, apply_fn, x, y, input_shape, synflow_its
     """A scheme's mask at rate p on the initial model (iterative ones: one step)."""
     if scheme == "prunefl":
         return prunefl_reprune(params, initial_mask("prunefl", key, params, p), p, 1, 1)
-    m = initial_mask(scheme, key, params, p, apply_fn=apply_fn, x=x, y=y,
-                     input_shape=input_shape, synflow_iterations=synflow_its)
-    if scheme == "feddst":
-        m = feddst_prune_regrow(jax.random.fold_in(key, 1), params, m, 0.2)
-    return m
+    if scheme == "feddst":  # two draws: split, not the key and a child of it (before Nov 25 2026)
+        k_mask, k_regrow = jax.random.split(key)
+        m = initial_mask(scheme, k_mask, params, p)
+        return feddst_prune_regrow(k_regrow, params, m, 0.2)
+    return initial_mask(scheme, key, params, p, apply_fn=apply_fn, x=x, y=y,
+                        input_shape=input_shape, synflow_iterations=synflow_its)
 
 
 def score(x_rec, x_true):
@@ -452,6 +453,12 @@ def client_model_accuracy(sim, state, name, ds, rounds, max_clients=20):
             "global_local": float(np.mean(glob_local)), "ids": ids}
 
 
+def part_b_attack_key(seed: int) -> jax.Array:
+    """Part B's attack key: stream ``chu2023/B/attack`` of the seed (before Nov 25
+    2026 ``key(seed + 7)``, the root key of a run with seed + 7)."""
+    return experiment_key(seed, "chu2023/B/attack")
+
+
 def part_b(args, ds, rows, seed):
     """Pruned FL with PruneFL (p = 0.3) and the defenses (Fig 4, Fig 5, Fig 2(d))."""
     R = args.rounds
@@ -522,7 +529,7 @@ def part_b(args, ds, rows, seed):
     obs = [restrict(p[-1].observation, {"labels": True, "batch_size": True, "local_steps": True})
            for p in pending]
     t1 = time.perf_counter()
-    akey = jax.random.key(seed + 7)
+    akey = part_b_attack_key(seed)
     # SGI reads the mask off the weights the server receives (Alg 2 line 3; weight
     # uploads are put in that view here, so one call keeps every victim's attack key
     # whatever its defense's semantics); GI attacks ŵ − w_g as it is (Alg 1 line 8).

@@ -61,6 +61,7 @@ from defenses.soteria import representation, soteria, soteria_gradient  # noqa: 
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.config import load_config  # noqa: E402
 from fedsim.hooks import Defense, DefenseContext  # noqa: E402
+from fedsim.keys import experiment_key, stream_index  # noqa: E402
 from fedsim.models import MODEL_REGISTRY, ConvNet, LeNetDLG, register_model  # noqa: E402
 from fedsim.simulation import Simulation  # noqa: E402
 
@@ -86,6 +87,11 @@ COMMON_NOTES = [
     "(exact score, per example, exact Jacobian). DLG: L-BFGS 300 it, iDLG labels, no box; GS: "
     "Inverting Gradients (cosine, TV 1e-6 = the project default, signed Adam lr 0.1, 120 it, "
     "box) — the paper's optimiser settings for both.",
+    "Randomness: each FL seed is the engine's seed (model init, client sampling, local "
+    "steps); every other key (victims, the attacked uploads' DP noise, attack "
+    "initialisations, representation-inference updates, the exact check's probes) comes "
+    "from a named stream of --seed (`fedsim.keys.experiment_key`, since Nov 25 2026; "
+    "earlier runs used raw seed offsets).",
     "Grids: Table 2's ranges with the same number of points for every defense, evenly spaced "
     "(pruning rates linearly, σ logarithmically), rounded to 2 significant digits.",
     "Training-time GC / DP act where the paper puts them: on the gradient of EVERY local step "
@@ -165,6 +171,24 @@ if "lenet_dlginit" not in MODEL_REGISTRY:
         lambda num_classes=10: LeNetDLG(num_classes=num_classes, init_scale=0.5))
 
 
+def stream(args, name: str) -> jax.Array:
+    """The run's JAX key stream ``sun2021/<name>`` (:func:`fedsim.keys.experiment_key`).
+
+    Every key the script draws beside the engine comes from a named stream of
+    ``--seed``: disjoint from the engine's keys (an FL seed's init and round
+    keys) and from each other. Before Nov 25 2026 the script used raw seed
+    offsets (``key(seed + 17)``, ``+ 101``, ``+ 202``, ``+ 303``, ``+ 304``),
+    which are other seeds' engine keys.
+    """
+    return experiment_key(args.seed, f"sun2021/{name}")
+
+
+def numpy_stream(args, name: str) -> np.random.Generator:
+    """A NumPy generator for stream ``sun2021/<name>`` of ``--seed`` (entropy =
+    (seed, the stream's index)), so NumPy draws do not share a seed either."""
+    return np.random.default_rng([args.seed, stream_index(f"sun2021/{name}")])
+
+
 def convnet_factory(width):
     name = f"convnet_w{width}"
     if name not in MODEL_REGISTRY:
@@ -206,13 +230,15 @@ def cor_table(args, log):
         update_fn = jax.jit(sim.client_update)
         cors = [[], [], []]
         class_hits = []
+        local_keys = stream(args, "cor/local_update")
         for rnd in range(args.cor_rounds):
             ids = sim.cohort(rnd)
             for cid in ids[: args.cor_clients]:
                 data = sim.client_data(int(cid))
                 cstate = jax.tree_util.tree_map(lambda s: s[int(cid)], state.client_states)
-                out = update_fn(state.params, data, cstate,
-                                jax.random.fold_in(jax.random.key(args.seed + 17), rnd * 1000 + int(cid)))
+                # The same local-step keys in every setting (paired rows).
+                local_key = jax.random.fold_in(jax.random.fold_in(local_keys, rnd), int(cid))
+                out = update_fn(state.params, data, cstate, local_key)
                 n = int(data.n)
                 x, y = np.asarray(data.x[:n]), np.asarray(data.y[:n])
                 true_classes = np.unique(y)
@@ -348,7 +374,7 @@ def attack_grid(args, attack, model, log, dataset, per_setting=False):
     sim = Simulation(cfg, dataset=dataset)
     params = sim.init_state().params
     ds = sim.dataset
-    rng = np.random.default_rng(args.seed + 5)
+    rng = numpy_stream(args, "attack/victims")
     victims = rng.choice(len(ds.x_test), args.victims, replace=False)
     grid = defense_grid(args, attack)
     observations, truths = [], []
@@ -356,7 +382,7 @@ def attack_grid(args, attack, model, log, dataset, per_setting=False):
         for vi, v in enumerate(victims):
             x = jnp.asarray(ds.x_test[v:v + 1])
             y = jnp.asarray(ds.y_test[v:v + 1])
-            key = jax.random.fold_in(jax.random.key(args.seed + 101), gi * 1000 + vi)
+            key = jax.random.fold_in(jax.random.fold_in(stream(args, "attack/defense_noise"), gi), vi)
             g = defended_gradient(defense, param, params, sim.apply_fn, x, y, key, "Dense_0",
                                   dp_sigma=args.dp_sigma)
             observations.append(observation_from_gradient(
@@ -364,7 +390,7 @@ def attack_grid(args, attack, model, log, dataset, per_setting=False):
                 num_classes=ds.num_classes, lr=args.attack_lr, batch_size=1))
             truths.append(np.asarray(x))
     t0 = time.perf_counter()
-    key = jax.random.key(args.seed + 202)
+    key = stream(args, f"attack/{attack}")
     if attack == "dlg":
         run = lambda obs: dlg.run_many(obs, {"iterations": args.dlg_iters}, key)
     else:
@@ -522,7 +548,7 @@ def exact_check(args, log, dataset):
         starts[s] = state
         out.setdefault("warm_accuracy", []).append(base.evaluate(state.params)[0])
     out["agreement_warm"] = mask_agreement(base, starts[out["fl_seeds"][0]].params, p,
-                                           jax.random.key(args.seed + 303))
+                                           stream(args, "exact/agreement_warm"))
     log(f"exact check: warm start {out['warm_accuracy']} ({time.perf_counter() - t0:.0f}s)")
     variants = [("none", {}), ("sketch", {"layer": soteria(p, jacobian="sketch")}),
                 ("exact", {"layer": soteria(p, jacobian="batched")})]
@@ -551,7 +577,7 @@ def exact_check(args, log, dataset):
         out["runs"][name] = {"curves": curves, "seconds_per_seed": secs,
                              "last5": [float(np.mean(c[-5:])) for c in curves]}
     out["agreement_final"] = mask_agreement(final_exact[0], final_exact[1], p,
-                                            jax.random.key(args.seed + 304))
+                                            stream(args, "exact/agreement_final"))
     out["seconds"] = time.perf_counter() - t0
     return out
 

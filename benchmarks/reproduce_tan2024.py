@@ -93,6 +93,7 @@ from fedsim.client import LocalTraining, cross_entropy, make_client_update  # no
 from fedsim.config import load_config  # noqa: E402
 from fedsim.data import DatasetError, load_dataset  # noqa: E402
 from fedsim.hooks import DefenseContext  # noqa: E402
+from fedsim.keys import experiment_key, stream_index  # noqa: E402
 from fedsim.models import build_model, count_params, init_params, make_apply_fn  # noqa: E402
 from fedsim.simulation import Simulation  # noqa: E402
 from fedsim.typing import CohortData  # noqa: E402
@@ -420,19 +421,42 @@ def ig_specs(budget, big: bool):
     return specs
 
 
-def victim_noise_key(seed: int, victim: int):
-    """The channel-noise key of victim ``victim`` in the Fig 14 experiment (every mechanism, κ)."""
-    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), victim)
+# How the Fig 14 experiment derives a victim's channel-noise key. "named" (from
+# Nov 25 2026): a stream of its own. "engine_round" (the runs before): fold_in(
+# fold_in(key(seed), 1), victim), which is the engine's key of round ``victim``
+# for the same seed (the training part's round keys). Each IG part records its
+# scheme, so the noise draws of a committed part can be recomputed exactly.
+NOISE_KEY_SCHEMES = ("named", "engine_round")
+NOISE_KEY_SCHEME = "named"
 
 
-def noisy_input_mse(ds, stats, seed: int, victim_idx, cells) -> dict:
+def victim_noise_key(seed: int, victim: int, scheme: str = NOISE_KEY_SCHEME):
+    """The channel-noise key of victim ``victim`` in the Fig 14 experiment (every mechanism, κ).
+
+    Args:
+        seed: the run's seed.
+        victim: the victim's position in the experiment's victim list.
+        scheme: ``"named"`` (stream ``tan2024/ig/victim_noise`` of
+            :func:`fedsim.keys.experiment_key`) or ``"engine_round"`` (the
+            derivation of the runs before Nov 25 2026; see NOISE_KEY_SCHEMES).
+    """
+    if scheme == "named":
+        return jax.random.fold_in(experiment_key(seed, "tan2024/ig/victim_noise"), victim)
+    if scheme == "engine_round":
+        return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), victim)
+    raise ValueError(f"noise key scheme {scheme!r}; allowed: {', '.join(NOISE_KEY_SCHEMES)}")
+
+
+def noisy_input_mse(ds, stats, seed: int, victim_idx, cells,
+                    scheme: str = NOISE_KEY_SCHEME) -> dict:
     """MSE to the clean image of what the channel feeds the client, for the Fig 14 noise draws.
 
     For each (channel, κ) in ``cells`` and each victim (test-set indices
-    ``victim_idx``, victim i's noise key :func:`victim_noise_key`, as in
-    :func:`gradient_inversion_experiment`): the MSE of the noisy input
-    D̃ = D + ξ to D, raw (the mean of ξ²) and clipped to [0, 1] (IG's box) —
-    what an attacker that recovered the noisy input exactly would score.
+    ``victim_idx``, victim i's noise key :func:`victim_noise_key` under
+    ``scheme``, as in :func:`gradient_inversion_experiment`): the MSE of the
+    noisy input D̃ = D + ξ to D, raw (the mean of ξ²) and clipped to [0, 1]
+    (IG's box) — what an attacker that recovered the noisy input exactly would
+    score.
 
     Returns {"kind|κ": {"raw": [V], "clipped": [V]}}.
     """
@@ -442,7 +466,8 @@ def noisy_input_mse(ds, stats, seed: int, victim_idx, cells) -> dict:
         ch = data_channel(kind, kappa, stats)
         raw, clipped = [], []
         for vi in range(len(xs)):
-            xt = np.asarray(ch.apply(jnp.asarray(xs[vi:vi + 1]), (), key=victim_noise_key(seed, vi))[0])[0]
+            key = victim_noise_key(seed, vi, scheme)
+            xt = np.asarray(ch.apply(jnp.asarray(xs[vi:vi + 1]), (), key=key)[0])[0]
             raw.append(mse(xt, xs[vi]))
             clipped.append(mse(np.clip(xt, 0.0, 1.0), xs[vi]))
         out[f"{kind}|{float(kappa)}"] = {"raw": raw, "clipped": clipped}
@@ -486,7 +511,7 @@ def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool
         grads = []
         for vi in range(n_vict):
             x, y = jnp.asarray(xs[vi:vi + 1]), jnp.asarray(ys[vi:vi + 1])
-            k = victim_noise_key(seed, vi)  # same draw for every mechanism and κ
+            k = victim_noise_key(seed, vi, NOISE_KEY_SCHEME)  # same draw for every mechanism and κ
             if kind in ("dpsgd", "dppsac"):
                 m = dp_multiplier_for_capacity(par, 1)
                 multipliers[name(kind, par)] = m
@@ -529,6 +554,7 @@ def gradient_inversion_experiment(model_name, ds, stats, budget, seed, big: bool
         f"{restarts} restarts in {seconds:.0f} s")
     return per, {"victims": int(n_vict), "iterations": iters, "restarts": restarts,
                  "seconds": seconds, "victim_indices_test": idx.tolist(),
+                 "noise_key_scheme": NOISE_KEY_SCHEME,
                  "dp_noise_multiplier_b1": multipliers,
                  "kappas": sorted({float(p) for k, p in specs if k == "natural"}),
                  "mse_curves": curves,
@@ -541,9 +567,12 @@ def batch_size_experiment(ds, budget, seed):
     model_name = budget.train_models[0]
     model = build_model(model_name, ds.num_classes)
     apply_fn = make_apply_fn(model)
-    key = jax.random.key(seed + 17)
-    params = init_params(model, ds.input_shape, jax.random.fold_in(key, 0))
-    rng = np.random.default_rng(seed + 17)
+    # Named streams of the seed (before Nov 25 2026: key(seed + 17), another
+    # seed's key, with fold_in(key, 3) both the attack key and batch size 3's
+    # noise parent, and each noise key used directly and as a parent).
+    params = init_params(model, ds.input_shape, experiment_key(seed, "tan2024/batch/model"))
+    noise_keys = experiment_key(seed, "tan2024/batch/noise")
+    rng = np.random.default_rng([seed, stream_index("tan2024/batch/victims")])
     grads, labels, means = [], [], []
     const_std = 1e-2
     for b in budget.batch_sizes:
@@ -552,17 +581,18 @@ def batch_size_experiment(ds, budget, seed):
             pool = np.flatnonzero(ds.y_test == cls)
             sel = rng.choice(pool, b, replace=False)
             x, y = jnp.asarray(ds.x_test[sel]), jnp.asarray(ds.y_test[sel])
-            k = jax.random.fold_in(jax.random.fold_in(key, b), rep)
+            k_dp, k_const = jax.random.split(
+                jax.random.fold_in(jax.random.fold_in(noise_keys, b), rep))
             g_none = victim_gradient(apply_fn, params, x, y)
-            g_dp = dp_victim_gradient(apply_fn, params, x, y, dp_gaussian(1.3, clip_norm=1.0), k)
+            g_dp = dp_victim_gradient(apply_fn, params, x, y, dp_gaussian(1.3, clip_norm=1.0), k_dp)
             flat, unravel = ravel_pytree(g_none)
-            g_const = unravel(flat + const_std * jax.random.normal(jax.random.fold_in(k, 9),
-                                                                   flat.shape))
+            g_const = unravel(flat + const_std * jax.random.normal(k_const, flat.shape))
             for mech, g in (("none", g_none), ("dp", g_dp), ("constant_noise", g_const)):
                 grads.append(g)
                 labels.append((mech, b))
                 means.append(np.asarray(x).mean(0))
-    recs = attack(apply_fn, params, grads, 1, budget.batch_iterations, jax.random.fold_in(key, 3),
+    recs = attack(apply_fn, params, grads, 1, budget.batch_iterations,
+                  experiment_key(seed, "tan2024/batch/attack"),
                   input_shape=ds.input_shape, num_classes=ds.num_classes)
     per = {}
     for (mech, b), rec, m in zip(labels, recs, means):
@@ -1683,9 +1713,11 @@ def main(argv=None):
     for m, info in result["ig_settings"].items():  # cheap: no attack, the Fig 14 noise draws again
         cells = sorted({(r["channel"], r["kappa"]) for r in result["rows"] if r["source"] == "ig"
                         and r["model"] == m and r["channel"] in ("natural", "white", "personalized")})
+        # A part run before the scheme was recorded used "engine_round".
+        info.setdefault("noise_key_scheme", "engine_round")
         info["noisy_input_mse"] = noisy_input_mse(
             ds_full, stats, result["parts"].get(f"ig:{m}", {}).get("seed", seed),
-            info["victim_indices_test"], cells)
+            info["victim_indices_test"], cells, info["noise_key_scheme"])
     result["deviations"] = deviation_texts(result)
     result["checks"] = acceptance_checks(result["rows"], result["timing"], result["ig_settings"])
     result["seconds_total"] = (sum(p["seconds"] for p in result["parts"].values()

@@ -816,3 +816,20 @@ def test_git_commit_is_dirty_for_code_changes_only(tmp_path):
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == head + "-dirty"
     assert git_commit(tmp_path / "missing") == "unknown"
+
+
+def test_part_b_attack_key_and_feddst_mask_keys_are_fresh():
+    """Part B's attack key is a named stream, not the root key of seed + 7; FedDST's
+    mask draws its initial mask and its regrowth from the two halves of a split."""
+    from benchmarks.reproduce_chu2023 import part_b_attack_key, scheme_mask
+    from defenses.pruning.schemes import feddst_prune_regrow, random_scheme
+    from tests.key_helpers import assert_fresh, run_keys
+
+    assert_fresh([part_b_attack_key(s) for s in range(5)], run_keys(), "part B attack keys")
+    params = {"a": {"kernel": np.linspace(-1, 1, 60, dtype=np.float32).reshape(6, 10)}}
+    key = jax.random.key(4)
+    k_mask, k_regrow = jax.random.split(key)
+    got = scheme_mask("feddst", key, params, 0.5, None, None, None, None, None)
+    want = feddst_prune_regrow(k_regrow, params, random_scheme(k_mask, params, 0.5), 0.2)
+    np.testing.assert_array_equal(got["a"]["kernel"], want["a"]["kernel"])
+    assert 0.3 < float(np.mean(np.asarray(got["a"]["kernel"]))) < 0.7  # half kept

@@ -266,3 +266,43 @@ def test_gs_architecture_rejects_bad_arguments(argv, message, capsys, tmp_path):
         main(argv + ["--out", str(tmp_path)])
     assert message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_attack_grid_keys_are_named_streams_not_other_runs_keys(monkeypatch):
+    """Defense-noise and attack keys come from named streams of --seed: none is the
+    root, init or a round key of any seed < 1000 (raw offsets like key(seed + 202) were)."""
+    import argparse
+
+    import benchmarks.reproduce_sun2021 as R
+    from fedsim.data import load_dataset
+    from tests.key_helpers import assert_fresh, run_keys
+    seen = {"noise": [], "attack": []}
+    defended = R.defended_gradient
+
+    def spy_defended(defense, param, params, apply_fn, x, y, key, *a, **k):
+        seen["noise"].append(key)
+        return defended(defense, param, params, apply_fn, x, y, key, *a, **k)
+
+    def spy_attack(obs, cfg, key):
+        seen["attack"].append(key)
+        return [argparse.Namespace(x=np.zeros((1,) + o.input_shape)) for o in obs]
+
+    monkeypatch.setattr(R, "defended_gradient", spy_defended)
+    monkeypatch.setattr(R.inverting_gradients, "run_many", spy_attack)
+    monkeypatch.setattr(R.dlg, "run_many", spy_attack)
+    ds = load_dataset("synthetic", image_size=16)
+    for attack in ("gs", "dlg"):
+        args = argparse.Namespace(seed=3, victims=2, image_size=16, lr=0.01, attack_lr=1.0,
+                                  gs_iters=1, dlg_iters=1, soteria_gs=[], gc_gs=[0.1],
+                                  sigmas_gs=[1e-2], soteria_dlg=[], gc_dlg=[0.1],
+                                  sigmas=[1e-2], dp_sigma="variance")
+        R.attack_grid(args, attack, "mlp", lambda m: None, ds)
+    taken = run_keys()
+    assert len(seen["noise"]) == 2 * 4 * 2  # 2 attacks x 4 grid points x 2 victims
+    assert_fresh(seen["noise"][:8], taken, "defense noise keys")  # one attack's grid
+    assert_fresh(seen["attack"], taken, "attack keys (one per attack)")
+    # NumPy streams: a function of (seed, name), different names differ.
+    draw = lambda s, n: R.numpy_stream(argparse.Namespace(seed=s), n).integers(1 << 30, size=4)
+    assert np.array_equal(draw(3, "x"), draw(3, "x"))
+    assert not np.array_equal(draw(3, "x"), draw(3, "y"))
+    assert not np.array_equal(draw(3, "x"), draw(4, "x"))

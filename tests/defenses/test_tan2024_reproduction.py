@@ -134,8 +134,62 @@ def test_noisy_input_mse_uses_the_fig14_noise_draw():
         assert np.isclose(out["natural|1.0"]["raw"][vi], np.mean((xt - x[i]) ** 2))
         assert np.isclose(out["natural|1.0"]["clipped"][vi], np.mean((np.clip(xt, 0, 1) - x[i]) ** 2))
         assert out["natural|1.0"]["clipped"][vi] <= out["natural|1.0"]["raw"][vi]
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(3), 1), 1)  # the experiment's derivation
-    assert np.array_equal(jax.random.key_data(R.victim_noise_key(3, 1)), jax.random.key_data(key))
+    # The runs before Nov 25 2026 ("engine_round"): the same seed's engine round key.
+    legacy = R.noisy_input_mse(ds, stats, 3, [5, 9], [("natural", 1.0)], scheme="engine_round")
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(3), 1), 1)  # engine round 1
+    assert np.array_equal(jax.random.key_data(R.victim_noise_key(3, 1, "engine_round")),
+                          jax.random.key_data(key))
+    xt = np.asarray(R.data_channel("natural", 1.0, stats).apply(
+        jnp.asarray(x[9:10]), (), key=key)[0])[0]
+    assert np.isclose(legacy["natural|1.0"]["raw"][1], np.mean((xt - x[9]) ** 2))
+    assert legacy["natural|1.0"]["raw"] != out["natural|1.0"]["raw"]
+    with pytest.raises(ValueError, match="noise key scheme"):
+        R.victim_noise_key(3, 1, "split")
+
+
+def test_victim_noise_keys_are_not_another_runs_keys():
+    from tests.key_helpers import assert_fresh, run_keys
+
+    taken = run_keys()
+    assert_fresh([R.victim_noise_key(s, v) for s in (0, 3) for v in range(16)], taken,
+                 "victim noise keys")
+    # what the scheme replaced: victim v's key was the engine's round-v key
+    assert jax.random.key_data(R.victim_noise_key(0, 2, "engine_round")).tobytes() in taken
+
+
+def test_batch_size_experiment_hands_out_fresh_keys(monkeypatch):
+    """Model init, every (B, repeat)'s DP key and the attack key are distinct and none
+    is another run's key (before: key(seed + 17), and the attack key fold_in(key, 3)
+    was also batch size 3's noise parent)."""
+    import dataclasses
+
+    from fedsim.data import synthetic_dataset
+    from tests.key_helpers import assert_fresh, run_keys
+
+    seen = []
+    dp_grad = R.dp_victim_gradient
+
+    def spy_dp(apply_fn, params, x, y, defense, key):
+        seen.append(("dp", key))
+        return dp_grad(apply_fn, params, x, y, defense, key)
+
+    def spy_attack(apply_fn, params, grads, restarts, iterations, key, **k):
+        seen.append(("attack", key))
+        return [np.zeros(k["input_shape"]) for _ in grads]
+
+    def spy_init(model, shape, key):
+        seen.append(("init", key))
+        return init_params(model, shape, key)
+
+    monkeypatch.setattr(R, "dp_victim_gradient", spy_dp)
+    monkeypatch.setattr(R, "attack", spy_attack)
+    monkeypatch.setattr(R, "init_params", spy_init)
+    ds = synthetic_dataset(image_size=16, num_classes=4, num_train=32, num_test=40)
+    budget = dataclasses.replace(R.BUDGETS["smoke"], batch_sizes=(1, 3), batch_repeats=2,
+                                 train_models=("lenet",))
+    R.batch_size_experiment(ds, budget, 0)
+    assert sorted(k for k, _ in seen) == ["attack"] + ["dp"] * 4 + ["init"]
+    assert_fresh([k for _, k in seen], run_keys(), "batch-size experiment keys")
 
 
 def test_training_models_by_part_reads_each_part_off_the_result():
