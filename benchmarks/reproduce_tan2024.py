@@ -1030,8 +1030,12 @@ def write_markdown(result, path: Path):
               "(attacks.inverting_gradients), one image per upload at the random-init model, label "
               "inferred (iDLG). Budgets: "
               + "; ".join(f"{m}: {i['victims']} victims × {i['iterations']} iterations × "
-                          f"{i['restarts']} restart(s), test-set victims {i['victim_indices_test']}"
+                          f"{i['restarts']} restart(s), test-set victims {i['victim_indices_test']}, "
+                          f"noise keys {i.get('noise_key_scheme', 'engine_round')!r}"
                           for m, i in result["ig_settings"].items())
+              + " (noise keys: 'named' = stream tan2024/ig/victim_noise of the seed; "
+              "'engine_round' = the runs before Nov 25 2026, victim v's draw from the engine's "
+              "round-v key of the seed)"
               + " (per-victim values, DP multipliers and MSE curves in the JSON's ig_settings).", "",
               *blind_pixel_lines(result), *convergence_lines(result),
               "## Fig 8 — eigen-compression (IG MSE, same victims as Fig 14; no defense in the Fig 14 table)", ""]
