@@ -185,10 +185,11 @@ def test_batch_size_experiment_hands_out_fresh_keys(monkeypatch):
     monkeypatch.setattr(R, "attack", spy_attack)
     monkeypatch.setattr(R, "init_params", spy_init)
     ds = synthetic_dataset(image_size=16, num_classes=4, num_train=32, num_test=40)
-    budget = dataclasses.replace(R.BUDGETS["smoke"], batch_sizes=(1, 3), batch_repeats=2,
+    # B = 3: where fold_in(key, B) used to be the attack key too
+    budget = dataclasses.replace(R.BUDGETS["smoke"], batch_sizes=(3,), batch_repeats=2,
                                  train_models=("lenet",))
     R.batch_size_experiment(ds, budget, 0)
-    assert sorted(k for k, _ in seen) == ["attack"] + ["dp"] * 4 + ["init"]
+    assert sorted(k for k, _ in seen) == ["attack"] + ["dp"] * 2 + ["init"]
     assert_fresh([k for _, k in seen], run_keys(), "batch-size experiment keys")
 
 
