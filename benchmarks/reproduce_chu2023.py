@@ -61,7 +61,7 @@ from defenses.pruning.schemes import (SCHEMES, feddst_prune_regrow, initial_mask
 from fedsim.client import masked_mean_loss
 from fedsim.config import load_config
 from fedsim.hooks import chain
-from fedsim.keys import ENGINE_INIT, experiment_key
+from fedsim.keys import ENGINE_INIT, experiment_key, numpy_generator
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.observer import restrict
 from fedsim.simulation import Simulation
@@ -229,6 +229,9 @@ def part_a(args, ds, rows, seed):
     the victims' uploads are computed at the trained model — the paper's Fig 2
     measures leakage during training, not at initialisation.
     """
+    # default_rng(seed), as the partitions' generator: the diagnostics
+    # (diagnose_sgi_vs_gi, diagnose_sgi_p_trend, diagnose_grasp_collapse) replay
+    # these draws to rebuild part A's probe and victims.
     rng = np.random.default_rng(seed)
     shape = ds.input_shape
     lr = 0.25
@@ -453,10 +456,13 @@ def client_model_accuracy(sim, state, name, ds, rounds, max_clients=20):
             "global_local": float(np.mean(glob_local)), "ids": ids}
 
 
+PART_B_ATTACK_STREAM = "chu2023/B/attack"
+
+
 def part_b_attack_key(seed: int) -> jax.Array:
     """Part B's attack key: stream ``chu2023/B/attack`` of the seed (before Nov 25
     2026 ``key(seed + 7)``, the root key of a run with seed + 7)."""
-    return experiment_key(seed, "chu2023/B/attack")
+    return experiment_key(seed, PART_B_ATTACK_STREAM)
 
 
 def part_b(args, ds, rows, seed):
@@ -559,7 +565,7 @@ def part_b(args, ds, rows, seed):
                          "global_local_accuracy": cm["global_local"],
                          "round": ob.round, "client_id": ob.client_id,
                          "upload_zero_fraction": zf, "attack_loss": float(rec.loss),
-                         "attack_seed": seed + 7, "fl_seed": seed,
+                         "attack_key": PART_B_ATTACK_STREAM, "fl_seed": seed,
                          "priprune_defense_rate_client0": rates if name == "priprune" else None,
                          "priprune_defense_rate_mean": mean_rate,
                          "defense_rate": (args.defense_rate if name not in ("none", "priprune")
@@ -637,7 +643,8 @@ def bound_table(ds, seed, d_star=8, n_examples=256, chunk=16):
     apply_fn = make_apply_fn(model)
     params = init_params(model, ds.input_shape,
                          jax.random.fold_in(jax.random.key(seed), ENGINE_INIT))
-    idx = np.random.default_rng(seed + 99).choice(len(ds.y_train), n_examples, replace=False)
+    idx = numpy_generator(seed, "chu2023/bound/examples").choice(len(ds.y_train), n_examples,
+                                                                 replace=False)
     x, y = jnp.asarray(ds.x_train[idx]), jnp.asarray(ds.y_train[idx])
     per_ex = jax.jit(jax.vmap(lambda xi, yi: flatten(jax.grad(masked_mean_loss, argnums=1)(
         apply_fn, params, xi[None], yi[None], jnp.ones(1))), in_axes=(0, 0)))
@@ -656,7 +663,7 @@ def bound_table(ds, seed, d_star=8, n_examples=256, chunk=16):
                             "bound_bits": priprune_leakage_bound(p, B, cov, rounds=T)})
     logdet = float(np.linalg.slogdet(cov)[1])
     return {"rows": out, "logdet_sigma": logdet, "d_star": d_star,
-            "n_examples": n_examples, "seed": seed,
+            "n_examples": n_examples, "seed": seed, "examples_stream": "chu2023/bound/examples",
             "bound": lambda p, B, T: priprune_leakage_bound(p, B, logdet=logdet, dim=d_star,
                                                             rounds=T)}
 

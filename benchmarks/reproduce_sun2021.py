@@ -61,7 +61,7 @@ from defenses.soteria import representation, soteria, soteria_gradient  # noqa: 
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.config import load_config  # noqa: E402
 from fedsim.hooks import Defense, DefenseContext  # noqa: E402
-from fedsim.keys import experiment_key, stream_index  # noqa: E402
+from fedsim.keys import experiment_key, numpy_generator  # noqa: E402
 from fedsim.models import MODEL_REGISTRY, ConvNet, LeNetDLG, register_model  # noqa: E402
 from fedsim.simulation import Simulation  # noqa: E402
 
@@ -186,7 +186,7 @@ def stream(args, name: str) -> jax.Array:
 def numpy_stream(args, name: str) -> np.random.Generator:
     """A NumPy generator for stream ``sun2021/<name>`` of ``--seed`` (entropy =
     (seed, the stream's index)), so NumPy draws do not share a seed either."""
-    return np.random.default_rng([args.seed, stream_index(f"sun2021/{name}")])
+    return numpy_generator(args.seed, f"sun2021/{name}")
 
 
 def convnet_factory(width):

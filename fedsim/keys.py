@@ -19,6 +19,7 @@ from __future__ import annotations
 import zlib
 
 import jax
+import numpy as np
 
 ENGINE_INIT = 0
 ENGINE_ROUNDS = 1
@@ -50,3 +51,17 @@ def experiment_key(seed: int, name: str) -> jax.Array:
         name: what the stream is for, e.g. ``"chu2023/A/masks"``.
     """
     return jax.random.fold_in(jax.random.key(seed), stream_index(name))
+
+
+def numpy_generator(seed: int, name: str) -> np.random.Generator:
+    """A NumPy generator for stream ``name`` of a run with seed ``seed``.
+
+    Its entropy is (seed, :func:`stream_index` of ``name``), so it never shares
+    its draws with ``np.random.default_rng(seed)`` (which the partitions in
+    :mod:`fedsim.partition` use) nor with another name's generator.
+
+    Args:
+        seed: the run's seed.
+        name: what the draws are for, e.g. ``"chu2023/A/victims"``.
+    """
+    return np.random.default_rng([seed, stream_index(name)])

@@ -2,7 +2,8 @@ import jax
 import numpy as np
 import pytest
 
-from fedsim.keys import ENGINE_INIT, ENGINE_ROUNDS, experiment_key, stream_index
+from fedsim.keys import (ENGINE_INIT, ENGINE_ROUNDS, experiment_key, numpy_generator,
+                         stream_index)
 from fedsim.models import init_params
 from fedsim.simulation import Simulation
 
@@ -65,3 +66,18 @@ def test_experiment_key_is_a_function_of_seed_and_name():
 def test_experiment_key_needs_a_name(name):
     with pytest.raises(ValueError, match="non-empty name"):
         experiment_key(0, name)
+
+
+def test_numpy_generator_is_not_the_partitions_generator_nor_another_names():
+    # fedsim.partition draws from default_rng(seed); a named generator must not
+    # repeat those draws, nor another name's, and must repeat its own.
+    def draws(g):
+        return g.integers(0, 2**31, 16).tolist()
+
+    partitions = draws(np.random.default_rng(4))
+    a, b = draws(numpy_generator(4, "a")), draws(numpy_generator(4, "b"))
+    assert a != partitions and b != partitions and a != b
+    assert a == draws(numpy_generator(4, "a"))
+    assert a != draws(numpy_generator(5, "a"))
+    with pytest.raises(ValueError, match="non-empty name"):
+        numpy_generator(4, "")
