@@ -41,7 +41,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,6 +55,7 @@ if str(ROOT) not in sys.path:
 
 from attacks import dlg, inverting_gradients  # noqa: E402
 from attacks.api import observation_from_gradient  # noqa: E402
+from benchmarks.provenance import git_commit  # noqa: E402
 from fedsim import models  # noqa: E402
 from fedsim.client import cross_entropy  # noqa: E402
 
@@ -303,8 +303,7 @@ def main(argv=None):
     finally:
         models.IM2COL_MAX_BATCH = default_limit
     load1 = os.getloadavg()[0]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    commit = git_commit()  # HEAD, "-dirty" where the code differed
     device = (f"{jax.default_backend()} ({platform.machine()}, {os.cpu_count()} cpus), "
               f"jax {jax.__version__}")
     result = {"device": device, "commit": commit, "load_average_1min": [load0, load1],

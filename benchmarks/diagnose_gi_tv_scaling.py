@@ -103,7 +103,7 @@ def markdown(out: dict) -> str:
 
 
 def main(argv=None) -> None:
-    from benchmarks.reproduce_chu2023 import git_commit
+    from benchmarks.provenance import git_commit
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(RESULTS), help="folder holding chu2023_A_alg1.json")
     ap.add_argument("--out", default=str(RESULTS),

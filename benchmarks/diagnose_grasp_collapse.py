@@ -31,8 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.reproduce_chu2023 import (git_commit, part_a_key, scheme_mask,  # noqa: E402
-                                          train_masked)
+from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.reproduce_chu2023 import part_a_key, scheme_mask, train_masked  # noqa: E402
 from defenses.pruning import apply_mask  # noqa: E402
 from fedsim.data import load_dataset  # noqa: E402
 from fedsim.models import build_model, init_params, make_apply_fn  # noqa: E402

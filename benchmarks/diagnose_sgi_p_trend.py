@@ -34,13 +34,13 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.reproduce_chu2023 import (attack_all, git_commit, masked_rounds,  # noqa: E402
+from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.reproduce_chu2023 import (attack_all, masked_rounds,  # noqa: E402
                                           masked_simulation, part_a_key, scheme_mask, score,
                                           victim_observations)
 from defenses.pruning import apply_mask  # noqa: E402

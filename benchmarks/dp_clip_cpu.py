@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -214,8 +213,11 @@ def main(argv=None) -> dict:
 
     load0 = os.getloadavg()[0]
     cases = [measure(*case, args.repeats) for case in cases]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.provenance import git_commit
+
+    commit = git_commit()  # HEAD, "-dirty" where the code differed
     result = {"repeats": args.repeats, "clip_norm": CLIP_NORM, "commit": commit,
               "jax": jax.__version__, "device": f"cpu ({platform.machine()}, {os.cpu_count()} cpus)",
               "load_average_1min": [load0, os.getloadavg()[0]], "cases": cases}

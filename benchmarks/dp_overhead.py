@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.provenance import git_commit  # noqa: E402
 from defenses.dp import dp_gaussian  # noqa: E402
 from fedsim.client import cross_entropy  # noqa: E402
 from fedsim.hooks import DefenseContext  # noqa: E402
@@ -165,8 +166,7 @@ def main(argv=None):
                          "ratio": td / tp})
             print(json.dumps(rows[-1]), flush=True)
     ref = opacus_reference(args.torch_python, args.reps)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    commit = git_commit()  # HEAD, "-dirty" where the code differed
     load1 = os.getloadavg()[0]
     result = {"device": f"{jax.default_backend()} ({platform.machine()}), jax {jax.__version__}, "
                         f"1-min load average {load0:.1f} → {load1:.1f}",

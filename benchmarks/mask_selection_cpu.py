@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -178,8 +177,11 @@ def main(argv=None) -> dict:
 
     load0 = os.getloadavg()[0]
     sizes = [measure(s, args.clients, args.repeats) for s in args.image_sizes]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.provenance import git_commit
+
+    commit = git_commit()  # HEAD, "-dirty" where the code differed
     result = {"repeats": args.repeats, "clients": args.clients, "rate": RATE,
               "zero_share": ZERO_SHARE, "commit": commit, "jax": jax.__version__,
               "device": f"cpu ({platform.machine()}, {os.cpu_count()} cpus)",

@@ -51,6 +51,7 @@ import numpy as np
 
 from attacks import inverting_gradients, sgi
 from attacks.metrics import match_reconstructions, nmi, psnr
+from benchmarks.provenance import git_commit
 from defenses.pruning import apply_mask, flatten
 from defenses.pruning.defense_prune import prune_largest, prune_mix, prune_random
 from defenses.pruning.global_mask import masked_gradient, masked_upload
@@ -92,23 +93,6 @@ PAPER = {
                "Largest: most privacy, least accuracy; Pseudo-Pruning restores accuracy"],
     "base_rate": 0.3, "defense_rate": 0.3, "mix": [0.15, 0.15], "lr": 0.25, "batch": 20,
 }
-
-
-def git_commit(root: Path | None = None) -> str:
-    """HEAD of the checkout running this script, + "-dirty" where tracked files outside
-    ``benchmarks/results`` differ from it (a result file rewritten by an earlier run of a
-    chain does not change the code a later run loads)."""
-    import subprocess
-    root = root or Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":!benchmarks/results"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("-dirty" if dirty else "")
 
 
 def scheme_mask(scheme, key, params, p, apply_fn, x, y, input_shape, synflow_its):
@@ -513,7 +497,7 @@ def part_b(args, ds, rows, seed):
         # reading (as reproduce_sun2021 reports accuracy).
         acc_last = float(np.mean(acc_by_round[-LAST_ROUNDS:]))
         cm = client_model_accuracy(sim, state, name, ds, R)
-        cacc, cids = cm["global"], cm["ids"]
+        cacc = cm["global"]
         mean_rate = None
         if d == "priprune":
             st = state.client_states["upload"]

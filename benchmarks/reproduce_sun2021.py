@@ -55,6 +55,7 @@ from attacks.api import observation_from_gradient  # noqa: E402
 from attacks.metrics import mse as mse_metric, psnr as psnr_metric  # noqa: E402
 from attacks.representation import (fc_kernels, infer_classes, infer_representations,  # noqa: E402
                                     representation_correlation)
+from benchmarks.provenance import git_commit  # noqa: E402
 from defenses.dp.update_noise import update_gaussian, update_laplace  # noqa: E402
 from defenses.pruning import magnitude_prune  # noqa: E402
 from defenses.soteria import representation, soteria, soteria_gradient  # noqa: E402
@@ -621,20 +622,6 @@ def grid_points(lo, hi, n, scale):
     digits: the same number of points over each defense's paper range."""
     pts = np.linspace(lo, hi, n) if scale == "linear" else np.geomspace(lo, hi, n)
     return [float(f"{v:.2g}") for v in pts]
-
-
-def git_commit():
-    import subprocess
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--",
-                                "benchmarks/reproduce_sun2021.py", "defenses", "fedsim",
-                                "attacks"], capture_output=True, text=True).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def legacy_parts(old, json_path):

@@ -74,6 +74,7 @@ from attacks.api import observation_from_gradient  # noqa: E402
 from attacks.inverting_gradients import DEFAULTS as IG_DEFAULTS  # noqa: E402
 from attacks.inverting_gradients import run_many as ig_run_many  # noqa: E402
 from attacks.labels import observed_gradient  # noqa: E402
+from benchmarks.provenance import git_state  # noqa: E402
 from defenses.bounds import dp_capacity_from_noise  # noqa: E402
 from defenses.channels import (  # noqa: E402
     attach_leakage_ledger,
@@ -1335,20 +1336,6 @@ def apply_budget_overrides(budget: Budget, items) -> Budget:
         except ValueError as e:
             raise ValueError(f"budget override {k}: {v!r} is not a valid {type(cur).__name__}") from e
     return dataclasses.replace(budget, **changes)
-
-
-def git_state() -> dict:
-    """HEAD commit and whether code outside benchmarks/results differs from it."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                                "--untracked-files=no", "--", ".", ":!benchmarks/results"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return {"commit": None, "dirty": None}
-    return {"commit": head, "dirty": bool(dirty)}
 
 
 def _last_commit_of(path: Path):

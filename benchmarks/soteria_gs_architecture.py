@@ -56,6 +56,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import reproduce_sun2021 as sun  # noqa: E402
+from benchmarks.provenance import git_commit  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.simulation import Simulation  # noqa: E402
 
@@ -220,7 +221,7 @@ def main(argv=None):
              "attack": "gs", **metrics[(d, p)]} for d, p in grid]
     command = " ".join(["python -m benchmarks.soteria_gs_architecture"] +
                        (argv if argv is not None else sys.argv[1:]))
-    res = {"command": command, "git_commit": sun.git_commit(), "seed": a.seed,
+    res = {"command": command, "git_commit": git_commit(), "seed": a.seed,
            "device": f"{jax.default_backend()} ({platform.machine()}, {os.cpu_count()} cpus)",
            "jax": jax.__version__, "model": model, "width": a.width,
            "image_size": a.image_size, "fc_inputs": fc_inputs, "iterations": a.iterations,

@@ -795,29 +795,6 @@ def test_tv_scaling_markdown_and_missing_results(capsys, tmp_path):
     assert "no chu2023_A_alg1.json" in capsys.readouterr().err
 
 
-def test_git_commit_is_dirty_for_code_changes_only(tmp_path):
-    import subprocess
-
-    from benchmarks.reproduce_chu2023 import git_commit
-
-    git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], check=True,
-                                    capture_output=True, text=True).stdout.strip()
-    git("init", "-q")
-    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
-    (tmp_path / "code.py").write_text("x = 1\n")
-    (tmp_path / "benchmarks" / "results" / "r.json").write_text("{}\n")
-    git("add", "-A")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
-    head = git("rev-parse", "HEAD")
-    assert git_commit(tmp_path) == head
-    # A result file rewritten by an earlier run of a chain: the code is unchanged.
-    (tmp_path / "benchmarks" / "results" / "r.json").write_text('{"rows": []}\n')
-    assert git_commit(tmp_path) == head
-    (tmp_path / "code.py").write_text("x = 2\n")
-    assert git_commit(tmp_path) == head + "-dirty"
-    assert git_commit(tmp_path / "missing") == "unknown"
-
-
 def test_part_b_attack_key_and_feddst_mask_keys_are_fresh():
     """Part B's attack key is a named stream, not the root key of seed + 7; FedDST's
     mask draws its initial mask and its regrowth from the two halves of a split."""

@@ -1,0 +1,54 @@
+"""Where a benchmark's numbers came from: the commit, whether the code differed
+from it, and the machine.
+
+Every script under ``benchmarks/`` records these beside its results. One
+implementation, so that every JSON means the same by "commit": the HEAD of the
+checkout that ran it, with ``-dirty`` appended where tracked files outside
+``benchmarks/results`` differed from HEAD (a result file rewritten by an
+earlier run of a chain does not change the code a later run loads).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def git_state(root: Path | None = None) -> dict:
+    """``{"commit": HEAD or None, "dirty": bool or None}`` of the checkout at ``root``
+    (default: the one holding this file). ``dirty``: tracked files outside
+    ``benchmarks/results`` differ from HEAD. Both None where git cannot tell."""
+    root = root or ROOT
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                  "--untracked-files=no", "--", ".", ":!benchmarks/results"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": head, "dirty": bool(changed)}
+
+
+def git_commit(root: Path | None = None) -> str:
+    """:func:`git_state` as one string: HEAD, + ``-dirty`` where the code differed;
+    ``"unknown"`` where git cannot tell."""
+    state = git_state(root)
+    if state["commit"] is None:
+        return "unknown"
+    return state["commit"] + ("-dirty" if state["dirty"] else "")
+
+
+def cpu_device() -> str:
+    """The CPU a timing ran on, e.g. ``cpu (x86_64, 2 cpus)``."""
+    return f"cpu ({platform.machine()}, {os.cpu_count()} cpus)"
+
+
+def load_average() -> float:
+    """The 1-minute load average: timings quote it before and after, because this
+    machine is shared and noisy."""
+    return os.getloadavg()[0]

@@ -1,0 +1,49 @@
+import subprocess
+
+import pytest
+
+from benchmarks import provenance
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A one-commit repository with code and a result file."""
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text("{}\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    return tmp_path
+
+
+def git(root, *args):
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_git_commit_is_dirty_for_code_changes_only(repo):
+    head = git(repo, "rev-parse", "HEAD")
+    assert provenance.git_commit(repo) == head
+    assert provenance.git_state(repo) == {"commit": head, "dirty": False}
+    # A result file rewritten by an earlier run of a chain: the code is unchanged.
+    (repo / "benchmarks" / "results" / "r.json").write_text('{"rows": []}\n')
+    assert provenance.git_commit(repo) == head
+    (repo / "code.py").write_text("x = 2\n")
+    assert provenance.git_commit(repo) == head + "-dirty"
+    assert provenance.git_state(repo) == {"commit": head, "dirty": True}
+
+
+def test_git_commit_outside_a_repository_says_unknown(tmp_path):
+    assert provenance.git_commit(tmp_path / "missing") == "unknown"
+    assert provenance.git_state(tmp_path / "missing") == {"commit": None, "dirty": None}
+
+
+@pytest.mark.parametrize("module", ["reproduce_chu2023", "reproduce_sun2021",
+                                    "reproduce_tan2024", "conv_im2col_cpu", "dp_overhead"])
+def test_benchmarks_record_the_shared_provenance(module):
+    # One meaning of "commit" in every results JSON: the scripts use this module's
+    # functions, not copies of their own.
+    mod = __import__(f"benchmarks.{module}", fromlist=["_"])
+    shared = [getattr(mod, n) for n in ("git_commit", "git_state") if hasattr(mod, n)]
+    assert shared and all(f in (provenance.git_commit, provenance.git_state) for f in shared)
