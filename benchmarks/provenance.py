@@ -3,9 +3,11 @@ from it, and the machine.
 
 Every script under ``benchmarks/`` records these beside its results. One
 implementation, so that every JSON means the same by "commit": the HEAD of the
-checkout that ran it, with ``-dirty`` appended where tracked files outside
-``benchmarks/results`` differed from HEAD (a result file rewritten by an
-earlier run of a chain does not change the code a later run loads).
+checkout that ran it, with ``-dirty`` appended where files outside
+``benchmarks/results`` differed from HEAD: changed tracked files, or untracked
+ones git does not ignore (a new script not yet committed). A result file
+rewritten by an earlier run of a chain does not change the code a later run
+loads, so ``benchmarks/results`` is left out.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def git_state(root: Path | None = None) -> dict:
     """``{"commit": HEAD or None, "dirty": bool or None}`` of the checkout at ``root``
-    (default: the one holding this file). ``dirty``: tracked files outside
-    ``benchmarks/results`` differ from HEAD. Both None where git cannot tell."""
+    (default: the one holding this file). ``dirty``: files outside
+    ``benchmarks/results`` differ from HEAD or are untracked and not ignored.
+    Both None where git cannot tell."""
     root = root or ROOT
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
         changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                                  "--untracked-files=no", "--", ".", ":!benchmarks/results"],
+                                  "--untracked-files=normal", "--", ".", ":!benchmarks/results"],
                                  capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "dirty": None}

@@ -34,6 +34,21 @@ def test_git_commit_is_dirty_for_code_changes_only(repo):
     assert provenance.git_state(repo) == {"commit": head, "dirty": True}
 
 
+def test_an_uncommitted_new_script_makes_the_checkout_dirty(repo):
+    head = git(repo, "rev-parse", "HEAD")
+    (repo / "benchmarks" / "results" / "new.json").write_text("{}\n")  # output: not code
+    assert provenance.git_commit(repo) == head
+    (repo / ".gitignore").write_text("scratch/\n")
+    git(repo, "add", ".gitignore")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "ignore")
+    head = git(repo, "rev-parse", "HEAD")
+    (repo / "scratch").mkdir()
+    (repo / "scratch" / "notes.py").write_text("ignored\n")
+    assert provenance.git_commit(repo) == head
+    (repo / "benchmarks" / "new_script.py").write_text("print(1)\n")
+    assert provenance.git_commit(repo) == head + "-dirty"
+
+
 def test_git_commit_outside_a_repository_says_unknown(tmp_path):
     assert provenance.git_commit(tmp_path / "missing") == "unknown"
     assert provenance.git_state(tmp_path / "missing") == {"commit": None, "dirty": None}
