@@ -26,7 +26,6 @@ attacking never changes the simulation's numbers. Run as
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import defaultdict

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
             "device": f"{jax.devices()[0].device_kind} ({platform.processor() or platform.machine()})",
             "jax": jax.__version__, "labels": "inferred (iDLG), not granted"}
     (out / "attack_acceptance.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    lines = [f"# Attack acceptance (issue 3): batch 1, untrained models, real Fashion-MNIST 16×16\n",
+    lines = ["# Attack acceptance (issue 3): batch 1, untrained models, real Fashion-MNIST 16×16\n",
              f"Mode: {meta['mode']} ({victims} victims), seed {args.seed}, device {meta['device']}, "
              f"labels {meta['labels']}. Produced by `benchmarks/attack_acceptance.py`.\n",
              "| model | attack | iterations | mean PSNR (dB) | min PSNR | target | mean SSIM | mean MSE | label acc | seconds (all victims) | pass |",

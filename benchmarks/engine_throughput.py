@@ -284,7 +284,6 @@ def main() -> None:
     cohorts = args.clients or ([10, 100, 500] if args.quick else [10, 100, 500, 1000])
     repeats = args.repeats or (2 if args.quick else 3)
     impls = args.impls or list(FEDSIM_IMPLS) + ["torch-loop"]
-    rows = []
     cap = args.slow_impls_max_clients
     skipped = []
     plan = []

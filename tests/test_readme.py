@@ -3,7 +3,6 @@
 import doctest
 from pathlib import Path
 
-import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

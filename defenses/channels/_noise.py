@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fedsim.hooks import Defense

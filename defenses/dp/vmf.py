@@ -34,7 +34,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fedsim.hooks import Defense, register_defense
 from defenses.dp._params import DPParameters, tag

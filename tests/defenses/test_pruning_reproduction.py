@@ -332,8 +332,6 @@ def test_natural_partition_needs_writer_ids(monkeypatch, capsys, tmp_path):
 def test_natural_partition_gives_each_client_one_writer(monkeypatch):
     from types import SimpleNamespace
 
-    import numpy as np
-
     from benchmarks.reproduce_chu2023 import fl_config
     from fedsim.simulation import Simulation
     ds = _writer_loader(monkeypatch)("cifar10", image_size=16)

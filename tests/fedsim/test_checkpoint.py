@@ -1,5 +1,4 @@
 import chex
-import jax
 import pytest
 
 from fedsim.checkpoint import Checkpointer, CheckpointError, config_fingerprint, make_meta

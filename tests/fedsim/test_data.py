@@ -1,5 +1,4 @@
 import gzip
-import os
 from pathlib import Path
 
 import numpy as np

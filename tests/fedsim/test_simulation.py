@@ -9,7 +9,6 @@ from fedsim.client import LocalTraining, make_client_update
 from fedsim.hooks import Defense
 from fedsim.server import aggregate, server_update
 from fedsim.simulation import NonFiniteError, Simulation
-from fedsim.typing import CohortData
 
 from .helpers import small_config, small_dataset
 
