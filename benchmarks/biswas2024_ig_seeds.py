@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.provenance import git_commit  # noqa: E402
 from benchmarks.reproduce_biswas2024 import defended_observation, run_ig  # noqa: E402
 from fedsim.data import load_dataset  # noqa: E402
 from fedsim.models import build_model, init_params, make_apply_fn  # noqa: E402
@@ -37,6 +39,7 @@ def main(argv=None):
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--iterations", type=int, default=10000)
     args = ap.parse_args(argv)
+    t0, commit = time.perf_counter(), git_commit()  # at start: the code this process loaded
     ds = load_dataset("fashion_mnist", image_size=16)
     model = build_model("mlp", ds.num_classes)
     apply_fn = make_apply_fn(model)
@@ -58,7 +61,11 @@ def main(argv=None):
         rows.append(row)
         print(json.dumps(row), flush=True)
     out = ROOT / "benchmarks" / "results" / "biswas2024_ig_seeds.json"
-    out.write_text(json.dumps({"iterations": args.iterations, "batch": 128,
+    command = " ".join(["python -m benchmarks.biswas2024_ig_seeds",
+                        *(sys.argv[1:] if argv is None else argv)])
+    out.write_text(json.dumps({"command": command, "commit": commit,
+                               "seconds": time.perf_counter() - t0,
+                               "iterations": args.iterations, "batch": 128,
                                "device": jax.default_backend(), "rows": rows}, indent=2))
 
 
