@@ -1,8 +1,9 @@
-"""Where a benchmark's numbers came from: the commit, whether the code differed
-from it, and the machine.
+"""Where a benchmark's numbers came from: the commit, and whether the code
+differed from it.
 
-Every script under ``benchmarks/`` records these beside its results. One
-implementation, so that every JSON means the same by "commit": the HEAD of the
+The reproductions, their diagnostics and the CPU timing scripts record these
+beside their results. One implementation, so that every JSON that has a
+"commit" means the same by it: the HEAD of the
 checkout that ran it, with ``-dirty`` appended where files outside
 ``benchmarks/results`` differed from HEAD: changed tracked files, or untracked
 ones git does not ignore (a new script not yet committed). A result file
@@ -12,8 +13,6 @@ loads, so ``benchmarks/results`` is left out.
 
 from __future__ import annotations
 
-import os
-import platform
 import subprocess
 from pathlib import Path
 
@@ -44,14 +43,3 @@ def git_commit(root: Path | None = None) -> str:
     if state["commit"] is None:
         return "unknown"
     return state["commit"] + ("-dirty" if state["dirty"] else "")
-
-
-def cpu_device() -> str:
-    """The CPU a timing ran on, e.g. ``cpu (x86_64, 2 cpus)``."""
-    return f"cpu ({platform.machine()}, {os.cpu_count()} cpus)"
-
-
-def load_average() -> float:
-    """The 1-minute load average: timings quote it before and after, because this
-    machine is shared and noisy."""
-    return os.getloadavg()[0]
