@@ -449,48 +449,67 @@ def part_b_attack_key(seed: int) -> jax.Array:
     return experiment_key(seed, PART_B_ATTACK_STREAM)
 
 
+def train_b(args, ds, cfg, name):
+    """Part B's federation under defense ``name``: PruneFL (p = 0.3, re-pruned
+    ``args.reconfigs`` times), the defense on the uploads, ``args.rounds`` rounds,
+    the global mask applied after each (Alg 1 line 11).
+
+    Returns ``{"state", "sim", "mask", "observed", "acc_by_round", "rates",
+    "n_params"}``: the final state and the simulation that ran the last round,
+    the last PruneFL mask, the observer's records, the global model's test
+    accuracy after each round, and (PriPrune) client 0's withheld fraction after
+    each round. Deterministic in ``cfg`` (its seed): ``diagnose_largest_collapse``
+    rebuilds part B's models through it.
+    """
+    R = args.rounds
+    reconfig = [int(R * k / args.reconfigs) for k in range(args.reconfigs)]
+    d = defense_factory(name, args)
+    state, mask, sim, observed, k, n_params = None, None, None, [], 0, None
+    rates, acc_by_round = [], []
+    for r in range(R):
+        if r in reconfig:
+            k += 1
+            if sim is None:
+                sim0 = Simulation(cfg, dataset=ds)
+                params = sim0.init_state().params
+                n_params = sum(l.size for l in jax.tree_util.tree_leaves(params))
+                mask = initial_mask("prunefl", None, params, 0.3)
+            mask = prunefl_reprune(params if state is None else state.params, mask, 0.3, k,
+                                   args.reconfigs)
+            kw = {}
+            if d == "priprune":
+                hp = priprune_hp(args, n_params)
+                defs = {"layer": masked_gradient(mask), "upload": priprune_defense(hp)}
+                kw["client_update_factory"] = priprune_client_update(hp)
+            else:
+                defs = {"layer": masked_gradient(mask),
+                        "upload": chain(*([masked_upload(mask)] + ([d] if d is not None else [])))}
+            sim = Simulation(cfg, dataset=ds, defenses=defs, **kw)
+            if state is None:
+                state = sim.init_state()
+            state = state._replace(params=apply_mask(state.params, mask))
+        state, res = sim.run_round(state, r)
+        state = state._replace(params=apply_mask(state.params, mask))  # Alg 1 line 11
+        observed.extend(res.observed)
+        acc_by_round.append(sim.evaluate(state.params)[0])
+        if d == "priprune":
+            cs = jax.tree_util.tree_map(lambda s: s[0], state.client_states["upload"])
+            rates.append(float(defense_rate(cs["withheld"])))
+    return {"state": state, "sim": sim, "mask": mask, "observed": observed,
+            "acc_by_round": acc_by_round, "rates": rates, "n_params": n_params}
+
+
 def part_b(args, ds, rows, seed):
     """Pruned FL with PruneFL (p = 0.3) and the defenses (Fig 4, Fig 5, Fig 2(d))."""
     R = args.rounds
-    reconfig = [int(R * k / args.reconfigs) for k in range(args.reconfigs)]
     observe = sorted({0, R // 2, R - 1})
     cfg = fl_config(args, seed, R, observe)
-    n_params = None
     pending = []
     for name in args.defenses:
         t0 = time.perf_counter()
-        d = defense_factory(name, args)
-        state, mask, sim, observed, k = None, None, None, [], 0
-        rates, acc_by_round = [], []
-        for r in range(R):
-            if r in reconfig:
-                k += 1
-                if sim is None:
-                    sim0 = Simulation(cfg, dataset=ds)
-                    params = sim0.init_state().params
-                    n_params = sum(l.size for l in jax.tree_util.tree_leaves(params))
-                    mask = initial_mask("prunefl", None, params, 0.3)
-                mask = prunefl_reprune(params if state is None else state.params, mask, 0.3, k,
-                                       args.reconfigs)
-                kw = {}
-                if d == "priprune":
-                    hp = priprune_hp(args, n_params)
-                    defs = {"layer": masked_gradient(mask), "upload": priprune_defense(hp)}
-                    kw["client_update_factory"] = priprune_client_update(hp)
-                else:
-                    defs = {"layer": masked_gradient(mask),
-                            "upload": chain(*([masked_upload(mask)] + ([d] if d is not None else [])))}
-                sim = Simulation(cfg, dataset=ds, defenses=defs, **kw)
-                if state is None:
-                    state = sim.init_state()
-                state = state._replace(params=apply_mask(state.params, mask))
-            state, res = sim.run_round(state, r)
-            state = state._replace(params=apply_mask(state.params, mask))  # Alg 1 line 11
-            observed.extend(res.observed)
-            acc_by_round.append(sim.evaluate(state.params)[0])
-            if d == "priprune":
-                cs = jax.tree_util.tree_map(lambda s: s[0], state.client_states["upload"])
-                rates.append(float(defense_rate(cs["withheld"])))
+        run = train_b(args, ds, cfg, name)
+        state, sim, observed = run["state"], run["sim"], run["observed"]
+        rates, acc_by_round = run["rates"], run["acc_by_round"]
         acc = acc_by_round[-1]
         # The final round's accuracy of a 30-round non-IID run moves by points from one
         # round to the next; the mean over the last LAST_ROUNDS rounds is the steadier
@@ -499,7 +518,7 @@ def part_b(args, ds, rows, seed):
         cm = client_model_accuracy(sim, state, name, ds, R)
         cacc = cm["global"]
         mean_rate = None
-        if d == "priprune":
+        if name == "priprune":
             st = state.client_states["upload"]
             mean_rate = float(np.mean([float(defense_rate(jax.tree_util.tree_map(
                 lambda a: a[c], st["withheld"]))) for c in cm["ids"]]))
