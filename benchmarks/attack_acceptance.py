@@ -24,6 +24,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attacks.acceptance import attack_and_score, fedsgd_observations  # noqa: E402
+from benchmarks.provenance import git_commit  # noqa: E402
 from fedsim.data import load_dataset  # noqa: E402
 
 TARGET = {"mlp": 30.0, "lenet": 20.0}
@@ -37,6 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args(argv)
+    commit = git_commit()  # at start: the code this process loaded
     victims = args.victims or (2 if args.quick else 4)
     ds = load_dataset("fashion_mnist", image_size=16)
     rows = []
@@ -55,11 +57,12 @@ def main(argv=None) -> int:
     meta = {"mode": "quick" if args.quick else "full", "victims": victims, "seed": args.seed,
             "dataset": "fashion_mnist 16x16 (real, training images 0..victims-1)",
             "device": f"{jax.devices()[0].device_kind} ({platform.processor() or platform.machine()})",
-            "jax": jax.__version__, "labels": "inferred (iDLG), not granted"}
+            "jax": jax.__version__, "labels": "inferred (iDLG), not granted", "commit": commit}
     (out / "attack_acceptance.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = ["# Attack acceptance (issue 3): batch 1, untrained models, real Fashion-MNIST 16×16\n",
              f"Mode: {meta['mode']} ({victims} victims), seed {args.seed}, device {meta['device']}, "
-             f"labels {meta['labels']}. Produced by `benchmarks/attack_acceptance.py`.\n",
+             f"labels {meta['labels']}. Produced by `benchmarks/attack_acceptance.py` at commit {commit[:7]}"
+             f"{'-dirty' if commit.endswith('-dirty') else ''}.\n",
              "| model | attack | iterations | mean PSNR (dB) | min PSNR | target | mean SSIM | mean MSE | label acc | seconds (all victims) | pass |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -30,6 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attacks.gradient_inversion import InversionConfig, invert_victims  # noqa: E402
+from benchmarks.provenance import git_commit  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.models import build_model, init_params, make_apply_fn  # noqa: E402
 
@@ -148,6 +149,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args(argv)
+    commit = git_commit()  # at start: the code this process loaded
     iters = args.iterations or (100 if args.quick else 300)
     reps = args.repeats or (2 if args.quick else 3)
     rows = []
@@ -165,13 +167,15 @@ def main(argv=None) -> int:
             print(r["impl"], v, f"{r['iters_per_s']:.0f} it/s", flush=True)
     meta = {"mode": "quick" if args.quick else "full", "iterations": iters, "repeats": reps,
             "device": f"{jax.devices()[0].device_kind} {platform.machine()}, {os.cpu_count()} cores (shared)",
-            "jax": jax.__version__, "attack": "inverting_gradients, MLP 13,700 params, batch 1, 16x16"}
+            "jax": jax.__version__, "attack": "inverting_gradients, MLP 13,700 params, batch 1, 16x16",
+            "commit": commit}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "attack_throughput.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = ["# Attack throughput (Inverting Gradients, paper-001 MLP, batch 1)\n",
              f"Mode {meta['mode']}: {iters} iterations, median of {reps}; device {meta['device']}; "
-             "timings on a CPU shared with other jobs are noisy. Produced by `benchmarks/attack_throughput.py`.\n",
+             "timings on a CPU shared with other jobs are noisy. Produced by `benchmarks/attack_throughput.py` "
+             f"at commit {commit[:7]}{'-dirty' if commit.endswith('-dirty') else ''}.\n",
              "| implementation | victims | median seconds | attack iterations / s |", "|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['impl']} | {r['victims']} | {r['seconds_median']:.2f} | {r['iters_per_s']:.0f} |")

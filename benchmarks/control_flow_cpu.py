@@ -34,6 +34,7 @@ import numpy as np
 import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.provenance import git_commit  # noqa: E402
 from fedsim.client import LocalTraining, make_client_update, masked_mean_loss  # noqa: E402
 from fedsim.models import (build_model, conv_relu_maxpool, init_params,  # noqa: E402
                            make_apply_fn, max_pool)
@@ -99,6 +100,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--out", default="benchmarks/results/control_flow_cpu")
     args = ap.parse_args()
+    commit = git_commit()  # at start: the code this process loaded
 
     model = build_model("lenet5")
     params = init_params(model, (28, 28, 1), jax.random.key(0))
@@ -152,7 +154,8 @@ def main() -> None:
             for k, v in med.items()]
     layer_rows = first_layer_rows(args.repeats)
     meta = {"device": f"{jax.default_backend()} {platform.machine()} {os.cpu_count()} cores",
-            "jax": jax.__version__, "repeats": args.repeats, "loadavg": os.getloadavg()}
+            "jax": jax.__version__, "repeats": args.repeats, "loadavg": os.getloadavg(),
+            "commit": commit}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(
@@ -160,7 +163,8 @@ def main() -> None:
     lines = ["# Two LeNet-5 SGD steps (batch 32) under different control flow and pooling", "",
              f"Device {meta['device']}, jax {meta['jax']}, median of {args.repeats} interleaved "
              f"calls, load average {meta['loadavg'][0]:.1f}. Produced by "
-             "`python benchmarks/control_flow_cpu.py`.", "",
+             f"`python benchmarks/control_flow_cpu.py` at commit {commit[:7]}"
+             f"{'-dirty' if commit.endswith('-dirty') else ''}.", "",
              "| variant | median ms | ratio to straight-line |", "|---|---|---|"]
     lines += [f"| {r['variant']} | {r['median_ms']:.1f} | {r['ratio_to_straight_line']:.2f} |"
               for r in rows]

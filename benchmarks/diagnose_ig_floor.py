@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from attacks.api import observation_from_gradient  # noqa: E402
 from attacks.inverting_gradients import run_many  # noqa: E402
+from benchmarks.provenance import git_commit  # noqa: E402
 from defenses.channels import data_statistics, natural_noise_variance  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.data import load_dataset  # noqa: E402
@@ -85,6 +86,7 @@ def main(argv=None):
     ap.add_argument("--victims", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    commit = git_commit()  # at start: the code this process loaded
     t0 = time.perf_counter()
     ds = load_dataset("fashion_mnist", image_size=32)
     model = build_model("lenet5", 10)
@@ -112,14 +114,16 @@ def main(argv=None):
                          "seconds": time.perf_counter() - t})
             print(f"{model_state} | {name}: mean {np.mean(m):.4f}", flush=True)
     result = {"seed": args.seed, "victims_test_indices": idx.tolist(), "rows": rows,
-              "device": jax.default_backend(), "seconds": time.perf_counter() - t0,
+              "device": jax.default_backend(), "seconds": time.perf_counter() - t0, "commit": commit,
               "natural_noise_variance_kappa300": float(natural_noise_variance(
                   data_statistics(ds.x_train), 300))}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "ig_floor_lenet5.json").write_text(json.dumps(result, indent=1))
     lines = ["# Undefended IG error on LeNet-5 (Fashion-MNIST 32×32, one image)", "",
              f"Produced by `python benchmarks/diagnose_ig_floor.py --victims {args.victims}` "
-             f"({result['seconds']:.0f} s), seed {args.seed}, the same victims for every row, the "
+             f"({result['seconds']:.0f} s) at commit {commit[:7]}"
+             f"{'-dirty' if commit.endswith('-dirty') else ''}, "
+             f"seed {args.seed}, the same victims for every row, the "
              "same attack key. Blind pixels: Jacobian column norm of the upload w.r.t. the image "
              "< 1e-6 × its max, at the true image.", "",
              "| model | attack | MSE mean | MSE median | per victim | blind pixels (mean) |",

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, too
+from benchmarks.provenance import git_commit  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -153,7 +154,7 @@ def summary(entries: list[dict]) -> dict:
                                             default=None)}
 
 
-def markdown(parts: list[dict]) -> str:
+def markdown(parts: list[dict], commit: str) -> str:
     from benchmarks.reproduce_chu2023 import share_text
     lines = ["# Where GI beats SGI: the pruned share of the victims' gradient", "",
              "share = ‖g ⊙ (1 − m)‖² / ‖g‖², g the victim's gradient at the model it was "
@@ -163,7 +164,8 @@ def markdown(parts: list[dict]) -> str:
              "3-victim mean is 0.4–2.9 dB for SGI, 0.0–1.5 dB for GI (`sgi_attack_noise.md`). "
              "Spearman's ρ over the settings where at least one attack exceeds 10 dB (the "
              "others are flat reconstructions for both). Produced by "
-             "`python benchmarks/diagnose_sgi_vs_gi.py`.", ""]
+             f"`python benchmarks/diagnose_sgi_vs_gi.py` at commit {commit[:7]}"
+             f"{'-dirty' if commit.endswith('-dirty') else ''}.", ""]
     for part in parts:
         alg1 = part["protocol"] == "alg1"
         lines += [f"## {part['file']} (commit {part['commit']}; "
@@ -194,6 +196,7 @@ def main(argv=None) -> None:
                     help="folder holding chu2023_A.json (and chu2023_A_alg1.json)")
     ap.add_argument("--out", default=str(RESULTS), help="where to write sgi_vs_gi.{json,md}")
     args = ap.parse_args(argv)
+    commit = git_commit()  # at start: the code this process loaded
     res_dir, out = Path(args.results), Path(args.out)
     base = res_dir / "chu2023_A.json"
     if not base.exists():
@@ -216,8 +219,9 @@ def main(argv=None) -> None:
         parts.append({"file": path.name, "commit": result.get("commit"), "protocol": protocol,
                       "seed": result["seed"], "entries": entries, "summary": summary(entries)})
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sgi_vs_gi.json").write_text(json.dumps({"parts": parts}, indent=1, default=float))
-    md = markdown(parts)
+    (out / "sgi_vs_gi.json").write_text(json.dumps({"commit": commit, "parts": parts}, indent=1,
+                                                        default=float))
+    md = markdown(parts, commit)
     (out / "sgi_vs_gi.md").write_text(md + "\n")
     print(md)
 

@@ -45,6 +45,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's fedsim, not an installed one
+from benchmarks.provenance import git_commit  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 EXAMPLES, BATCH, LR, IMAGE = 64, 32, 0.05, 32
 FEDSIM_IMPLS = ("fedsim-auto", "fedsim-loop", "fedsim-map", "fedsim-vmap")
@@ -208,7 +210,8 @@ def markdown(result: dict) -> str:
            "(phase-packed conv→ReLU→pool, see docs/scale.md). Load average (1 min) during the run: "
            f"{min(r['loadavg_1min_before'] for r in rows):.1f}–"
            f"{max(r['loadavg_1min_before'] for r in rows):.1f} (shared 2-core machine: noisy).",
-           f"Produced by `python benchmarks/engine_throughput.py {' '.join(result['argv'])}` on {result['date']}.",
+           f"Produced by `python benchmarks/engine_throughput.py {' '.join(result['argv'])}` on {result['date']} "
+           f"at commit {result['commit'][:7]}{'-dirty' if result['commit'].endswith('-dirty') else ''}.",
            *( [f"Not run (capped by `--slow-impls-max-clients`, to bound the run's time): {', '.join(result['skipped'])}."] if result["skipped"] else []),
            "", "## Seconds per round (peak RSS MiB)", "",
            "| impl | " + " | ".join(f"N={c}" for c in cohorts) + " |",
@@ -281,6 +284,7 @@ def main() -> None:
         row["peak_rss_mb"] = peak_rss_mb()
         print("ROW " + json.dumps(row), flush=True)
         return
+    commit = git_commit()  # at start: the code this process loaded
     cohorts = args.clients or ([10, 100, 500] if args.quick else [10, 100, 500, 1000])
     repeats = args.repeats or (2 if args.quick else 3)
     impls = args.impls or list(FEDSIM_IMPLS) + ["torch-loop"]
@@ -308,7 +312,7 @@ def main() -> None:
                             | {"repeats": reps})
             # Written after every row, so an interrupted run still leaves its rows.
             done = pass_idx == args.passes - 1 and i == len(plan) - 1
-            write_results(args, pool_passes(runs), repeats, skipped, done=done)
+            write_results(args, pool_passes(runs), repeats, skipped, commit, done=done)
 
 
 def pool_passes(runs: list[dict]) -> list[dict]:
@@ -333,11 +337,12 @@ def pool_passes(runs: list[dict]) -> list[dict]:
     return list(rows.values())
 
 
-def write_results(args, rows, repeats, skipped, done: bool) -> None:
+def write_results(args, rows, repeats, skipped, commit: str, done: bool) -> None:
     import jax
     result = {"rows": rows, "device": device_description(), "jax": jax.__version__,
               "mode": ("quick" if args.quick else "full") + ("" if done else " (partial: still running)"),
               "repeats": repeats, "passes": args.passes, "argv": sys.argv[1:], "skipped": skipped,
+              "commit": commit,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "loadavg_end": os.getloadavg()}
     try:

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attacks import fedavg_inversion, inverting_gradients  # noqa: E402
 from attacks.metrics import score_batch  # noqa: E402
+from benchmarks.provenance import git_commit  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.data import load_dataset  # noqa: E402
 from fedsim.models import build_model, init_params, make_apply_fn  # noqa: E402
@@ -33,6 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--infer-labels", action="store_true")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args(argv)
+    commit = git_commit()  # at start: the code this process loaded
     ds = load_dataset("fashion_mnist", image_size=16)
     model = build_model("mlp")
     f = make_apply_fn(model)
@@ -66,7 +68,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"n": n, "B": b, "S": s_steps, "lr": lr, "iterations": args.iterations,
-            "labels": "inferred" if args.infer_labels else "granted", "device": jax.devices()[0].device_kind}
+            "labels": "inferred" if args.infer_labels else "granted", "device": jax.devices()[0].device_kind,
+            "commit": commit}
     (out / "fedavg_inversion.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = ["# FedAvg-aware inversion vs one-gradient IG (MLP, real FMNIST 16×16, untrained)\n",
              f"Settings: {meta}. Produced by `benchmarks/fedavg_inversion.py`.\n",

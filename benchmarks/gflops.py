@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.provenance import git_commit  # noqa: E402
 
 
 def matmul_peak(n: int, repeats: int) -> dict:
@@ -82,6 +83,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=None)
     ap.add_argument("--strategy", default="loop")
     args = ap.parse_args()
+    commit = git_commit()  # at start: the code this process loaded
     import jax
 
     repeats = 3 if args.quick else 7
@@ -94,14 +96,15 @@ def main() -> None:
               "mode": "quick" if args.quick else "full", "loadavg": os.getloadavg(),
               "matmul_peak": peak, "engine": eng,
               "fraction_of_peak": eng["gflops"] / peak["gflops"],
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit}
     from fedsim.results import atomic_write_text
     out = ROOT / "benchmarks" / "results" / "gflops"
     atomic_write_text(out.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
     md = (f"# Achieved GFLOP/s vs matmul peak ({result['mode']} mode)\n\n"
           f"Device: {result['device']}, jax {result['jax']}, load average {result['loadavg'][0]:.1f} "
           f"(shared machine: noisy). Produced by `python benchmarks/gflops.py"
-          f"{' --quick' if args.quick else ''}` on {result['date']}.\n\n"
+          f"{' --quick' if args.quick else ''}` on {result['date']} at commit {commit[:7]}"
+          f"{'-dirty' if commit.endswith('-dirty') else ''}.\n\n"
           "| measurement | seconds | GFLOP/s |\n|---|---|---|\n"
           f"| matmul {peak['n']}² f32 (peak) | {peak['seconds']:.4f} | {peak['gflops']:.1f} |\n"
           f"| engine round, LeNet-5, {eng['clients']} clients, {eng['strategy']} "

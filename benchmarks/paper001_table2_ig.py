@@ -29,6 +29,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attacks.acceptance import attack_and_score, fedsgd_observations  # noqa: E402
+from benchmarks.provenance import git_commit  # noqa: E402
 from fedsim.data import load_dataset  # noqa: E402
 
 FMNIST_STD = 0.3530
@@ -47,6 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--name", default="paper001_table2_ig", help="output file stem")
     args = ap.parse_args(argv)
+    commit = git_commit()  # at start: the code this process loaded
     iters = args.iterations or (1000 if args.quick else 10000)
     victims = args.victims or (2 if args.quick else 4)
     ds = load_dataset("fashion_mnist", image_size=16)
@@ -66,11 +68,13 @@ def main(argv=None) -> int:
     print(json.dumps({k: v for k, v in row.items() if k != "per_victim"}, indent=1))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({"paper": PAPER, "ours": row}, indent=2))
+    (out / f"{args.name}.json").write_text(json.dumps({"paper": PAPER, "ours": row, "commit": commit},
+                                                          indent=2))
     md = ["# Paper 001 Table II (no defense, FMNIST): IG vs the 13,700-param MLP, batch 128\n",
           f"Mode {row['mode']}: {iters} iterations (paper: 10,000), {victims} victims (batches of 128), "
           f"{args.restarts} restart(s), TV {args.tv}, labels {row['labels']}, untrained model, seed {args.seed}, "
-          f"device {row['device']}, {row['seconds']:.0f} s. Produced by `benchmarks/paper001_table2_ig.py`.\n",
+          f"device {row['device']}, {row['seconds']:.0f} s. Produced by `benchmarks/paper001_table2_ig.py` "
+          f"at commit {commit[:7]}{'-dirty' if commit.endswith('-dirty') else ''}.\n",
           "| | SSIM | MSE (paper's scale: /σ², σ = 0.353) | MSE on [0,1] | PSNR (dB) | label acc |",
           "|---|---|---|---|---|---|",
           f"| paper 001 | {PAPER['ssim']:.4f} | {PAPER['mse']:.4f} | – | – | – |",

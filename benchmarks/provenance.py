@@ -1,8 +1,9 @@
 """Where a benchmark's numbers came from: the commit, and whether the code
 differed from it.
 
-The reproductions, their diagnostics and the CPU timing scripts record these
-beside their results. One implementation, so that every JSON that has a
+Every benchmark script that writes a results JSON records these in it: the
+reproductions, their diagnostics, and the attack, engine and CPU timing
+benchmarks. One implementation, so that every JSON that has a
 "commit" means the same by it: the HEAD of the
 checkout that ran it, with ``-dirty`` appended where files outside
 ``benchmarks/results`` differed from HEAD: changed tracked files, or untracked

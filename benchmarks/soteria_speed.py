@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.provenance import git_commit  # noqa: E402
 from defenses.soteria import soteria_gradient  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.hooks import DefenseContext  # noqa: E402
@@ -55,12 +56,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", default="benchmarks/results/soteria_speed")
     args = ap.parse_args()
+    commit = git_commit()  # at start: the code this process loaded
     models = {"lenet": build_model("lenet"), "convnet_w16": ConvNet(num_classes=10, width=16)}
     x = jax.random.uniform(jax.random.key(1), (32, 16, 16, 1))
     y = jax.random.randint(jax.random.key(2), (32,), 0, 10)
     result = {"device": f"{jax.default_backend()} ({platform.machine()}, {os.cpu_count()} cpus)",
               "batch": 32, "image": [16, 16, 1], "p_fc": 0.4, "repeats": args.repeats,
-              "models": {}}
+              "commit": commit, "models": {}}
     for name, model in models.items():
         params = init_params(model, (16, 16, 1), jax.random.key(0))
         apply_fn = make_apply_fn(model)
@@ -92,7 +94,8 @@ def main() -> None:
     lines = ["# Soteria step cost (CPU)", "",
              f"Device {result['device']}; batch 32, 16×16×1, p_fc 0.4, exact score, per-example "
              f"masks; median of {args.repeats} interleaved calls (machine shared: noisy). "
-             "Produced by `benchmarks/soteria_speed.py`.", "",
+             f"Produced by `benchmarks/soteria_speed.py` at commit {commit[:7]}"
+             f"{'-dirty' if commit.endswith('-dirty') else ''}.", "",
              "| model | variant | median ms | × plain step | max abs Δgrad vs per_example |",
              "|---|---|---|---|---|"]
     for name, m in result["models"].items():

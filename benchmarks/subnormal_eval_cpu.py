@@ -39,6 +39,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script, too
+from benchmarks.provenance import git_commit  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 FTZ_FLAGS = "--xla_cpu_ftz=true"
 VARIANTS = ("initial weights", "weights x 1e-13 (subnormal activations)",
@@ -95,6 +99,7 @@ def main(argv=None) -> dict:
     if args.child:
         print(json.dumps(measure(args.repeats, args.examples)))
         return {}
+    commit = git_commit()  # at start: the code this process loaded
     load0 = os.getloadavg()[0]
     default = measure(args.repeats, args.examples)
     env = {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + FTZ_FLAGS).strip()}
@@ -104,8 +109,6 @@ def main(argv=None) -> dict:
     if child.returncode != 0:
         raise SystemExit(f"flush-to-zero child process failed:\n{child.stderr[-2000:]}")
     ftz = json.loads(child.stdout.strip().splitlines()[-1])
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
     result = {"examples": args.examples, "repeats": args.repeats, "commit": commit,
               "device": f"cpu ({platform.machine()}, {os.cpu_count()} cpus)",
               "load_average_1min": [load0, os.getloadavg()[0]],
@@ -119,7 +122,8 @@ def main(argv=None) -> dict:
              f"of {args.repeats} interleaved calls; 1-min load average "
              f"{load0:.1f} → {result['load_average_1min'][1]:.1f}. Flush to zero: a child "
              f"process with `XLA_FLAGS={FTZ_FLAGS}`. Produced by "
-             f"`python benchmarks/subnormal_eval_cpu.py` at commit {commit[:7]}.", "",
+             f"`python benchmarks/subnormal_eval_cpu.py` at commit {commit[:7]}"
+             f"{'-dirty' if commit.endswith('-dirty') else ''}.", "",
              "| parameters | subnormal share of kernels | default (ms) | ratio to initial | "
              "flush to zero (ms) | ratio to initial, default |", "|---|---|---|---|---|---|"]
     for k in VARIANTS:

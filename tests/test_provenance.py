@@ -55,7 +55,11 @@ def test_git_commit_outside_a_repository_says_unknown(tmp_path):
 
 
 @pytest.mark.parametrize("module", ["reproduce_chu2023", "reproduce_sun2021",
-                                    "reproduce_tan2024", "conv_im2col_cpu", "dp_overhead"])
+                                    "reproduce_tan2024", "conv_im2col_cpu", "dp_overhead",
+                                    "attack_acceptance", "attack_throughput", "control_flow_cpu",
+                                    "diagnose_ig_floor", "engine_throughput", "fedavg_inversion",
+                                    "gflops", "paper001_table2_ig", "soteria_speed",
+                                    "subnormal_eval_cpu", "diagnose_sgi_vs_gi"])
 def test_benchmarks_record_the_shared_provenance(module):
     # One meaning of "commit" in every results JSON: the scripts use this module's
     # functions, not copies of their own.
