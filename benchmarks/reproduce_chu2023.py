@@ -797,6 +797,36 @@ def seed_pooled_lines(result) -> list[str]:
     return lines
 
 
+def same_gi_sgi_scores(rows, last) -> list[str]:
+    """Part-B defenses whose GI and SGI reconstructions scored the same NMI and PSNR at
+    every client attacked in round ``last``. Equal scores to the last digit mean the
+    same reconstruction: the two attacks' different targets did not steer it (for
+    real Largest the attacked model has no input gradient left, see
+    ``benchmarks/diagnose_largest_collapse.py``)."""
+    out = []
+    for name in dict.fromkeys(r["defense"] for r in rows if r["part"] == "B"):
+        pairs = {}
+        for r in rows:
+            if r["part"] == "B" and r["defense"] == name and r["round"] == last:
+                pairs.setdefault(r["client_id"], {})[r["attack"]] = (r["nmi"], r["psnr"])
+        if pairs and all(len(v) == 2 and v["gi"] == v["sgi"] for v in pairs.values()):
+            out.append(name)
+    return out
+
+
+def same_scores_lines(rows, last) -> list[str]:
+    """A markdown note naming the defenses of :func:`same_gi_sgi_scores`, if any."""
+    same = same_gi_sgi_scores(rows, last)
+    if not same:
+        return []
+    return ["", f"GI and SGI scored the same NMI and PSNR at every attacked client for: "
+            f"{', '.join(same)}. Equal scores mean the same reconstruction, so the two "
+            "attacks' different targets did not steer it: these NMI/PSNR measure the TV "
+            "prior's image, not a leak. For real Largest at seed 0, "
+            "[largest_collapse.md](largest_collapse.md) shows why: the global model has "
+            "no live units left and gives the matching term no input gradient."]
+
+
 def other_seed_tables(result) -> list[str]:
     """Markdown for part B re-run at other seeds or upload semantics (not in the main rows)."""
     lines = []
@@ -821,6 +851,7 @@ def other_seed_tables(result) -> list[str]:
                          f"{fmt(m('sgi', 'client_model_local_accuracy'))} | "
                          f"{fmt(m('sgi', 'nmi'))} | {m('sgi', 'psnr'):.2f} | "
                          f"{fmt(m('gi', 'nmi'))} | {m('gi', 'psnr'):.2f} |")
+        lines += same_scores_lines(rows, last)
         lines += ["", f"Checks at seed {o['seed']} (same rules as above):", ""]
         lines += [f"- **{'PASS' if c['pass'] else 'FAIL'}** {c['check']}: {c['detail']}"
                   for c in o["checks"]]
@@ -1350,6 +1381,7 @@ def markdown(result) -> str:
                          f"{m('sgi', 'psnr'):.2f} | {m('gi', 'nmi'):.4f} | {m('gi', 'psnr'):.2f} | "
                          f"{m('sgi', 'upload_zero_fraction'):.3f} | "
                          f"{m('sgi', 'info_bound_bits') or float('nan'):.1f} |")
+        lines += same_scores_lines(b, last)
         rounds = sorted({r["round"] for r in b if r["client_id"] == 0})
         lines += ["", "### Leakage vs rounds T (client 0; Fig 2(d), Fig 5(c))", "",
                   "| defense | round | SGI NMI | SGI PSNR | GI NMI | GI PSNR |",

@@ -90,3 +90,22 @@ def test_rebuilds_a_smoke_part_b_run_and_refuses_another(tmp_path, capsys):
         dlc.main(["--results", str(tmp_path / "other.json"), "--defenses", "largest",
                   "--out", str(tmp_path)])
     assert "accuracies differ" in capsys.readouterr().err
+
+
+def test_same_gi_sgi_scores_names_only_defenses_equal_at_every_client():
+    from benchmarks.reproduce_chu2023 import same_gi_sgi_scores, same_scores_lines
+    rows = []
+    for defense, scores in (("none", {0: ((0.4, 12.0), (0.45, 13.0)), 1: ((0.3, 9.0), (0.3, 9.0))}),
+                            ("largest", {0: ((0.19, 7.7), (0.19, 7.7)),
+                                         1: ((0.2, 8.3), (0.2, 8.3))})):
+        for client, (gi, sgi) in scores.items():
+            for att, (n, ps) in (("gi", gi), ("sgi", sgi)):
+                rows.append({"part": "B", "defense": defense, "round": 29, "client_id": client,
+                             "attack": att, "nmi": n, "psnr": ps})
+    # An earlier round's identical pair does not count; "none" differs at client 0.
+    rows.append({"part": "B", "defense": "none", "round": 0, "client_id": 0, "attack": "gi",
+                 "nmi": 0.5, "psnr": 14.0})
+    assert same_gi_sgi_scores(rows, 29) == ["largest"]
+    assert "for: largest." in " ".join(same_scores_lines(rows, 29))
+    rows[-2]["psnr"] = 8.31  # largest, client 1, SGI: no longer equal
+    assert same_gi_sgi_scores(rows, 29) == [] and same_scores_lines(rows, 29) == []
