@@ -823,7 +823,7 @@ def same_scores_lines(rows, last) -> list[str]:
             f"{', '.join(same)}. Equal scores mean the same reconstruction, so the two "
             "attacks' different targets did not steer it: these NMI/PSNR measure the TV "
             "prior's image, not a leak. For real Largest at seed 0, "
-            "[largest_collapse.md](largest_collapse.md) shows why: the global model has "
+            "[largest_collapse.md](largest_collapse.md) shows why: the global model has almost "
             "no live units left and gives the matching term no input gradient."]
 
 
