@@ -386,17 +386,29 @@ def _same_tree(a, b) -> bool:
                                       for x, y in zip(la, lb))
 
 
-def run_inversion(observations: Sequence[Observation], config: Mapping[str, Any], key,
-                  defaults: Mapping[str, Any], target_fn=observed_gradient,
-                  cfg_overrides: Mapping[str, Any] | None = None) -> list[Reconstruction]:
-    """Parse the config, attack every observation (vmapped), return reconstructions."""
+def inversion_config(config: Mapping[str, Any], defaults: Mapping[str, Any],
+                     cfg_overrides: Mapping[str, Any] | None = None
+                     ) -> tuple[InversionConfig, dict[str, Any]]:
+    """``(cfg, merged)``: the :class:`InversionConfig` an attack runs with, and the
+    merged config (``cfg``'s fields plus ``batch_size`` / ``last_layer``).
+
+    ``label_mode = "infer"`` becomes "given" in ``cfg``: the labels are inferred
+    once, before the optimisation (:func:`prepare_victims`), and then given.
+    """
     merged = parse_config(defaults, config, extra_keys=("batch_size", "last_layer"))
     fields = {f.name for f in dataclasses.fields(InversionConfig)}
     settings = {k: v for k, v in merged.items() if k in fields}
     settings.update(cfg_overrides or {})
     if settings.get("label_mode") == "infer":
         settings["label_mode"] = "given"
-    cfg = InversionConfig(**settings)
+    return InversionConfig(**settings), merged
+
+
+def run_inversion(observations: Sequence[Observation], config: Mapping[str, Any], key,
+                  defaults: Mapping[str, Any], target_fn=observed_gradient,
+                  cfg_overrides: Mapping[str, Any] | None = None) -> list[Reconstruction]:
+    """Parse the config, attack every observation (vmapped), return reconstructions."""
+    cfg, merged = inversion_config(config, defaults, cfg_overrides)
     first = observations[0]
     bs, params, targets, labels, keys, inferred, shared = prepare_victims(
         observations, merged, cfg, key, target_fn)

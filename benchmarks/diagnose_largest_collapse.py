@@ -80,15 +80,11 @@ def unit_activity(model, params, x) -> dict:
 
 
 def attack_cfg(config: dict, masked: bool):
-    """The InversionConfig ``run_inversion`` builds for inverting_gradients / sgi."""
-    from attacks.gradient_inversion import InversionConfig, parse_config
+    """``(cfg, merged)`` of inverting_gradients (``masked``: sgi) for ``config``, as
+    ``run_inversion`` builds them."""
+    from attacks.gradient_inversion import inversion_config
     from attacks.inverting_gradients import DEFAULTS
-    merged = parse_config(DEFAULTS, config, extra_keys=("batch_size", "last_layer"))
-    fields = {f.name for f in dataclasses.fields(InversionConfig)}
-    settings = {k: v for k, v in merged.items() if k in fields}
-    if settings.get("label_mode") == "infer":
-        settings["label_mode"] = "given"
-    return InversionConfig(**{**settings, "masked": masked}), merged
+    return inversion_config(config, DEFAULTS, {"masked": masked})
 
 
 def sign_steering(apply_fn, cfg, params, target, labels, x, num_classes) -> dict:
