@@ -24,7 +24,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attacks.acceptance import attack_and_score, fedsgd_observations  # noqa: E402
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 from fedsim.data import load_dataset  # noqa: E402
 
 TARGET = {"mlp": 30.0, "lenet": 20.0}
@@ -61,8 +61,7 @@ def main(argv=None) -> int:
     (out / "attack_acceptance.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = ["# Attack acceptance (issue 3): batch 1, untrained models, real Fashion-MNIST 16×16\n",
              f"Mode: {meta['mode']} ({victims} victims), seed {args.seed}, device {meta['device']}, "
-             f"labels {meta['labels']}. Produced by `benchmarks/attack_acceptance.py` at commit {commit[:7]}"
-             f"{'-dirty' if commit.endswith('-dirty') else ''}.\n",
+             f"labels {meta['labels']}. Produced by `benchmarks/attack_acceptance.py` at commit {short_commit(commit)}.\n",
              "| model | attack | iterations | mean PSNR (dB) | min PSNR | target | mean SSIM | mean MSE | label acc | seconds (all victims) | pass |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attacks.gradient_inversion import InversionConfig, invert_victims  # noqa: E402
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.models import build_model, init_params, make_apply_fn  # noqa: E402
 
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     lines = ["# Attack throughput (Inverting Gradients, paper-001 MLP, batch 1)\n",
              f"Mode {meta['mode']}: {iters} iterations, median of {reps}; device {meta['device']}; "
              "timings on a CPU shared with other jobs are noisy. Produced by `benchmarks/attack_throughput.py` "
-             f"at commit {commit[:7]}{'-dirty' if commit.endswith('-dirty') else ''}.\n",
+             f"at commit {short_commit(commit)}.\n",
              "| implementation | victims | median seconds | attack iterations / s |", "|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['impl']} | {r['victims']} | {r['seconds_median']:.2f} | {r['iters_per_s']:.0f} |")

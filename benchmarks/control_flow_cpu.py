@@ -34,7 +34,7 @@ import numpy as np
 import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 from fedsim.client import LocalTraining, make_client_update, masked_mean_loss  # noqa: E402
 from fedsim.models import (build_model, conv_relu_maxpool, init_params,  # noqa: E402
                            make_apply_fn, max_pool)
@@ -163,8 +163,7 @@ def main() -> None:
     lines = ["# Two LeNet-5 SGD steps (batch 32) under different control flow and pooling", "",
              f"Device {meta['device']}, jax {meta['jax']}, median of {args.repeats} interleaved "
              f"calls, load average {meta['loadavg'][0]:.1f}. Produced by "
-             f"`python benchmarks/control_flow_cpu.py` at commit {commit[:7]}"
-             f"{'-dirty' if commit.endswith('-dirty') else ''}.", "",
+             f"`python benchmarks/control_flow_cpu.py` at commit {short_commit(commit)}.", "",
              "| variant | median ms | ratio to straight-line |", "|---|---|---|"]
     lines += [f"| {r['variant']} | {r['median_ms']:.1f} | {r['ratio_to_straight_line']:.2f} |"
               for r in rows]

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from attacks.api import observation_from_gradient  # noqa: E402
 from attacks.inverting_gradients import run_many  # noqa: E402
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 from defenses.channels import data_statistics, natural_noise_variance  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.data import load_dataset  # noqa: E402
@@ -121,8 +121,7 @@ def main(argv=None):
     (RESULTS / "ig_floor_lenet5.json").write_text(json.dumps(result, indent=1))
     lines = ["# Undefended IG error on LeNet-5 (Fashion-MNIST 32×32, one image)", "",
              f"Produced by `python benchmarks/diagnose_ig_floor.py --victims {args.victims}` "
-             f"({result['seconds']:.0f} s) at commit {commit[:7]}"
-             f"{'-dirty' if commit.endswith('-dirty') else ''}, "
+             f"({result['seconds']:.0f} s) at commit {short_commit(commit)}, "
              f"seed {args.seed}, the same victims for every row, the "
              "same attack key. Blind pixels: Jacobian column norm of the upload w.r.t. the image "
              "< 1e-6 × its max, at the true image.", "",

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, too
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -164,8 +164,7 @@ def markdown(parts: list[dict], commit: str) -> str:
              "3-victim mean is 0.4–2.9 dB for SGI, 0.0–1.5 dB for GI (`sgi_attack_noise.md`). "
              "Spearman's ρ over the settings where at least one attack exceeds 10 dB (the "
              "others are flat reconstructions for both). Produced by "
-             f"`python benchmarks/diagnose_sgi_vs_gi.py` at commit {commit[:7]}"
-             f"{'-dirty' if commit.endswith('-dirty') else ''}.", ""]
+             f"`python benchmarks/diagnose_sgi_vs_gi.py` at commit {short_commit(commit)}.", ""]
     for part in parts:
         alg1 = part["protocol"] == "alg1"
         lines += [f"## {part['file']} (commit {part['commit']}; "

@@ -45,7 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's fedsim, not an installed one
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 EXAMPLES, BATCH, LR, IMAGE = 64, 32, 0.05, 32
@@ -211,7 +211,7 @@ def markdown(result: dict) -> str:
            f"{min(r['loadavg_1min_before'] for r in rows):.1f}–"
            f"{max(r['loadavg_1min_before'] for r in rows):.1f} (shared 2-core machine: noisy).",
            f"Produced by `python benchmarks/engine_throughput.py {' '.join(result['argv'])}` on {result['date']} "
-           f"at commit {result['commit'][:7]}{'-dirty' if result['commit'].endswith('-dirty') else ''}.",
+           f"at commit {short_commit(result['commit'])}.",
            *( [f"Not run (capped by `--slow-impls-max-clients`, to bound the run's time): {', '.join(result['skipped'])}."] if result["skipped"] else []),
            "", "## Seconds per round (peak RSS MiB)", "",
            "| impl | " + " | ".join(f"N={c}" for c in cohorts) + " |",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 
 
 def matmul_peak(n: int, repeats: int) -> dict:
@@ -103,8 +103,7 @@ def main() -> None:
     md = (f"# Achieved GFLOP/s vs matmul peak ({result['mode']} mode)\n\n"
           f"Device: {result['device']}, jax {result['jax']}, load average {result['loadavg'][0]:.1f} "
           f"(shared machine: noisy). Produced by `python benchmarks/gflops.py"
-          f"{' --quick' if args.quick else ''}` on {result['date']} at commit {commit[:7]}"
-          f"{'-dirty' if commit.endswith('-dirty') else ''}.\n\n"
+          f"{' --quick' if args.quick else ''}` on {result['date']} at commit {short_commit(commit)}.\n\n"
           "| measurement | seconds | GFLOP/s |\n|---|---|---|\n"
           f"| matmul {peak['n']}² f32 (peak) | {peak['seconds']:.4f} | {peak['gflops']:.1f} |\n"
           f"| engine round, LeNet-5, {eng['clients']} clients, {eng['strategy']} "

@@ -29,7 +29,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attacks.acceptance import attack_and_score, fedsgd_observations  # noqa: E402
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 from fedsim.data import load_dataset  # noqa: E402
 
 FMNIST_STD = 0.3530
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
           f"Mode {row['mode']}: {iters} iterations (paper: 10,000), {victims} victims (batches of 128), "
           f"{args.restarts} restart(s), TV {args.tv}, labels {row['labels']}, untrained model, seed {args.seed}, "
           f"device {row['device']}, {row['seconds']:.0f} s. Produced by `benchmarks/paper001_table2_ig.py` "
-          f"at commit {commit[:7]}{'-dirty' if commit.endswith('-dirty') else ''}.\n",
+          f"at commit {short_commit(commit)}.\n",
           "| | SSIM | MSE (paper's scale: /σ², σ = 0.353) | MSE on [0,1] | PSNR (dB) | label acc |",
           "|---|---|---|---|---|---|",
           f"| paper 001 | {PAPER['ssim']:.4f} | {PAPER['mse']:.4f} | – | – | – |",

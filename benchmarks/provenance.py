@@ -44,3 +44,9 @@ def git_commit(root: Path | None = None) -> str:
     if state["commit"] is None:
         return "unknown"
     return state["commit"] + ("-dirty" if state["dirty"] else "")
+
+
+def short_commit(commit: str) -> str:
+    """A :func:`git_commit` string for markdown: the hash's first 7 characters, with
+    ``-dirty`` kept (``"unknown"`` stays as it is)."""
+    return commit[:7] + ("-dirty" if commit.endswith("-dirty") else "")

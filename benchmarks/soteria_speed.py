@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 from defenses.soteria import soteria_gradient  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.hooks import DefenseContext  # noqa: E402
@@ -94,8 +94,7 @@ def main() -> None:
     lines = ["# Soteria step cost (CPU)", "",
              f"Device {result['device']}; batch 32, 16×16×1, p_fc 0.4, exact score, per-example "
              f"masks; median of {args.repeats} interleaved calls (machine shared: noisy). "
-             f"Produced by `benchmarks/soteria_speed.py` at commit {commit[:7]}"
-             f"{'-dirty' if commit.endswith('-dirty') else ''}.", "",
+             f"Produced by `benchmarks/soteria_speed.py` at commit {short_commit(commit)}.", "",
              "| model | variant | median ms | × plain step | max abs Δgrad vs per_example |",
              "|---|---|---|---|---|"]
     for name, m in result["models"].items():

@@ -41,7 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script, too
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 FTZ_FLAGS = "--xla_cpu_ftz=true"
@@ -122,8 +122,7 @@ def main(argv=None) -> dict:
              f"of {args.repeats} interleaved calls; 1-min load average "
              f"{load0:.1f} → {result['load_average_1min'][1]:.1f}. Flush to zero: a child "
              f"process with `XLA_FLAGS={FTZ_FLAGS}`. Produced by "
-             f"`python benchmarks/subnormal_eval_cpu.py` at commit {commit[:7]}"
-             f"{'-dirty' if commit.endswith('-dirty') else ''}.", "",
+             f"`python benchmarks/subnormal_eval_cpu.py` at commit {short_commit(commit)}.", "",
              "| parameters | subnormal share of kernels | default (ms) | ratio to initial | "
              "flush to zero (ms) | ratio to initial, default |", "|---|---|---|---|---|---|"]
     for k in VARIANTS:

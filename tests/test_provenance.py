@@ -66,3 +66,11 @@ def test_benchmarks_record_the_shared_provenance(module):
     mod = __import__(f"benchmarks.{module}", fromlist=["_"])
     shared = [getattr(mod, n) for n in ("git_commit", "git_state") if hasattr(mod, n)]
     assert shared and all(f in (provenance.git_commit, provenance.git_state) for f in shared)
+
+
+def test_short_commit_keeps_the_dirty_mark():
+    from benchmarks.provenance import short_commit
+    h = "0123456789abcdef0123456789abcdef01234567"
+    assert short_commit(h) == "0123456"
+    assert short_commit(h + "-dirty") == "0123456-dirty"
+    assert short_commit("unknown") == "unknown"
