@@ -14,10 +14,11 @@ the script's own :func:`train_run`), captures the final model and the member /
 non-member sets, and reports:
 
 1. the largest difference in the gradient feature between im2col and lax.conv;
-2. the learned AUC with the script's attack key under both paths;
-3. the learned AUC under ``--keys`` other attack keys (stream
-   ``diagnose_mia_im2col/attack``), im2col path: the spread a key change alone
-   gives, to compare the path change with.
+2. the learned AUC with the script's attack keys (the median over its
+   ``mia_attack_keys`` trained attacks, as tan2024 reports it) under both paths;
+3. the learned AUC of one attack trained from each of ``--keys`` other keys
+   (stream ``diagnose_mia_im2col/attack``), im2col path: the spread a key
+   change alone gives, to compare the path change with.
 
 Usage:
   python -m benchmarks.diagnose_mia_im2col [--keys 10] [--seed 0]
@@ -78,13 +79,13 @@ def capture_final_model(seed: int):
     return budget, out, captured
 
 
-def learned_auc(args, key, limit: int) -> dict:
-    """tan.mia_aucs with attack key ``key`` and IM2COL_MAX_BATCH = ``limit``."""
+def learned_auc(args, keys, limit: int) -> dict:
+    """tan.mia_aucs with attack keys ``keys`` ([K]) and IM2COL_MAX_BATCH = ``limit``."""
     default = models.IM2COL_MAX_BATCH
     models.IM2COL_MAX_BATCH = limit
     try:
         apply_fn, params, x_in, y_in, x_out, y_out, _, steps, num_classes = args
-        return tan.mia_aucs(apply_fn, params, x_in, y_in, x_out, y_out, key, steps, num_classes)
+        return tan.mia_aucs(apply_fn, params, x_in, y_in, x_out, y_out, keys, steps, num_classes)
     finally:
         models.IM2COL_MAX_BATCH = default
 
@@ -125,20 +126,22 @@ def markdown(res: dict) -> str:
         f"max |difference| {f['max_abs_difference']:.3g} (max |feature| "
         f"{f['max_abs_feature']:.3g}); identical: {f['identical']}.",
         "",
-        "| attack key | convolution path | learned AUC | loss-threshold AUC |",
+        "| attack keys | convolution path | learned AUC | loss-threshold AUC |",
         "|---|---|---|---|",
     ]
     for r in res["script_key"]:
-        lines.append(f"| the script's (fold_in(key(seed), 77)) | {r['path']} | "
-                     f"{r['learned']:.4f} | {r['loss_threshold']:.4f} |")
+        lines.append(f"| the script's (median of {len(r['learned_per_key'])}: "
+                     + ", ".join(f"{a:.4f}" for a in r["learned_per_key"])
+                     + f") | {r['path']} | {r['learned']:.4f} | {r['loss_threshold']:.4f} |")
     aucs = [r["learned"] for r in keys]
     lines += [
         "",
-        f"Other attack keys (stream `{res['key_stream']}`, im2col path), learned AUC: "
+        f"Other attack keys, one trained attack each (stream `{res['key_stream']}`, im2col "
+        "path), learned AUC: "
         + ", ".join(f"{a:.4f}" for a in aucs),
         "",
         f"Median {np.median(aucs):.4f}, range {min(aucs):.4f}–{max(aucs):.4f}, "
-        f"std {np.std(aucs, ddof=1):.4f}. Path change at the script's key: "
+        f"std {np.std(aucs, ddof=1):.4f}. Path change of the script's median: "
         f"{abs(res['script_key'][0]['learned'] - res['script_key'][1]['learned']):.4f}.",
     ]
     return "\n".join(lines) + "\n"
@@ -155,15 +158,15 @@ def main(argv=None):
     t0, commit = time.perf_counter(), git_commit()
     budget, out, cap = capture_final_model(args.seed)
     mia_args = cap["args"]
-    script_key = mia_args[6]
+    script_keys = mia_args[6]
     rows = []
     for path, limit in (("im2col (batch <= %d)" % models.IM2COL_MAX_BATCH,
                          models.IM2COL_MAX_BATCH), ("lax.conv", 0)):
-        r = learned_auc(mia_args, script_key, limit)
+        r = learned_auc(mia_args, script_keys, limit)
         rows.append({"path": path, "im2col_max_batch": limit, **r})
     stream = "diagnose_mia_im2col/attack"
     others = jax.random.split(experiment_key(args.seed, stream), args.keys)
-    other_rows = [learned_auc(mia_args, k, models.IM2COL_MAX_BATCH) for k in others]
+    other_rows = [learned_auc(mia_args, k[None], models.IM2COL_MAX_BATCH) for k in others]
     res = {"command": " ".join(["python -m benchmarks.diagnose_mia_im2col",
                                 *(argv if argv is not None else sys.argv[1:])]),
            "commit": commit, "seed": args.seed, "model": budget.train_models[0],

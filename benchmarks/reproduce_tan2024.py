@@ -176,6 +176,9 @@ class Budget:
     fig9_rounds: int = 8
     ig_trace_points: int = 20     # IG dummy snapshots per attack (the MSE-vs-iteration curve)
     none_long_factor: int = 0     # > 0: attack the undefended uploads again with this × iterations
+    # The learned MIA is trained from this many keys and its median AUC reported: one
+    # key's AUC moves by ~0.015 (std over keys, benchmarks/results/mia_im2col.md).
+    mia_attack_keys: int = 5
 
 
 # The training setting is small on purpose (5 clients x 128 examples, 5 local
@@ -196,7 +199,8 @@ FIG9_BATCH = 32
 
 BUDGETS = {
     "smoke": Budget(("lenet5", "lenet5_1998", "lenet", "alexnet"), 1, 5, 1, 2, 1, 1, (50, 300), (1, 4), 1, 5, ("lenet5_1998",),
-                    4, 2, 64, 1, 2, (50, 300), (500,), (100,), 5, 5, 128, 1, (0,), 1),
+                    4, 2, 64, 1, 2, (50, 300), (500,), (100,), 5, 5, 128, 1, (0,), 1,
+                    mia_attack_keys=2),
     # Quick IG: 16 victims on the small models, AlexNet 4 victims × 400 iterations at
     # every κ of the paper (~50 min of the ~80 min total on the idle 2-core CPU);
     # the undefended attack re-run with 2× the iterations (is the budget enough?).
@@ -628,27 +632,51 @@ def model_inversion_mse(apply_fn, params, start, centres, iterations):
     return float(np.median(per_class))
 
 
-def mia_aucs(apply_fn, params, x_in, y_in, x_out, y_out, key, steps, num_classes=10) -> dict:
+def mia_aucs(apply_fn, params, x_in, y_in, x_out, y_out, keys, steps, num_classes=10) -> dict:
     """Membership inference of 000 §6.1 on the final model: AUCs on held-out examples.
 
     The paper's attack: a white-box, partial-knowledge attacker
     (:mod:`attacks.membership` learned attack on ranked posteriors, loss,
     last-layer gradient and label) that trains on half of the members and
-    half of the non-members and is scored on the other halves. The
-    loss-threshold attack (Yeom et al.) on the same held-out halves is
-    reported beside it.
+    half of the non-members and is scored on the other halves. It is trained
+    once per key in ``keys`` (shape [K]) and the median AUC reported, each
+    key's AUC beside it: one trained attack's AUC depends on its key by about
+    as much as the defenses move it (std 0.015 over keys,
+    ``benchmarks/results/mia_im2col.md``). The loss-threshold attack (Yeom et
+    al.) on the same held-out halves, which has no key, is reported beside it.
+
+    Raises:
+        ValueError: ``keys`` is not a non-empty 1-D array of keys.
     """
+    if not (jnp.issubdtype(getattr(keys, "dtype", None), jax.dtypes.prng_key)
+            and keys.ndim == 1 and len(keys) >= 1):
+        raise ValueError(f"mia_aucs: keys must be a 1-D array of at least one typed key "
+                         f"(jax.random.split(key, K)); got {getattr(keys, 'shape', keys)!r}")
     n = min(len(x_in), len(x_out))
     half = n // 2
     f_in = mia.features(apply_fn, params, jnp.asarray(x_in[:n]), y_in[:n], num_classes)
     f_out = mia.features(apply_fn, params, jnp.asarray(x_out[:n]), y_out[:n], num_classes)
     part = lambda f, sl: mia.MIAFeatures(*[v[sl] for v in f])
-    net, st = mia.train_learned_attack(part(f_in, slice(0, half)), part(f_out, slice(0, half)),
-                                       key, steps=steps)
+    known_in, known_out = part(f_in, slice(0, half)), part(f_out, slice(0, half))
     test_in, test_out = part(f_in, slice(half, n)), part(f_out, slice(half, n))
-    learned = mia.auc(mia.learned_scores(net, st, test_in), mia.learned_scores(net, st, test_out))
+    per_key = []
+    for key in keys:
+        net, st = mia.train_learned_attack(known_in, known_out, key, steps=steps)
+        per_key.append(mia.auc(mia.learned_scores(net, st, test_in),
+                               mia.learned_scores(net, st, test_out)))
     loss = mia.auc(-np.asarray(test_in.loss), -np.asarray(test_out.loss))
-    return {"learned": learned, "loss_threshold": loss, "known": half, "scored": n - half}
+    return {"learned": float(np.median(per_key)), "learned_per_key": per_key,
+            "loss_threshold": loss, "known": half, "scored": n - half}
+
+
+def mia_attack_keys(seed: int, count: int):
+    """The ``count`` training keys of the learned MIA (stream ``tan2024/train/mia_attack``).
+
+    Before Nov 25 2026 the attack was trained once, from ``fold_in(key(seed), 77)``.
+    """
+    if count < 1:
+        raise ValueError(f"mia_attack_keys: count must be >= 1, got {count}")
+    return jax.random.split(experiment_key(seed, "tan2024/train/mia_attack"), count)
 
 
 def train_run(model_name, ds, budget, seed, defenses, kappa, stats, mi_start, centres,
@@ -687,7 +715,7 @@ def train_run(model_name, ds, budget, seed, defenses, kappa, stats, mi_start, ce
         return {"accuracy": curve[-1]["test_accuracy"], "seconds": seconds, "curve": curve}
     members = np.random.default_rng(seed).permutation(np.concatenate(sim.partitions))
     aucs = mia_aucs(sim.apply_fn, state.params, ds.x_train[members], ds.y_train[members],
-                    ds.x_test, ds.y_test, jax.random.fold_in(jax.random.key(seed), 77),
+                    ds.x_test, ds.y_test, mia_attack_keys(seed, budget.mia_attack_keys),
                     budget.mia_steps, ds.num_classes)
     mi = model_inversion_mse(sim.apply_fn, state.params, mi_start, centres, budget.mi_iterations)
     del ledger
@@ -1464,7 +1492,10 @@ def deviation_texts(result) -> list[str]:
         "Budgets: per part in the Provenance section (JSON `parts`).",
         "MIA: the learned white-box attack of attacks.membership (the paper's four features; "
         "embedding/MLP widths ours), partial knowledge: trained on half of the members and as "
-        "many test images, AUC on the other halves (n_train/2 each); the loss-threshold AUC "
+        "many test images, AUC on the other halves (n_train/2 each); "
+        + (f"the median over {ts['mia_attack_keys']} training keys (each key's AUC in the JSON, "
+           "mia_auc_learned_per_key); " if ts.get("mia_attack_keys") else "one training key; ")
+        + "the loss-threshold AUC "
         "on the same halves is in the JSON (mia_auc_loss_threshold). The training setting "
         f"({ts['num_clients']} clients × {ts['examples_per_client']} examples, "
         f"{ts['local_epochs']} local epochs) is chosen so the undefended model overfits "
@@ -1647,6 +1678,7 @@ def main(argv=None):
                    "dp_batch_size": TRAIN_BATCH if kind.startswith("dp") else None,
                    "accuracy": out["accuracy"], "ig_mse": None, "mi_mse": out["mi_mse"],
                    "mia_auc_learned": out["mia_auc"],
+                   "mia_auc_learned_per_key": out["mia_sizes"]["learned_per_key"],
                    "mia_auc_loss_threshold": out["mia_auc_loss_threshold"],
                    "mia_sizes": out["mia_sizes"], "gdc": None, "seconds": out["seconds"],
                    "curve": out["curve"], "mi_curve": out["mi_curve"], "seed": seed}
@@ -1690,7 +1722,9 @@ def main(argv=None):
                            "natural_noise_variance": {str(k): natural_noise_variance(stats, k)
                                                       for k in budget.natural_kappas},
                            "statistics": "per-dataset Σ_D (60,000 training images)",
-                           "mi_iterations": budget.mi_iterations},
+                           "mi_iterations": budget.mi_iterations,
+                           "mia_steps": budget.mia_steps,
+                           "mia_attack_keys": budget.mia_attack_keys},
         "parts": new_parts,
     }
     if args.merge_into is not None:

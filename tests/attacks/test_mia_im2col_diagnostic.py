@@ -16,7 +16,7 @@ def mia_args():
     x = rng.random((8, 32, 32, 1), dtype=np.float32)
     y = rng.integers(0, 10, 8)
     return (models.make_apply_fn(model), params, x[:4], y[:4], x[4:], y[4:],
-            jax.random.key(1), 5, 10)
+            jax.random.split(jax.random.key(1), 2), 5, 10)
 
 
 def test_feature_difference_compares_both_paths_and_restores_the_limit(mia_args):
@@ -37,7 +37,7 @@ def test_learned_auc_restores_the_limit_when_the_attack_fails(mia_args, monkeypa
 
     monkeypatch.setattr(diag.tan, "mia_aucs", boom)
     with pytest.raises(RuntimeError, match="attack failed"):
-        diag.learned_auc(mia_args, jax.random.key(2), 0)
+        diag.learned_auc(mia_args, jax.random.key(2)[None], 0)
     assert models.IM2COL_MAX_BATCH == before
 
 

@@ -317,3 +317,46 @@ def test_smoke_run_end_to_end_writes_the_issue_shape(tmp_path):
     assert all(p["seed"] == 0 and p["mode"] == "smoke" for p in res["parts"].values())
     assert (tmp_path / "tan2024_smoke.md").read_text().count("Acceptance checks") == 1
     assert (tmp_path / "tan2024_fig14_smoke.png").exists()
+
+
+def _mia_inputs():
+    m = build_model("mlp")
+    f, p = make_apply_fn(m), init_params(m, SHAPE, jax.random.key(0))
+    rng = np.random.default_rng(5)
+    x = rng.random((40, *SHAPE), dtype=np.float32)
+    y = rng.integers(0, 10, 40)
+    return f, p, x[:20], y[:20], x[20:], y[20:]
+
+
+def test_mia_aucs_reports_the_median_over_its_attack_keys():
+    args = _mia_inputs()
+    keys = R.mia_attack_keys(0, 3)
+    out = R.mia_aucs(*args, keys, 20, 10)
+    assert len(out["learned_per_key"]) == 3 and out["known"] == 10 and out["scored"] == 10
+    assert out["learned"] == float(np.median(out["learned_per_key"]))
+    # Each key's AUC is the attack trained from that key alone.
+    for i in range(3):
+        alone = R.mia_aucs(*args, keys[i:i + 1], 20, 10)
+        assert alone["learned"] == out["learned_per_key"][i]
+        assert alone["loss_threshold"] == out["loss_threshold"]  # keyless
+
+
+def test_mia_attack_keys_are_a_named_stream_per_seed():
+    a, b = R.mia_attack_keys(0, 4), R.mia_attack_keys(1, 4)
+    data = lambda k: np.asarray(jax.random.key_data(k))
+    assert data(a).shape[0] == 4 and len({tuple(d) for d in data(a)}) == 4
+    np.testing.assert_array_equal(data(a), data(R.mia_attack_keys(0, 4)))  # same seed: same keys
+    assert not np.array_equal(data(a), data(b))
+    # Not the engine's keys of the same seed (init: fold_in 0, rounds: fold_in 1).
+    engine = {tuple(np.asarray(jax.random.key_data(jax.random.fold_in(jax.random.key(0), i))))
+              for i in (0, 1)}
+    assert not engine & {tuple(d) for d in data(a)}
+    with pytest.raises(ValueError, match="count must be >= 1"):
+        R.mia_attack_keys(0, 0)
+
+
+@pytest.mark.parametrize("bad", [jax.random.key(0), jax.random.split(jax.random.key(0), 0),
+                                 jax.random.split(jax.random.key(0), (2, 2))])
+def test_mia_aucs_rejects_keys_that_are_not_a_key_list(bad):
+    with pytest.raises(ValueError, match="1-D array of at least one typed key"):
+        R.mia_aucs(*_mia_inputs(), bad, 5, 10)
