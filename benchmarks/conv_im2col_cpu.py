@@ -125,23 +125,21 @@ def relative_error(out, ref):
 def time_pair(fn, args, reps):
     """Compile fn under each impl, measure each one's error, time interleaved calls."""
     compiled, errors = {}, {}
-    models.IM2COL_MAX_BATCH = IMPLS["xla"]
     to64 = lambda t: jax.tree.map(  # noqa: E731
         lambda a: a.astype(jnp.float64) if a.dtype == F32 else a, t)
-    with jax.enable_x64(True):  # only the float64 reference
+    with jax.enable_x64(True), models.im2col_max_batch(IMPLS["xla"]):  # float64 reference
         ref = [np.asarray(a) for a in jax.tree.leaves(jax.jit(lambda *a: fn(*a))(*to64(args)))]
     if any(a.dtype != np.float64 for a in ref):
         raise RuntimeError("the float64 reference did not run in float64")
     for impl, limit in IMPLS.items():
-        models.IM2COL_MAX_BATCH = limit
         # A fresh wrapper per impl: jit caches traces by function, and the
         # implementation is chosen at trace time.
-        compiled[impl] = jax.jit(lambda *a: fn(*a)).lower(*args).compile()
+        with models.im2col_max_batch(limit):
+            compiled[impl] = jax.jit(lambda *a: fn(*a)).lower(*args).compile()
         out = jax.block_until_ready(compiled[impl](*args))
         if any(a.dtype != F32 for a in jax.tree.leaves(out)):
             raise RuntimeError("a float32 workload produced a non-float32 output")
         errors[impl] = relative_error(out, ref)
-    models.IM2COL_MAX_BATCH = IMPLS["xla"]
     times = {impl: [] for impl in IMPLS}
     for _ in range(reps):
         for impl in IMPLS:
@@ -167,28 +165,28 @@ def end_to_end(model, shape, attack, config, victims=4):
     params = models.init_params(model, shape, jax.random.key(10))
     xs = jax.random.uniform(jax.random.key(11), (victims, 1) + shape, F32)
     ys = jax.random.randint(jax.random.key(12), (victims, 1), 0, 10)
-    models.IM2COL_MAX_BATCH = IMPLS["xla"]
-    grads = [jax.grad(lambda p: jnp.mean(cross_entropy(apply_fn(p, x), y)))(params)
-             for x, y in zip(xs, ys)]
+    with models.im2col_max_batch(IMPLS["xla"]):
+        grads = [jax.grad(lambda p: jnp.mean(cross_entropy(apply_fn(p, x), y)))(params)
+                 for x, y in zip(xs, ys)]
     out = {}
     for impl, limit in IMPLS.items():
-        models.IM2COL_MAX_BATCH = limit
         # A fresh apply_fn per impl: the attack suite caches its compiled loop
         # by apply_fn, and Conv chooses its implementation at trace time.
-        fresh = models.make_apply_fn(model)
-        observations = [observation_from_gradient(g, params, fresh, input_shape=shape,
-                                                  num_classes=10, batch_size=1) for g in grads]
-        key = jax.random.key(13)
-        t0 = time.perf_counter()
-        jax.block_until_ready([r.x for r in attack.run_many(observations, config, key)])
-        first = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        recs = attack.run_many(observations, config, key)
-        jax.block_until_ready([r.x for r in recs])
+        with models.im2col_max_batch(limit):
+            fresh = models.make_apply_fn(model)
+            observations = [observation_from_gradient(g, params, fresh, input_shape=shape,
+                                                      num_classes=10, batch_size=1)
+                            for g in grads]
+            key = jax.random.key(13)
+            t0 = time.perf_counter()
+            jax.block_until_ready([r.x for r in attack.run_many(observations, config, key)])
+            first = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            recs = attack.run_many(observations, config, key)
+            jax.block_until_ready([r.x for r in recs])
         out[impl] = {"seconds": time.perf_counter() - t0, "first_call_seconds": first,
                      "mse": [float(jnp.mean((jnp.clip(r.x, 0, 1) - x) ** 2))
                              for r, x in zip(recs, xs)]}
-    models.IM2COL_MAX_BATCH = IMPLS["xla"]
     return out
 
 
@@ -280,28 +278,25 @@ def main(argv=None):
         ap.error("--dlg-iterations and --gs-iterations must be >= 1")
     if args.reps < 1:
         ap.error(f"--reps must be >= 1, got {args.reps}")
-    default_limit = models.IM2COL_MAX_BATCH
+    default_limit = models.IM2COL_MAX_BATCH  # each impl is forced inside a block, then restored
     load0 = os.getloadavg()[0]
     rows = []
-    try:
-        for name in args.models:
-            for label, fn, fargs in workloads(name, args.train_batches, args.per_example_batches,
-                                                  args.attack_instances, args.attack_batches):
-                med, err = time_pair(fn, fargs, args.reps)
-                rows.append({"model": name, "input_shape": list(SHAPES[name]), "workload": label,
-                             "xla_ms": med["xla"], "im2col_ms": med["im2col"],
-                             "xla_over_im2col": med["xla"] / med["im2col"],
-                             "xla_error_vs_f64": err["xla"], "im2col_error_vs_f64": err["im2col"]})
-                print(json.dumps(rows[-1]), flush=True)
-        e2e = []
-        if args.end_to_end:
-            for label, model, shape, attack, config in end_to_end_cases(args.dlg_iterations,
-                                                                        args.gs_iterations):
-                res = end_to_end(model, shape, attack, config)
-                e2e.append({"attack": label, "input_shape": list(shape), **res})
-                print(json.dumps(e2e[-1]), flush=True)
-    finally:
-        models.IM2COL_MAX_BATCH = default_limit
+    for name in args.models:
+        for label, fn, fargs in workloads(name, args.train_batches, args.per_example_batches,
+                                          args.attack_instances, args.attack_batches):
+            med, err = time_pair(fn, fargs, args.reps)
+            rows.append({"model": name, "input_shape": list(SHAPES[name]), "workload": label,
+                         "xla_ms": med["xla"], "im2col_ms": med["im2col"],
+                         "xla_over_im2col": med["xla"] / med["im2col"],
+                         "xla_error_vs_f64": err["xla"], "im2col_error_vs_f64": err["im2col"]})
+            print(json.dumps(rows[-1]), flush=True)
+    e2e = []
+    if args.end_to_end:
+        for label, model, shape, attack, config in end_to_end_cases(args.dlg_iterations,
+                                                                args.gs_iterations):
+            res = end_to_end(model, shape, attack, config)
+            e2e.append({"attack": label, "input_shape": list(shape), **res})
+            print(json.dumps(e2e[-1]), flush=True)
     load1 = os.getloadavg()[0]
     commit = git_commit()  # HEAD, "-dirty" where the code differed
     device = (f"{jax.default_backend()} ({platform.machine()}, {os.cpu_count()} cpus), "

@@ -81,13 +81,9 @@ def capture_final_model(seed: int):
 
 def learned_auc(args, keys, limit: int) -> dict:
     """tan.mia_aucs with attack keys ``keys`` ([K]) and IM2COL_MAX_BATCH = ``limit``."""
-    default = models.IM2COL_MAX_BATCH
-    models.IM2COL_MAX_BATCH = limit
-    try:
-        apply_fn, params, x_in, y_in, x_out, y_out, _, steps, num_classes = args
+    apply_fn, params, x_in, y_in, x_out, y_out, _, steps, num_classes = args
+    with models.im2col_max_batch(limit):
         return tan.mia_aucs(apply_fn, params, x_in, y_in, x_out, y_out, keys, steps, num_classes)
-    finally:
-        models.IM2COL_MAX_BATCH = default
 
 
 def feature_difference(args) -> dict:
@@ -98,13 +94,10 @@ def feature_difference(args) -> dict:
     default = models.IM2COL_MAX_BATCH
     feats = {}
     for limit in (default, 0):
-        models.IM2COL_MAX_BATCH = limit
-        try:
+        with models.im2col_max_batch(limit):
             # A fresh jit per path: the dispatch happens at trace time.
             feats[limit] = np.asarray(jax.jit(
                 lambda xx, yy: mia._last_layer_grads(apply_fn, params, xx, yy, num_classes))(x, y))
-        finally:
-            models.IM2COL_MAX_BATCH = default
     a, b = feats[default], feats[0]
     return {"examples": n, "max_abs_difference": float(np.max(np.abs(a - b))),
             "max_abs_feature": float(np.max(np.abs(b))),

@@ -28,7 +28,8 @@ LeNet-5's fused conv → ReLU → pool blocks (:class:`ConvReLUMaxPool`).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import contextlib
+from typing import Callable, Iterator, Sequence
 
 import flax.linen as nn
 import jax
@@ -127,8 +128,33 @@ def conv_relu_maxpool(x: jax.Array, kernel: jax.Array, bias: jax.Array,
 # plain training steps at batch >= 8 take 1.1-1.6x as long with it on the DLG
 # LeNet, ConvNet and Conv-2 (ConvNet 6 % at batch 4: the price of covering
 # batch-4 attacks). Read at trace time: changing it does not affect functions
-# already jitted.
+# already jitted. To force one implementation for a block, use im2col_max_batch.
 IM2COL_MAX_BATCH = 4
+
+
+@contextlib.contextmanager
+def im2col_max_batch(limit: int) -> Iterator[None]:
+    """Set :data:`IM2COL_MAX_BATCH` to ``limit`` inside the block; restore it on exit.
+
+    0 makes :class:`Conv` use XLA's convolution at every batch, a value above
+    any batch makes it use im2col at every batch (on CPU). The limit is read
+    when a model is traced, so the block changes only what is traced inside
+    it: a function jitted before the block keeps its implementation. Trace a
+    fresh function there (``jax.jit(lambda *a: f(*a))``, a fresh
+    ``make_apply_fn``), as ``benchmarks/conv_im2col_cpu.py`` does.
+
+    Raises:
+        ValueError: ``limit`` is not an integer >= 0.
+    """
+    global IM2COL_MAX_BATCH
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 0:
+        raise ValueError(f"im2col_max_batch: limit must be an integer >= 0, got {limit!r}")
+    before = IM2COL_MAX_BATCH
+    IM2COL_MAX_BATCH = int(limit)
+    try:
+        yield
+    finally:
+        IM2COL_MAX_BATCH = before
 
 
 def _pairs(padding, in_hw, window, strides):

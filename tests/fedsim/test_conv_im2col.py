@@ -129,3 +129,33 @@ def test_second_order_gradient_same_through_both_implementations(monkeypatch):
     scale = float(jnp.max(jnp.abs(results[0])))
     assert scale > 0
     np.testing.assert_allclose(results[1], results[0], rtol=0, atol=1e-4 * scale)
+
+
+def test_im2col_max_batch_block_sets_the_limit_and_restores_it():
+    before = models.IM2COL_MAX_BATCH
+    with models.im2col_max_batch(0):
+        assert models.IM2COL_MAX_BATCH == 0
+    assert models.IM2COL_MAX_BATCH == before
+    with pytest.raises(RuntimeError, match="inside"):
+        with models.im2col_max_batch(7):
+            assert models.IM2COL_MAX_BATCH == 7
+            raise RuntimeError("inside")
+    assert models.IM2COL_MAX_BATCH == before
+    for bad in (-1, 2.5, True, "4", None):
+        with pytest.raises(ValueError, match="integer >= 0"):
+            with models.im2col_max_batch(bad):
+                pass
+    assert models.IM2COL_MAX_BATCH == before
+
+
+def test_im2col_max_batch_block_changes_what_is_traced_inside_it():
+    if jax.default_backend() != "cpu":
+        pytest.skip("the im2col path is CPU-only")
+    model = build_model("lenet", 10)
+    apply_fn = make_apply_fn(model)
+    params = init_params(model, (32, 32, 3), jax.random.key(0))
+    x = jnp.zeros((1, 32, 32, 3))
+    with models.im2col_max_batch(0):
+        assert _count_convolutions(apply_fn, params, x) == 4
+    with models.im2col_max_batch(10**9):
+        assert _count_convolutions(apply_fn, params, jnp.zeros((64, 32, 32, 3))) == 0
