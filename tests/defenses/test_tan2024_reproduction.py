@@ -334,11 +334,11 @@ def test_mia_aucs_reports_the_median_over_its_attack_keys():
     out = R.mia_aucs(*args, keys, 20, 10)
     assert len(out["learned_per_key"]) == 3 and out["known"] == 10 and out["scored"] == 10
     assert out["learned"] == float(np.median(out["learned_per_key"]))
-    # Each key's AUC is the attack trained from that key alone.
-    for i in range(3):
-        alone = R.mia_aucs(*args, keys[i:i + 1], 20, 10)
-        assert alone["learned"] == out["learned_per_key"][i]
-        assert alone["loss_threshold"] == out["loss_threshold"]  # keyless
+    # Each key's AUC is the attack trained from that key alone (one key checked: every
+    # training compiles afresh, ~2 s each).
+    alone = R.mia_aucs(*args, keys[1:2], 20, 10)
+    assert alone["learned"] == out["learned_per_key"][1]
+    assert alone["loss_threshold"] == out["loss_threshold"]  # keyless
 
 
 def test_mia_attack_keys_are_a_named_stream_per_seed():
