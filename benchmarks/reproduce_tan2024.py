@@ -674,8 +674,8 @@ def mia_attack_keys(seed: int, count: int):
 
     Before Nov 25 2026 the attack was trained once, from ``fold_in(key(seed), 77)``.
     """
-    if count < 1:
-        raise ValueError(f"mia_attack_keys: count must be >= 1, got {count}")
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+        raise ValueError(f"mia_attack_keys: count must be an integer >= 1, got {count!r}")
     return jax.random.split(experiment_key(seed, "tan2024/train/mia_attack"), count)
 
 

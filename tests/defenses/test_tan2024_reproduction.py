@@ -351,8 +351,9 @@ def test_mia_attack_keys_are_a_named_stream_per_seed():
     engine = {tuple(np.asarray(jax.random.key_data(jax.random.fold_in(jax.random.key(0), i))))
               for i in (0, 1)}
     assert not engine & {tuple(d) for d in data(a)}
-    with pytest.raises(ValueError, match="count must be >= 1"):
-        R.mia_attack_keys(0, 0)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="count must be an integer >= 1"):
+            R.mia_attack_keys(0, bad)
 
 
 @pytest.mark.parametrize("bad", [jax.random.key(0), jax.random.split(jax.random.key(0), 0),
