@@ -42,3 +42,44 @@ def test_attacks_beat_chance_on_overfit_model():
     net, stats = MIA.train_learned_attack(feats(mem[:50]), feats(non[:50]), jax.random.key(0))
     got = MIA.auc(MIA.learned_scores(net, stats, feats(test_m)), MIA.learned_scores(net, stats, feats(test_n)))
     assert got > 0.7, got
+
+
+def _separable_features(rng, n, shift):
+    """Features whose loss column alone separates members (shift < 0) from non-members."""
+    return MIA.MIAFeatures(
+        jnp.asarray(rng.random((n, 4)), jnp.float32),
+        jnp.asarray(rng.normal(shift, 0.1, (n, 1)), jnp.float32),
+        jnp.asarray(rng.normal(size=(n, 6)), jnp.float32),
+        jax.nn.one_hot(rng.integers(0, 4, n), 4))
+
+
+def test_learned_attack_separates_and_compiles_once_for_new_data():
+    rng = np.random.default_rng(0)
+    sizes = []
+    for k in range(2):  # fresh features of the same shapes each time
+        mem, non = _separable_features(rng, 40, -1.0), _separable_features(rng, 40, 1.0)
+        net, stats = MIA.train_learned_attack(mem, non, jax.random.key(k), steps=60)
+        sizes.append(MIA._fit_attack._cache_size())
+        test_m, test_n = _separable_features(rng, 30, -1.0), _separable_features(rng, 30, 1.0)
+        assert MIA.auc(MIA.learned_scores(net, stats, test_m), MIA.learned_scores(net, stats, test_n)) > 0.95
+    # The features are arguments of the jitted fit, not baked-in constants.
+    assert sizes[1] == sizes[0]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"steps": 0}, "steps"), ({"steps": 2.5}, "steps"), ({"steps": True}, "steps"),
+    ({"lr": 0.0}, "lr"), ({"lr": float("nan")}, "lr"), ({"lr": "1e-3"}, "lr"),
+])
+def test_learned_attack_refuses_bad_settings(kwargs, match):
+    rng = np.random.default_rng(1)
+    mem, non = _separable_features(rng, 8, -1.0), _separable_features(rng, 8, 1.0)
+    with pytest.raises(ValueError, match=match):
+        MIA.train_learned_attack(mem, non, jax.random.key(0), **kwargs)
+
+
+def test_learned_attack_refuses_non_finite_features():
+    rng = np.random.default_rng(2)
+    mem, non = _separable_features(rng, 8, -1.0), _separable_features(rng, 8, 1.0)
+    mem = mem._replace(loss=mem.loss.at[3, 0].set(jnp.nan))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        MIA.train_learned_attack(mem, non, jax.random.key(0))
