@@ -55,8 +55,12 @@ def test_vmap_over_victims_equals_one_by_one(mlp, signed, atol):
         sl = lambda t: jax.tree_util.tree_map(lambda a: a[i:i + 1], t)
         alone = GI.invert_victims(f, cfg, sl(params), sl(targets), labels[i:i + 1], keys[i:i + 1], **kw)
         np.testing.assert_allclose(alone["x"][0], together["x"][i], atol=atol)
+        # The cosine loss is 1 − cos in float32: whatever its size, its absolute
+        # resolution is ulp(1.0) = 1.19e-7 (measured: one victim alone and in a
+        # vmapped batch differed by exactly that on an AMD EPYC CPU), so the
+        # loss is compared to a few ulp(1.0), not to a fraction of itself.
         np.testing.assert_allclose(alone["restart_losses"][0], together["restart_losses"][i],
-                                   rtol=1e-4, atol=atol * 1e-3)
+                                   rtol=1e-4, atol=4 * np.finfo(np.float32).eps)
 
 
 def test_best_restart_is_lowest_loss(mlp):
