@@ -135,6 +135,12 @@ NOTES = {
         "with 10 clients, one seed); accuracy on the first 2000 test images. It is a "
         "short-training utility proxy (a plain round already costs ~3× a LeNet round and a "
         "sketched-Soteria round ~6× that), the same setting for every defense.",
+        "That GS training is chaotic at 30 rounds: perturbations with no privacy meaning (GC "
+        "0.01, which prunes only exactly-zero gradient entries there, and the lr × (1 + 1e-6)) "
+        "move one seed's last-5-rounds accuracy by up to 11 points, and the per-seed values "
+        "do not reproduce bit for bit on another CPU (benchmarks/diagnose_gs_accuracy_chaos.py"
+        " → gs_accuracy_chaos.md). So the GS accuracy side cannot resolve the rule's 1 point; "
+        "its paired differences of a few points are noise.",
     ],
     "full": COMMON_NOTES + [
         "Full mode: 28×28 images, 8 victims, 5 FL seeds, 8 grid points per defense, 200 "
