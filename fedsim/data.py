@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import os
+import socket
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -193,17 +195,81 @@ def _load_idx_fashion_mnist(folder: Path) -> Dataset:
 _TEST_SPLIT = {"celeb_a": "test", "svhn_cropped": "test"}
 
 
+# Environment variables that route downloads through a proxy: a direct TCP
+# probe of the download host says nothing then.
+_PROXY_VARIABLES = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy",
+                    "ALL_PROXY")
+DOWNLOAD_PROBE_TIMEOUT = 5.0  # seconds per host
+
+
+def _download_hosts(tfds, name: str) -> list[tuple[str, int]]:
+    """(host, port) of the URLs tfds registers for ``name``; [] where it registers none."""
+    try:
+        infos = tfds.builder_cls(name.split("/")[0].split(":")[0]).url_infos or {}
+    except Exception:  # unknown name, no checksums file, ...: tfds reports it later
+        return []
+    hosts = set()
+    for url in infos:
+        parts = urllib.parse.urlparse(url)
+        if parts.hostname:
+            hosts.add((parts.hostname, parts.port or (80 if parts.scheme == "http" else 443)))
+    return sorted(hosts)
+
+
+def _check_download_reachable(tfds, name: str, data_dir: str | None) -> None:
+    """Fail at once where a download cannot work.
+
+    tfds retries a failed download 10 times with exponential back-off (minutes
+    on an offline machine) before it raises; this probes the registered download
+    hosts with one TCP connection each (``DOWNLOAD_PROBE_TIMEOUT`` s) instead.
+    It passes where any host answers, where tfds registers no URL for the
+    dataset, or where a proxy is configured (a direct probe cannot tell then).
+
+    Raises:
+      DatasetError: naming the dataset, the unreachable hosts and ``data_dir``.
+    """
+    if any(os.environ.get(v) for v in _PROXY_VARIABLES):
+        return
+    hosts = _download_hosts(tfds, name)
+    if not hosts:
+        return
+    for host, port in hosts:
+        try:
+            socket.create_connection((host, port), timeout=DOWNLOAD_PROBE_TIMEOUT).close()
+            return
+        except OSError:
+            continue
+    raise DatasetError(
+        f"dataset {name!r} is not prepared in data_dir "
+        f"({data_dir or 'the tensorflow-datasets default'}) and its download host(s) "
+        f"{', '.join(h for h, _ in hosts)} cannot be reached (no network?). Download it once "
+        "on a machine with internet access and point data.data_dir at the prepared copy.")
+
+
+def _open_tfds_splits(tfds, name: str, data_dir: str | None) -> dict:
+    """The train and test data sources; a dataset not prepared yet is downloaded."""
+    names = ("train", _TEST_SPLIT.get(name, "test"))
+    try:
+        return {s: tfds.data_source(name, split=s, data_dir=data_dir, download=False)
+                for s in names}
+    except Exception:  # not prepared here (or another problem the download reports)
+        pass
+    _check_download_reachable(tfds, name, data_dir)
+    return {s: tfds.data_source(name, split=s, data_dir=data_dir) for s in names}
+
+
 def _load_tfds(name: str, data_dir: str | None, label_key: str | None) -> Dataset:
     try:
         import tensorflow_datasets as tfds
     except ImportError as e:  # pragma: no cover - a declared dependency
         raise DatasetError(f"tensorflow-datasets is needed for {name!r}: {e}") from None
+    hint = (" For offline Fashion-MNIST: 'apt-get install dataset-fashion-mnist'."
+            if name == "fashion_mnist" else "")
     try:
-        splits = {s: tfds.data_source(name, split=s, data_dir=data_dir)
-                  for s in ("train", _TEST_SPLIT.get(name, "test"))}
+        splits = _open_tfds_splits(tfds, name, data_dir)
+    except DatasetError as e:
+        raise DatasetError(f"{e}{hint}") from None
     except Exception as e:  # tfds raises many types (download, not found, ...)
-        hint = (" For offline Fashion-MNIST: 'apt-get install dataset-fashion-mnist'."
-                if name == "fashion_mnist" else "")
         raise DatasetError(
             f"cannot load dataset {name!r} through tensorflow-datasets "
             f"({type(e).__name__}: {str(e).splitlines()[0][:200]}). It needs internet access "

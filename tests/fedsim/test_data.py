@@ -82,3 +82,77 @@ def test_real_fashion_mnist_offline():
     ds = load_dataset("fashion_mnist", image_size=16)
     assert ds.x_train.shape == (60000, 16, 16, 1) and ds.x_test.shape == (10000, 16, 16, 1)
     assert np.bincount(ds.y_train).tolist() == [6000] * 10
+
+
+class _FakeTfds:
+    """tfds stand-in: nothing prepared; records whether a download was attempted."""
+
+    def __init__(self, urls):
+        self.urls, self.downloads = urls, []
+        urls_ = urls
+
+        class Builder:
+            url_infos = {u: None for u in urls_}
+        self._builder = Builder
+
+    def builder_cls(self, name):
+        return self._builder
+
+    def data_source(self, name, *, split, data_dir=None, download=True):
+        if not download:
+            raise FileNotFoundError(f"{name} not prepared in {data_dir}")
+        self.downloads.append((name, split))
+        raise ConnectionError("download attempted")
+
+
+def _no_network(monkeypatch):
+    for v in data._PROXY_VARIABLES:
+        monkeypatch.delenv(v, raising=False)
+    probed = []
+
+    def refuse(address, timeout=None):
+        probed.append((address, timeout))
+        raise OSError("Network is unreachable")
+    monkeypatch.setattr(data.socket, "create_connection", refuse)
+    return probed
+
+
+def test_offline_download_fails_at_once_naming_dataset_and_hosts(monkeypatch):
+    probed = _no_network(monkeypatch)
+    fake = _FakeTfds(["https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz",
+                      "http://mirror.example.org:8080/cifar.tgz"])
+    with pytest.raises(DatasetError, match=r"'cifar10' is not prepared.*www\.cs\.toronto\.edu"):
+        data._open_tfds_splits(fake, "cifar10", "/data/tfds")
+    assert fake.downloads == []  # tfds' retrying download was never started
+    assert sorted(a for a, _ in probed) == [("mirror.example.org", 8080), ("www.cs.toronto.edu", 443)]
+    assert all(t == data.DOWNLOAD_PROBE_TIMEOUT for _, t in probed)
+
+
+def test_reachable_host_proxy_or_unknown_urls_let_tfds_download(monkeypatch):
+    _no_network(monkeypatch)
+    fake = _FakeTfds([])  # tfds registers no URL: nothing to probe
+    with pytest.raises(ConnectionError):
+        data._open_tfds_splits(fake, "mystery", None)
+    assert fake.downloads == [("mystery", "train")]
+    fake = _FakeTfds(["https://www.cs.toronto.edu/x.tgz"])
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")  # a direct probe cannot tell
+    with pytest.raises(ConnectionError):
+        data._open_tfds_splits(fake, "cifar10", None)
+    assert fake.downloads == [("cifar10", "train")]
+    monkeypatch.delenv("HTTPS_PROXY")
+
+    class Socket:
+        def close(self):
+            pass
+    monkeypatch.setattr(data.socket, "create_connection", lambda address, timeout=None: Socket())
+    fake = _FakeTfds(["https://www.cs.toronto.edu/x.tgz"])
+    with pytest.raises(ConnectionError):
+        data._open_tfds_splits(fake, "cifar10", None)
+    assert fake.downloads == [("cifar10", "train")]
+
+
+def test_load_dataset_reports_an_unreachable_download_as_one_error(monkeypatch):
+    pytest.importorskip("tensorflow_datasets")
+    _no_network(monkeypatch)
+    with pytest.raises(DatasetError, match="'cifar10' is not prepared.*cannot be reached"):
+        load_dataset("cifar10", data_dir="/nonexistent/tfds")
