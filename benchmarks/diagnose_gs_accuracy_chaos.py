@@ -64,20 +64,25 @@ CHANCE_EXIT = 0.15  # "left chance": test accuracy above this (10 classes)
 RUNS = ("none", "gc 0.0", "gc 0.01", "lr x (1+1e-6)")
 
 
-def gs_settings(results: dict) -> SimpleNamespace:
-    """The GS part's settings from a sun2021 results JSON (refuses a JSON without them)."""
+def part_settings(results: dict, part: str, keys: tuple[str, ...]) -> SimpleNamespace:
+    """``keys`` of a part's recorded settings in a sun2021 results JSON (refuses a JSON
+    without them, naming what is missing)."""
     try:
-        s = results["parts_run"]["gs"]["settings"]
+        s = results["parts_run"][part]["settings"]
     except KeyError as e:
-        raise SystemExit(f"diagnose_gs_accuracy_chaos: the results JSON has no GS part "
-                         f"settings ({e})") from None
-    keys = ("seed", "dataset", "image_size", "train_lr_gs", "rounds_gs",
-            "gs_clients_per_round", "gs_max_test", "gs_width", "acc_last", "seeds",
-            "train_target", "dp_sigma", "lr")
+        raise SystemExit(f"diagnose_gs_accuracy_chaos: the results JSON has no "
+                         f"{part.upper()} part settings ({e})") from None
     missing = [k for k in keys if k not in s]
     if missing:
-        raise SystemExit(f"diagnose_gs_accuracy_chaos: GS settings lack {missing}")
+        raise SystemExit(f"diagnose_gs_accuracy_chaos: {part.upper()} settings lack {missing}")
     return SimpleNamespace(**{k: s[k] for k in keys})
+
+
+def gs_settings(results: dict) -> SimpleNamespace:
+    """The GS part's training settings."""
+    return part_settings(results, "gs", (
+        "seed", "dataset", "image_size", "train_lr_gs", "rounds_gs", "gs_clients_per_round",
+        "gs_max_test", "gs_width", "acc_last", "seeds", "train_target", "dp_sigma", "lr"))
 
 
 def committed_accuracies(results: dict, attack: str, defense: str, param: float) -> list[float]:
@@ -89,19 +94,15 @@ def committed_accuracies(results: dict, attack: str, defense: str, param: float)
 
 def dlg_control(results: dict) -> dict:
     """Retrain the DLG part's no-defense run at its first FL seed; compare with the JSON."""
-    try:
-        s = results["parts_run"]["dlg"]["settings"]
-    except KeyError as e:
-        raise SystemExit(f"diagnose_gs_accuracy_chaos: the results JSON has no DLG part "
-                         f"settings ({e})") from None
-    a = SimpleNamespace(**{k: s[k] for k in ("seed", "dataset", "image_size", "lr")})
-    dataset = load_dataset(s["dataset"], image_size=s["image_size"])
-    sim = Simulation(sun.make_cfg(a, "lenet_dlginit", s["rounds"], lr=s["train_lr"],
+    a = part_settings(results, "dlg", ("seed", "dataset", "image_size", "lr", "rounds",
+                                       "train_lr", "acc_last"))
+    dataset = load_dataset(a.dataset, image_size=a.image_size)
+    sim = Simulation(sun.make_cfg(a, "lenet_dlginit", a.rounds, lr=a.train_lr,
                                   clients_per_round=10), dataset=dataset)
     t0 = time.perf_counter()
-    ours, _ = sun.train_accuracy(sim, s["seed"], s["rounds"], s["acc_last"], s["rounds"])
+    ours, _ = sun.train_accuracy(sim, a.seed, a.rounds, a.acc_last, a.rounds)
     committed = committed_accuracies(results, "dlg", "none", 0.0)[0]
-    return {"fl_seed": s["seed"], "ours": ours, "committed": committed,
+    return {"fl_seed": a.seed, "ours": ours, "committed": committed,
             "equal": round(ours, 4) == round(committed, 4),
             "results_commit": results["parts_run"]["dlg"].get("git_commit", "unknown"),
             "seconds": time.perf_counter() - t0}

@@ -16,7 +16,7 @@ GS_SETTINGS = {"seed": 0, "dataset": "fashion_mnist", "image_size": 16, "train_l
 def test_settings_come_from_the_results_json_and_missing_ones_are_named():
     a = chaos.gs_settings({"parts_run": {"gs": {"settings": dict(GS_SETTINGS, extra=1)}}})
     assert a.train_lr_gs == 0.05 and a.rounds_gs == 30 and not hasattr(a, "extra")
-    with pytest.raises(SystemExit, match="no GS part"):
+    with pytest.raises(SystemExit, match="no GS part settings"):
         chaos.gs_settings({"parts_run": {"dlg": {}}})
     partial = {k: v for k, v in GS_SETTINGS.items() if k != "gs_max_test"}
     with pytest.raises(SystemExit, match="gs_max_test"):
