@@ -1531,6 +1531,10 @@ def main(argv=None):
                          "are reported as replications")
     ap.add_argument("--rounds", type=int, default=None, help="override the FL rounds")
     ap.add_argument("--defenses", default=None, help="comma list overriding part B's defenses")
+    ap.add_argument("--tag", default=None, metavar="NAME",
+                    help="append _NAME to the output file of a --parts run (a side run with "
+                         "other --defenses must not replace the part's main file; --combine "
+                         "reports <stem>_B_fig4*.json as the Fig 4 defense comparison)")
     ap.add_argument("--upload", choices=UPLOADS, default="weights",
                     help="what pruned-FL clients upload: their masked weights (the paper, Alg 1 "
                          "line 11: the server averages withheld weights as 0), masked updates "
@@ -1568,6 +1572,11 @@ def main(argv=None):
         ap.error(f"--image-size must be >= 12 (part A's LeNet-5 has no feature map left "
                  f"below that), got {args.image_size}")
     stem = output_stem(args.dataset, args.partition)
+    if args.tag is not None:
+        if not re.fullmatch(r"[A-Za-z0-9]+(_[A-Za-z0-9]+)*", args.tag):
+            ap.error(f"--tag must be letters, digits and single underscores, got {args.tag!r}")
+        if args.combine or ("A" in args.parts and "B" in args.parts):
+            ap.error("--tag names the file of a --parts run (not A and B together, not --combine)")
     if args.a_trained_rounds < 0:
         ap.error(f"--a-trained-rounds must be >= 0, got {args.a_trained_rounds}")
     if args.a_trained_rounds and ("A" not in args.parts or "B" in args.parts):
@@ -1694,7 +1703,8 @@ def main(argv=None):
     suffix = ("" if args.upload == "weights" else f"_{args.upload}_uploads") \
         + (f"_trained{args.a_trained_rounds}" if args.a_trained_rounds else "") \
         + ("" if args.a_protocol == "pruned_model" else f"_{args.a_protocol}") \
-        + ("" if args.seed == 0 else f"_seed{args.seed}")
+        + ("" if args.seed == 0 else f"_seed{args.seed}") \
+        + (f"_{args.tag}" if args.tag else "")
     (out_dir / f"{stem}_{args.parts}{suffix}.json").write_text(
         json.dumps(result, indent=1, default=float))
     print(markdown(result))
