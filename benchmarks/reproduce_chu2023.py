@@ -677,12 +677,99 @@ def other_b_runs(out: Path, stem: str = "chu2023") -> list[dict]:
     files = sorted(out.glob(f"{stem}_B_seed*.json")) + sorted(out.glob(f"{stem}_B_*_uploads*.json"))
     runs = []
     for f in files:
+        if f.stem.endswith("_fig4"):  # other defenses, not a replication (fig4_runs)
+            continue
         o = json.loads(f.read_text())
         runs.append({"file": f.name, "seed": o["seed"], "commit": o.get("commit"),
                      "seconds": o["seconds"], "upload": o["settings"].get("upload", "weights"),
                      "settings": o["settings"], "rows": o["rows"],
                      "checks": acceptance_checks(o["rows"])})
     return runs
+
+
+FIG4_DEFENSES = ("largest", "random", "mix")
+
+
+def fig4_runs(out: Path, stem: str = "chu2023") -> list[dict]:
+    """Part-B side runs of the other fixed-rate defenses (``--parts B --defenses
+    none,random,mix,random_pseudo,mix_pseudo --tag fig4``: ``<stem>_B*_fig4.json``)."""
+    runs = []
+    for f in sorted(out.glob(f"{stem}_B*_fig4.json")):
+        o = json.loads(f.read_text())
+        runs.append({"file": f.name, "seed": o["seed"], "commit": o.get("commit"),
+                     "seconds": o["seconds"], "upload": o["settings"].get("upload", "weights"),
+                     "settings": o["settings"], "rows": o["rows"]})
+    return runs
+
+
+def pseudo_recovery(rows, real: str, last: int, key: str):
+    """``(none, real, real_pseudo, recovered)`` on one accuracy reading: the share of the
+    real defense's accuracy loss that its Pseudo-Pruning version wins back; ``recovered``
+    is None where the real defense lost nothing (or a value is missing)."""
+    get = lambda n: _b_mean(rows, n, "sgi", key, last)
+    base, lo, ps = get("none"), get(real), get(f"{real}_pseudo")
+    if None in (base, lo, ps):
+        return None
+    return base, lo, ps, ((ps - lo) / (base - lo) if base - lo > 0 else None)
+
+
+def fig4_lines(result) -> list[str]:
+    """Fig 4: every fixed-rate defense pruning (Largest / Random / Mix) with and without
+    Pseudo-Pruning. Largest's rows come from the main part-B run when a side run has the
+    same seed, upload semantics and settings; the side run's own ``none`` row is its
+    baseline (the same federation as the main run's ``none``)."""
+    lines = []
+    main_rows = [r for r in result["rows"] if r["part"] == "B"]
+    main_settings = result.get("settings_B", {})
+    fmt = lambda v: "—" if v is None else f"{v:.4f}"
+    for o in result.get("fig4_B", []):
+        rows = [r for r in o["rows"] if r["part"] == "B"]
+        last = max(r["round"] for r in rows)
+        same = (o["seed"] == result["seed"]
+                and _same_b_settings(o["settings"], main_settings,
+                                     skip_extra=("defenses", "tag")) == "yes")
+        if same:
+            rows = rows + [r for r in main_rows if r["defense"] in ("largest", "largest_pseudo")]
+        lines += ["", f"## Fig 4: fixed-rate defense pruning, with and without Pseudo-Pruning "
+                  f"(seed {o['seed']}, {o['upload']} uploads; {o['file']}, commit "
+                  f"{o.get('commit')}, {o['seconds']:.0f} s)", "",
+                  f"Part B's federation and attack (PruneFL p = 0.3, p̂ = "
+                  f"{o['settings'].get('defense_rate')}; Mix: p̂/2 largest + p̂/2 random). "
+                  + ("Largest and Largest (Pseudo) are the main part-B run's rows (same seed "
+                     "and settings); the rest, none included, come from this run."
+                     if same else "Largest is not in this run and the main part-B run "
+                     "differs in seed or settings, so it is not shown."), "",
+                  f"| defense | global acc | global acc, last {LAST_ROUNDS} rounds | "
+                  "client-model acc | client-model acc, own label mix | SGI NMI | SGI PSNR | "
+                  "GI NMI | GI PSNR | upload zeros |", "|---|---|---|---|---|---|---|---|---|---|"]
+        order = ["none"] + [n for d in FIG4_DEFENSES for n in (d, f"{d}_pseudo")]
+        present = [n for n in order if any(r["defense"] == n for r in rows)]
+        for name in present:
+            m = lambda att, key: _b_mean(rows, name, att, key, last)
+            lines.append(f"| {name} | {fmt(m('sgi', 'accuracy'))} | "
+                         f"{fmt(m('sgi', 'accuracy_last5'))} | "
+                         f"{fmt(m('sgi', 'client_model_accuracy'))} | "
+                         f"{fmt(m('sgi', 'client_model_local_accuracy'))} | "
+                         f"{fmt(m('sgi', 'nmi'))} | {m('sgi', 'psnr'):.2f} | "
+                         f"{fmt(m('gi', 'nmi'))} | {m('gi', 'psnr'):.2f} | "
+                         f"{m('sgi', 'upload_zero_fraction'):.3f} |")
+        lines += same_scores_lines(rows, last)
+        lines += ["", "Share of each real defense's accuracy loss that its Pseudo-Pruning "
+                  "version recovers, per accuracy reading (none → real → pseudo):", ""]
+        for real in FIG4_DEFENSES:
+            parts = []
+            for label, key in (("global", "accuracy"), ("client models", "client_model_accuracy"),
+                               ("own label mix", "client_model_local_accuracy"),
+                               (f"global, last {LAST_ROUNDS} rounds", "accuracy_last5")):
+                rec = pseudo_recovery(rows, real, last, key)
+                if rec is None:
+                    continue
+                base, lo, ps, share = rec
+                parts.append(f"{label} {base:.4f} → {lo:.4f} → {ps:.4f} ("
+                             + ("no loss" if share is None else f"{share:.0%}") + ")")
+            if parts:
+                lines.append(f"- {real}: " + "; ".join(parts))
+    return lines
 
 
 def semantics_summary(result) -> list[str]:
@@ -858,9 +945,10 @@ def other_seed_tables(result) -> list[str]:
     return lines
 
 
-def _same_b_settings(other: dict, main: dict) -> str:
-    """'yes', or the settings that differ from the seed-0 part B (seed aside)."""
-    skip = {"seed", "parts", "combine", "out"}
+def _same_b_settings(other: dict, main: dict, skip_extra=()) -> str:
+    """'yes', or the settings that differ from the seed-0 part B (seed and ``skip_extra``
+    aside)."""
+    skip = {"seed", "parts", "combine", "out", "tag", *skip_extra}
     # Options added after a run was made are absent from its settings: their default then.
     defaults = {"a_trained_rounds": 0, "upload": "weights", "a_protocol": "pruned_model",
                 "dataset": DEFAULT_DATASET, "partition": "dirichlet"}
@@ -1449,6 +1537,7 @@ def markdown(result) -> str:
     lines += semantics_summary(result)
     lines += seed_pooled_lines(result)
     lines += other_seed_tables(result)
+    lines += fig4_lines(result)
     if result.get("bound"):
         bd = result["bound"]
         lines += ["", f"## Info bound (Thm 1 / Cor 1), bits; d* = {bd['d_star']}, "
@@ -1614,6 +1703,7 @@ def main(argv=None):
                                                       if a.get("commit_note") else ""),
                   "settings_B": b["settings"]}
         result["other_seeds_B"] = other_b_runs(out_dir, stem)
+        result["fig4_B"] = fig4_runs(out_dir, stem)
         result["other_A"] = [
             {"file": f.name, "commit": o.get("commit"), "seconds": o["seconds"],
              "settings": o["settings"], "rows": o["rows"], "checks": acceptance_checks(o["rows"])}

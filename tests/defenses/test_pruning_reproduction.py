@@ -178,6 +178,20 @@ def test_part_b_smoke_with_split_uploads(tmp_path):
         assert r["accuracy_last5"] == pytest.approx(np.mean(r["accuracy_by_round"]))
 
 
+@pytest.mark.slow
+def test_part_b_smoke_of_random_and_mix_writes_the_tagged_file(tmp_path):
+    import json
+
+    from benchmarks.reproduce_chu2023 import fig4_runs, main
+    main(["--smoke", "--parts", "B", "--out", str(tmp_path), "--tag", "fig4",
+          "--defenses", "none,random,mix,random_pseudo,mix_pseudo"])
+    assert not (tmp_path / "chu2023_B.json").exists()  # the main part-B file is untouched
+    rows = json.loads((tmp_path / "chu2023_B_fig4.json").read_text())["rows"]
+    assert {r["defense"] for r in rows} == {"none", "random", "mix", "random_pseudo",
+                                            "mix_pseudo"}
+    assert [r["file"] for r in fig4_runs(tmp_path)] == ["chu2023_B_fig4.json"]
+
+
 def test_other_b_runs_and_the_semantics_summary(tmp_path):
     # Replications and runs under other upload semantics are read beside the main part B,
     # each with its own checks, and summarised in one verdict table.
@@ -221,6 +235,61 @@ def test_other_b_runs_and_the_semantics_summary(tmp_path):
         "FAIL / FAIL / FAIL / — |"]
     text = "\n".join(other_seed_tables(result))
     assert "## B at seed 0, split uploads (split uploads; chu2023_B_split_uploads.json" in text
+
+
+def test_fig4_side_runs_are_read_apart_from_replications_and_joined_with_largest(tmp_path):
+    # A --tag fig4 run (other fixed-rate defenses) is not a replication; --combine shows
+    # it with the main run's Largest rows where seed and settings agree, and each Pseudo
+    # version's recovered share of its real defense's accuracy loss.
+    import json
+
+    from benchmarks.reproduce_chu2023 import fig4_lines, fig4_runs, other_b_runs
+
+    def rows(spec):
+        out = []
+        for name, acc, nmi in spec:
+            r = dict(_b(name, "sgi", nmi, 10.0, acc), client_id=0, upload_zero_fraction=0.3,
+                     accuracy_last5=acc)
+            out += [r, dict(r, attack="gi", nmi=nmi - 0.01)]
+        return out
+
+    settings = {"seed": 0, "upload": "weights", "defense_rate": 0.3, "lr": 0.1,
+                "defenses": ["none", "random", "mix", "random_pseudo", "mix_pseudo"],
+                "tag": "fig4"}
+    side = rows([("none", 0.60, 0.45), ("random", 0.20, 0.30), ("random_pseudo", 0.50, 0.35),
+                 ("mix", 0.10, 0.25), ("mix_pseudo", 0.10, 0.26)])
+    for name, st in (("chu2023_B_fig4.json", settings),
+                     ("chu2023_B_seed1_fig4.json", dict(settings, seed=1))):
+        (tmp_path / name).write_text(json.dumps({"seed": st["seed"], "commit": "abc",
+                                                 "seconds": 1.0, "rows": side, "settings": st}))
+    assert other_b_runs(tmp_path) == []  # neither is a replication of the main run
+    runs = fig4_runs(tmp_path)
+    assert [r["file"] for r in runs] == ["chu2023_B_fig4.json", "chu2023_B_seed1_fig4.json"]
+    main_settings = dict(settings, defenses=["none", "largest", "largest_pseudo", "priprune"])
+    main_settings.pop("tag")
+    main_rows = rows([("none", 0.60, 0.45), ("largest", 0.10, 0.19),
+                      ("largest_pseudo", 0.35, 0.33)])
+    result = {"seed": 0, "rows": main_rows, "settings_B": main_settings, "fig4_B": runs}
+    seed0, seed1 = "\n".join(fig4_lines(result)).split("(seed 1,")
+    assert "| largest | 0.1000 |" in seed0 and "| random_pseudo | 0.5000 |" in seed0
+    assert "- largest: global 0.6000 → 0.1000 → 0.3500 (50%)" in seed0
+    assert "- random: global 0.6000 → 0.2000 → 0.5000 (75%)" in seed0
+    assert "- mix: global 0.6000 → 0.1000 → 0.1000 (0%)" in seed0
+    # Seed 1's run is another federation than the main (seed-0) run: no Largest rows.
+    assert "| largest |" not in seed1 and "Largest is not in this run" in seed1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--parts", "B", "--tag", "a b"], "--tag must be letters, digits and single underscores"),
+    (["--parts", "B", "--tag", "_x"], "--tag must be letters, digits and single underscores"),
+    (["--parts", "AB", "--tag", "fig4"], "--tag names the file of a --parts run"),
+    (["--combine", "--tag", "fig4"], "--tag names the file of a --parts run"),
+])
+def test_tag_is_a_plain_name_for_a_parts_run(argv, message, capsys):
+    from benchmarks.reproduce_chu2023 import main
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
