@@ -715,53 +715,64 @@ def pseudo_recovery(rows, real: str, last: int, key: str):
 
 def fig4_lines(result) -> list[str]:
     """Fig 4: every fixed-rate defense pruning (Largest / Random / Mix) with and without
-    Pseudo-Pruning. Largest's rows come from the main part-B run when a side run has the
-    same seed, upload semantics and settings; the side run's own ``none`` row is its
-    baseline (the same federation as the main run's ``none``)."""
+    Pseudo-Pruning. A side run has its own ``none`` baseline. Where it has the main
+    part-B run's seed, upload semantics and settings, the main run's ``none``, Largest and
+    Largest (Pseudo) rows are shown beside it (marked "main run"); the two ``none`` rows
+    are the same federation, so any difference between them is the machines' float
+    rounding carried through training. Each real defense's loss is read against the
+    ``none`` of its own run."""
     lines = []
     main_rows = [r for r in result["rows"] if r["part"] == "B"]
     main_settings = result.get("settings_B", {})
     fmt = lambda v: "—" if v is None else f"{v:.4f}"
+    readings = (("global", "accuracy"), ("client models", "client_model_accuracy"),
+                ("own label mix", "client_model_local_accuracy"),
+                (f"global, last {LAST_ROUNDS} rounds", "accuracy_last5"))
     for o in result.get("fig4_B", []):
         rows = [r for r in o["rows"] if r["part"] == "B"]
         last = max(r["round"] for r in rows)
         same = (o["seed"] == result["seed"]
                 and _same_b_settings(o["settings"], main_settings,
                                      skip_extra=("defenses", "tag")) == "yes")
+        runs = [("", rows)]
         if same:
-            rows = rows + [r for r in main_rows if r["defense"] in ("largest", "largest_pseudo")]
+            main = [r for r in main_rows if r["defense"] in ("none", "largest", "largest_pseudo")]
+            if main:
+                runs.append((" (main run)", main))
         lines += ["", f"## Fig 4: fixed-rate defense pruning, with and without Pseudo-Pruning "
                   f"(seed {o['seed']}, {o['upload']} uploads; {o['file']}, commit "
                   f"{o.get('commit')}, {o['seconds']:.0f} s)", "",
                   f"Part B's federation and attack (PruneFL p = 0.3, p̂ = "
                   f"{o['settings'].get('defense_rate')}; Mix: p̂/2 largest + p̂/2 random). "
-                  + ("Largest and Largest (Pseudo) are the main part-B run's rows (same seed "
-                     "and settings); the rest, none included, come from this run."
-                     if same else "Largest is not in this run and the main part-B run "
+                  + ("Rows marked \"main run\" are the main part-B run's (same seed and "
+                     "settings; its commit is in the header); the two `none` rows are the "
+                     "same federation, so their difference is "
+                     "float rounding of two machines carried through 30 rounds. Each real "
+                     "defense's loss is read against its own run's `none`."
+                     if len(runs) > 1 else "Largest is not in this run and the main part-B run "
                      "differs in seed or settings, so it is not shown."), "",
                   f"| defense | global acc | global acc, last {LAST_ROUNDS} rounds | "
                   "client-model acc | client-model acc, own label mix | SGI NMI | SGI PSNR | "
                   "GI NMI | GI PSNR | upload zeros |", "|---|---|---|---|---|---|---|---|---|---|"]
         order = ["none"] + [n for d in FIG4_DEFENSES for n in (d, f"{d}_pseudo")]
-        present = [n for n in order if any(r["defense"] == n for r in rows)]
-        for name in present:
-            m = lambda att, key: _b_mean(rows, name, att, key, last)
-            lines.append(f"| {name} | {fmt(m('sgi', 'accuracy'))} | "
-                         f"{fmt(m('sgi', 'accuracy_last5'))} | "
-                         f"{fmt(m('sgi', 'client_model_accuracy'))} | "
-                         f"{fmt(m('sgi', 'client_model_local_accuracy'))} | "
-                         f"{fmt(m('sgi', 'nmi'))} | {m('sgi', 'psnr'):.2f} | "
-                         f"{fmt(m('gi', 'nmi'))} | {m('gi', 'psnr'):.2f} | "
-                         f"{m('sgi', 'upload_zero_fraction'):.3f} |")
+        for tag, rs in runs:
+            for name in [n for n in order if any(r["defense"] == n for r in rs)]:
+                m = lambda att, key: _b_mean(rs, name, att, key, last)
+                lines.append(f"| {name}{tag} | {fmt(m('sgi', 'accuracy'))} | "
+                             f"{fmt(m('sgi', 'accuracy_last5'))} | "
+                             f"{fmt(m('sgi', 'client_model_accuracy'))} | "
+                             f"{fmt(m('sgi', 'client_model_local_accuracy'))} | "
+                             f"{fmt(m('sgi', 'nmi'))} | {m('sgi', 'psnr'):.2f} | "
+                             f"{fmt(m('gi', 'nmi'))} | {m('gi', 'psnr'):.2f} | "
+                             f"{m('sgi', 'upload_zero_fraction'):.3f} |")
         lines += same_scores_lines(rows, last)
         lines += ["", "Share of each real defense's accuracy loss that its Pseudo-Pruning "
                   "version recovers, per accuracy reading (none → real → pseudo):", ""]
         for real in FIG4_DEFENSES:
+            rs = next((rs for _, rs in runs if any(r["defense"] == real for r in rs)), None)
             parts = []
-            for label, key in (("global", "accuracy"), ("client models", "client_model_accuracy"),
-                               ("own label mix", "client_model_local_accuracy"),
-                               (f"global, last {LAST_ROUNDS} rounds", "accuracy_last5")):
-                rec = pseudo_recovery(rows, real, last, key)
+            for label, key in readings:
+                rec = None if rs is None else pseudo_recovery(rs, real, last, key)
                 if rec is None:
                     continue
                 base, lo, ps, share = rec

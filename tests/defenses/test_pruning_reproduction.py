@@ -268,15 +268,17 @@ def test_fig4_side_runs_are_read_apart_from_replications_and_joined_with_largest
     main_settings = dict(settings, defenses=["none", "largest", "largest_pseudo", "priprune"])
     main_settings.pop("tag")
     main_rows = rows([("none", 0.60, 0.45), ("largest", 0.10, 0.19),
-                      ("largest_pseudo", 0.35, 0.33)])
+                      ("largest_pseudo", 0.35, 0.33), ("priprune", 0.55, 0.40)])
     result = {"seed": 0, "rows": main_rows, "settings_B": main_settings, "fig4_B": runs}
     seed0, seed1 = "\n".join(fig4_lines(result)).split("(seed 1,")
-    assert "| largest | 0.1000 |" in seed0 and "| random_pseudo | 0.5000 |" in seed0
+    assert "| largest (main run) | 0.1000 |" in seed0 and "| random_pseudo | 0.5000 |" in seed0
+    assert "| none (main run) | 0.6000 |" in seed0 and "| none | 0.6000 |" in seed0
     assert "- largest: global 0.6000 → 0.1000 → 0.3500 (50%)" in seed0
     assert "- random: global 0.6000 → 0.2000 → 0.5000 (75%)" in seed0
     assert "- mix: global 0.6000 → 0.1000 → 0.1000 (0%)" in seed0
     # Seed 1's run is another federation than the main (seed-0) run: no Largest rows.
-    assert "| largest |" not in seed1 and "Largest is not in this run" in seed1
+    assert "priprune" not in seed0  # only the fixed-rate defenses
+    assert "(main run)" not in seed1 and "Largest is not in this run" in seed1
 
 
 @pytest.mark.parametrize("argv, message", [
