@@ -1634,7 +1634,7 @@ def main(argv=None):
     ap.add_argument("--tag", default=None, metavar="NAME",
                     help="append _NAME to the output file of a --parts run (a side run with "
                          "other --defenses must not replace the part's main file; --combine "
-                         "reports <stem>_B_fig4*.json as the Fig 4 defense comparison)")
+                         "reports <stem>_B*_fig4.json as the Fig 4 defense comparison)")
     ap.add_argument("--upload", choices=UPLOADS, default="weights",
                     help="what pruned-FL clients upload: their masked weights (the paper, Alg 1 "
                          "line 11: the server averages withheld weights as 0), masked updates "
