@@ -60,7 +60,7 @@ def test_vmap_over_victims_equals_one_by_one(mlp, signed, atol):
         # vmapped batch differed by exactly that on an AMD EPYC CPU), so the
         # loss is compared to a few ulp(1.0), not to a fraction of itself.
         np.testing.assert_allclose(alone["restart_losses"][0], together["restart_losses"][i],
-                                   rtol=1e-4, atol=4 * np.finfo(np.float32).eps)
+                                   rtol=1e-4, atol=max(atol * 1e-3, 4 * np.finfo(np.float32).eps))
 
 
 def test_best_restart_is_lowest_loss(mlp):
