@@ -673,13 +673,14 @@ def bound_table(ds, seed, d_star=8, n_examples=256, chunk=16):
 
 def other_b_runs(out: Path, stem: str = "chu2023") -> list[dict]:
     """Part-B runs beside the main one: other seeds (``<stem>_B_seed<N>.json``) and other
-    upload semantics (``<stem>_B_<upload>_uploads[_seed<N>].json``), each with its checks."""
+    upload semantics (``<stem>_B_<upload>_uploads[_seed<N>].json``), each with its checks.
+    A run made with ``--tag`` is a side study, not a replication, and is left out."""
     files = sorted(out.glob(f"{stem}_B_seed*.json")) + sorted(out.glob(f"{stem}_B_*_uploads*.json"))
     runs = []
     for f in files:
-        if f.stem.endswith("_fig4"):  # other defenses, not a replication (fig4_runs)
-            continue
         o = json.loads(f.read_text())
+        if o["settings"].get("tag"):  # a --tag side run (fig4_runs, λ/rounds studies):
+            continue                  # other defenses or settings, not a replication
         runs.append({"file": f.name, "seed": o["seed"], "commit": o.get("commit"),
                      "seconds": o["seconds"], "upload": o["settings"].get("upload", "weights"),
                      "settings": o["settings"], "rows": o["rows"],

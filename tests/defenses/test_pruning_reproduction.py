@@ -263,6 +263,12 @@ def test_fig4_side_runs_are_read_apart_from_replications_and_joined_with_largest
         (tmp_path / name).write_text(json.dumps({"seed": st["seed"], "commit": "abc",
                                                  "seconds": 1.0, "rows": side, "settings": st}))
     assert other_b_runs(tmp_path) == []  # neither is a replication of the main run
+    # Nor is any other tagged side run whose name the replication globs match
+    # (--seed 1 --tag 120rounds writes chu2023_B_seed1_120rounds.json).
+    (tmp_path / "chu2023_B_seed1_120rounds.json").write_text(json.dumps(
+        {"seed": 1, "commit": "abc", "seconds": 1.0, "rows": side,
+         "settings": dict(settings, seed=1, tag="120rounds", rounds=120)}))
+    assert other_b_runs(tmp_path) == []
     runs = fig4_runs(tmp_path)
     assert [r["file"] for r in runs] == ["chu2023_B_fig4.json", "chu2023_B_seed1_fig4.json"]
     main_settings = dict(settings, defenses=["none", "largest", "largest_pseudo", "priprune"])
