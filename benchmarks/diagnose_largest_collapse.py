@@ -28,7 +28,9 @@ measures:
 
 Usage: ``python benchmarks/diagnose_largest_collapse.py`` (default: the
 committed ``chu2023_B.json``; ``--defenses none,largest``) →
-``benchmarks/results/largest_collapse.{json,md}``.
+``benchmarks/results/largest_collapse.{json,md}``. Another defense of another
+part-B file, under another name: ``--results
+benchmarks/results/chu2023_B_fig4.json --defenses mix --name mix_collapse``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import argparse
 import dataclasses
 import json
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -197,7 +200,9 @@ def diagnose(result: dict, defenses: list[str]) -> list[dict]:
 
 
 def markdown(res: dict) -> str:
-    lines = ["# Part B's Largest uploads: why GI and SGI reconstruct the same image",
+    names = [r["defense"] for r in res["records"] if r["defense"] != "none"]
+    shown = " / ".join(dict.fromkeys(n.replace("_", " ").capitalize() for n in names)) or "none"
+    lines = [f"# Part B's {shown} uploads: why GI and SGI reconstruct the same image",
              "", f"Source: `{res['source']}` (commit {res['source_commit']}); this run: commit "
              f"{res['commit']}, {res['seconds']:.0f} s, {res['device']}. Every federation was "
              "rebuilt (its per-round accuracies equal the rows').", "",
@@ -237,8 +242,13 @@ def main(argv=None) -> None:
                     help="a part-B results file of reproduce_chu2023 (default: the committed one)")
     ap.add_argument("--defenses", default="none,largest",
                     help="comma list of the file's part-B defenses to rebuild")
-    ap.add_argument("--out", default=str(RESULTS), help="directory for largest_collapse.{json,md}")
+    ap.add_argument("--out", default=str(RESULTS), help="directory for NAME.{json,md}")
+    ap.add_argument("--name", default="largest_collapse",
+                    help="output file stem (default largest_collapse; e.g. mix_collapse for "
+                         "--results chu2023_B_fig4.json --defenses mix)")
     args = ap.parse_args(argv)
+    if not re.fullmatch(r"[A-Za-z0-9]+(_[A-Za-z0-9]+)*", args.name):
+        ap.error(f"--name must be letters, digits and single underscores, got {args.name!r}")
     path = Path(args.results)
     if not path.exists():
         ap.error(f"--results {path}: no such file (run `python -m benchmarks.reproduce_chu2023 "
@@ -261,8 +271,8 @@ def main(argv=None) -> None:
            "seconds": time.perf_counter() - t0, "records": records}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "largest_collapse.json").write_text(json.dumps(res, indent=1, default=float))
-    (out / "largest_collapse.md").write_text(markdown(res))
+    (out / f"{args.name}.json").write_text(json.dumps(res, indent=1, default=float))
+    (out / f"{args.name}.md").write_text(markdown(res))
     print(markdown(res))
 
 

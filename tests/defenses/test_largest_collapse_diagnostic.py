@@ -68,14 +68,43 @@ def test_bad_results_file_is_an_argparse_error(tmp_path, capsys):
     assert "no part-B rows" in capsys.readouterr().err
 
 
+def test_name_must_be_a_plain_file_stem(tmp_path, capsys):
+    (tmp_path / "b.json").write_text(json.dumps({"rows": [{"part": "B"}]}))
+    for bad in ("../x", "a b", "_x"):
+        with pytest.raises(SystemExit):
+            dlc.main(["--results", str(tmp_path / "b.json"), "--out", str(tmp_path),
+                      "--name", bad])
+        assert "--name must be letters" in capsys.readouterr().err
+
+
+def test_markdown_title_names_the_defenses_diagnosed():
+    def rec(defense):
+        att = {"nmi": 0.2, "row_nmi": 0.2, "psnr": 8.0, "row_psnr": 8.0, "loss": 1.0,
+               "row_loss": 1.0, "at_reconstruction": {"match_grad_max": 0.0,
+                                                      "tv_grad_median": 0.0,
+                                                      "sign_changed_share": 0.0},
+               "at_true_batch": {"sign_changed_share": 0.0}}
+        return {"defense": defense, "client_id": 0, "accuracy": 0.1,
+                "predicted_classes_test": 2, "logit_std_over_test_max": 1e-8,
+                "activity_victim": {k: {"units_ever_active": 0.0} for k in dlc.HIDDEN},
+                "ce_input_grad_norm": 0.0, "gi": att, "sgi": att,
+                "gi_sgi_max_pixel_difference": 0.0}
+    res = {"source": "x.json", "source_commit": "a", "commit": "b", "seconds": 1.0,
+           "device": "cpu", "records": [rec("none"), rec("mix"), rec("mix")]}
+    assert dlc.markdown(res).startswith("# Part B's Mix uploads: why GI and SGI")
+    res["records"] = [rec("largest"), rec("largest_pseudo")]
+    assert dlc.markdown(res).startswith("# Part B's Largest / Largest pseudo uploads")
+
+
 @pytest.mark.slow
 def test_rebuilds_a_smoke_part_b_run_and_refuses_another(tmp_path, capsys):
     from benchmarks import reproduce_chu2023
     reproduce_chu2023.main(["--smoke", "--parts", "B", "--defenses", "none,largest",
                             "--out", str(tmp_path)])
     dlc.main(["--results", str(tmp_path / "chu2023_B.json"), "--defenses", "largest",
-              "--out", str(tmp_path)])
-    res = json.loads((tmp_path / "largest_collapse.json").read_text())
+              "--out", str(tmp_path), "--name", "smoke_collapse"])
+    res = json.loads((tmp_path / "smoke_collapse.json").read_text())
+    assert (tmp_path / "smoke_collapse.md").read_text().startswith("# Part B's Largest uploads")
     assert [(r["defense"], r["client_id"]) for r in res["records"]] == [("largest", 0),
                                                                         ("largest", 1)]
     for r in res["records"]:
