@@ -1629,13 +1629,14 @@ def main(argv=None):
     ap.add_argument("--combine", action="store_true",
                     help="merge chu2023_A.json and chu2023_B.json (two processes of one commit) with "
                          "C and D where present; chu2023_B_seed<N>.json (--parts B --seed N) "
-                         "are reported as replications")
+                         "are reported as replications (runs made with --tag are not)")
     ap.add_argument("--rounds", type=int, default=None, help="override the FL rounds")
     ap.add_argument("--defenses", default=None, help="comma list overriding part B's defenses")
     ap.add_argument("--tag", default=None, metavar="NAME",
                     help="append _NAME to the output file of a --parts run (a side run with "
-                         "other --defenses must not replace the part's main file; --combine "
-                         "reports <stem>_B*_fig4.json as the Fig 4 defense comparison)")
+                         "other --defenses or settings must not replace the part's main file; "
+                         "--combine never pools a tagged run as a replication, and reports "
+                         "<stem>_B*_fig4.json as the Fig 4 defense comparison)")
     ap.add_argument("--upload", choices=UPLOADS, default="weights",
                     help="what pruned-FL clients upload: their masked weights (the paper, Alg 1 "
                          "line 11: the server averages withheld weights as 0), masked updates "
