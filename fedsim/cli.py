@@ -114,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from fedsim.compile_cache import enable_persistent_cache
+
+    try:
+        enable_persistent_cache()
+    except ValueError as e:
+        print(f"fedsim: error: {e}", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:

@@ -1,0 +1,205 @@
+"""Where a short CPU run's time goes: compiling vs training, and what caches save.
+
+The README's quickstart (``configs/quickstart.yaml``: LeNet-5 on Fashion-MNIST,
+10 clients a round, 19 local steps each, unrolled) trains a round in about half
+a second on XLA:CPU but compiles its first round for tens of seconds, and
+``client_parallelism: auto`` first compiles and times every candidate strategy.
+This benchmark runs ``fedsim run`` on that config in fresh processes and
+records, per setting:
+
+* ``round0_s``: round 0's seconds (compile + one round), from metrics.jsonl;
+* ``steady_s``: the median of the later rounds' seconds;
+* ``wall_s``: the whole process (imports, data, calibration, all rounds);
+* ``projected_s``: ``round0_s + (R - 1) · steady_s`` for the config's R rounds.
+
+Settings:
+
+* ``loop`` with ``training.loop_clients_per_call`` k (clients Python-unrolled
+  into one jitted call), each run three times in a row with one fresh cache
+  directory: ``off`` (``FEDSIM_COMPILE_CACHE=0``), ``cold`` (JAX's persistent
+  compilation cache on, empty: compiles and writes), ``warm`` (the same
+  directory again: loads);
+* ``auto`` (the config's own setting): ``cold`` (no calibration cache, no
+  compilation cache: a first run on a new machine) and ``warm`` (both caches
+  from the cold run: the same command again).
+
+Every run's final train loss and accuracy are recorded: a cached executable
+must give the numbers of the compiled one (``same_numbers``). Run on an idle
+machine; the load average before each run is recorded.
+
+Usage::
+
+    python -m benchmarks.compile_time_cpu                 # k = 1, 2, 4; 6 rounds
+    python -m benchmarks.compile_time_cpu --ks 1,4 --rounds 4 --passes 2
+
+Writes ``benchmarks/results/compile_time_cpu.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's fedsim, not an installed one
+from benchmarks.provenance import git_commit  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+CONFIG = ROOT / "configs" / "quickstart.yaml"
+
+
+def run_once(config: Path, overrides: list[str], cache_dir: Path, compile_cache: bool,
+             out_dir: Path) -> dict:
+    """One ``fedsim run`` in a fresh process; its timings and final numbers."""
+    env = {**os.environ, "FEDSIM_CACHE_DIR": str(cache_dir),
+           "FEDSIM_COMPILE_CACHE": "1" if compile_cache else "0",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the benchmark owns the cache
+    cmd = [sys.executable, "-m", "fedsim", "run", str(config), "--quiet",
+           "--set", f"output.dir={out_dir}"]
+    for o in overrides:
+        cmd += ["--set", o]
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((out_dir / "summary.json").read_text())
+    log = (out_dir / "run.log").read_text().splitlines()
+    secs = [r["seconds"] for r in rows]
+    last_acc = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
+    return {"load_before": load, "wall_s": wall, "round0_s": secs[0],
+            "steady_s": statistics.median(secs[1:]) if len(secs) > 1 else None,
+            "round_seconds": secs, "final_train_loss": rows[-1]["train_loss"],
+            "final_accuracy": last_acc[-1] if last_acc else None,
+            "strategy_line": next((line for line in log if "client_parallelism" in line or
+                                   "strategy" in line), None),
+            "peak_rss_mb": summary.get("peak_rss_mb")}
+
+
+def projected(r: dict, rounds: int) -> float:
+    return r["round0_s"] + (rounds - 1) * (r["steady_s"] or 0.0)
+
+
+def measure(config: Path, ks: list[int], rounds: int, passes: int) -> list[dict]:
+    """All settings, ``passes`` times, interleaved so load drift hits each alike."""
+    rows = []
+    for p in range(passes):
+        for k in ks:
+            with tempfile.TemporaryDirectory(prefix="fedsim-compile-") as tmp:
+                tmp = Path(tmp)
+                over = ["training.client_parallelism=loop", f"training.rounds={rounds}",
+                        f"training.loop_clients_per_call={k}"]
+                for mode in ("off", "cold", "warm"):
+                    r = run_once(config, over, tmp / "cache", mode != "off", tmp / f"run_{mode}")
+                    rows.append({"pass": p, "strategy": "loop", "k": k, "cache": mode, **r})
+                    print(f"[pass {p}] loop k={k} {mode}: round 0 {r['round0_s']:.1f}s, "
+                          f"steady {r['steady_s']:.3f}s, wall {r['wall_s']:.1f}s", flush=True)
+        with tempfile.TemporaryDirectory(prefix="fedsim-compile-") as tmp:
+            tmp = Path(tmp)
+            for mode in ("cold", "warm"):
+                r = run_once(config, [f"training.rounds={rounds}"], tmp / "cache", True,
+                             tmp / f"run_{mode}")
+                rows.append({"pass": p, "strategy": "auto", "k": None, "cache": mode, **r})
+                print(f"[pass {p}] auto {mode}: round 0 {r['round0_s']:.1f}s, wall "
+                      f"{r['wall_s']:.1f}s ({r['strategy_line']})", flush=True)
+    return rows
+
+
+def summarize(rows: list[dict], rounds_full: int) -> list[dict]:
+    """Medians over passes per (strategy, k, cache)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["strategy"], r["k"], r["cache"]), []).append(r)
+    out = []
+    for (strategy, k, cache), rs in groups.items():
+        med = lambda f: statistics.median(f(r) for r in rs)
+        out.append({"strategy": strategy, "k": k, "cache": cache, "n": len(rs),
+                    "round0_s": med(lambda r: r["round0_s"]),
+                    "steady_s": med(lambda r: r["steady_s"]),
+                    "wall_s": med(lambda r: r["wall_s"]),
+                    "projected_s": med(lambda r: projected(r, rounds_full))})
+    return out
+
+
+def same_numbers(rows: list[dict]) -> dict:
+    """Per (strategy, k, pass): do off/cold/warm end at the same loss and accuracy?"""
+    groups: dict[tuple, set] = {}
+    for r in rows:
+        groups.setdefault((r["strategy"], r["k"], r["pass"]), set()).add(
+            (r["final_train_loss"], r["final_accuracy"]))
+    return {f"{s} k={k} pass {p}": len(v) == 1 for (s, k, p), v in groups.items()}
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "# Compile time vs training time on CPU (`benchmarks/compile_time_cpu.py`)", "",
+        f"Config `{result['config']}` run for {result['rounds']} rounds per process "
+        f"({result['passes']} pass(es), medians); `projected` = round 0 + "
+        f"{result['rounds_full'] - 1} × steady, the config's {result['rounds_full']} rounds. "
+        f"Commit {result['commit']}, {result['device']}.", "",
+        "| strategy | k | compile cache | round 0 (s) | steady round (s) | process wall (s) "
+        "| projected full run (s) |", "|---|---|---|---|---|---|---|"]
+    for s in result["summary"]:
+        lines.append(f"| {s['strategy']} | {s['k'] if s['k'] is not None else ''} | {s['cache']} "
+                     f"| {s['round0_s']:.1f} | {s['steady_s']:.3f} | {s['wall_s']:.1f} "
+                     f"| {s['projected_s']:.1f} |")
+    ok = all(result["same_numbers"].values())
+    lines += ["", f"Same final loss and accuracy with the cache off, cold and warm: "
+              f"{'yes, every group' if ok else 'NO: ' + str(result['same_numbers'])}."]
+    autos = [r["strategy_line"] for r in result["rows"] if r["strategy"] == "auto"]
+    if autos:
+        lines += ["", "`auto`'s choice (run.log): " + "; ".join(sorted(set(map(str, autos))))]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(CONFIG))
+    ap.add_argument("--ks", default="1,2,4", help="loop_clients_per_call values")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds per process (>= 2)")
+    ap.add_argument("--passes", type=int, default=1)
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    if args.rounds < 2:
+        ap.error(f"--rounds must be >= 2 (a steady round after round 0), got {args.rounds}")
+    try:
+        ks = [int(k) for k in args.ks.split(",")]
+    except ValueError:
+        ap.error(f"--ks must be comma-separated integers, got {args.ks!r}")
+    if any(k < 1 for k in ks):
+        ap.error(f"--ks values must be >= 1, got {ks}")
+    config = Path(args.config)
+    if not config.is_file():
+        ap.error(f"--config {config}: no such file")
+    import yaml
+    rounds_full = int(yaml.safe_load(config.read_text())["training"]["rounds"])
+    commit = git_commit()
+    t0 = time.perf_counter()
+    rows = measure(config, ks, args.rounds, args.passes)
+    result = {"config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
+              "rounds": args.rounds, "rounds_full": rounds_full, "passes": args.passes,
+              "ks": ks, "commit": commit,
+              "device": f"cpu ({platform.processor() or platform.machine()}, "
+                        f"{os.cpu_count()} cores)",
+              "seconds": time.perf_counter() - t0, "rows": rows,
+              "summary": summarize(rows, rounds_full), "same_numbers": same_numbers(rows)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compile_time_cpu.json").write_text(json.dumps(result, indent=1))
+    (out / "compile_time_cpu.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""JAX's persistent compilation cache for the ``fedsim`` command line.
+
+On XLA:CPU compiling a round step costs more than running it: the quickstart's
+LeNet-5 round compiles for tens of seconds and then runs in about half a
+second, because the local steps are unrolled (see
+:class:`fedsim.client.LocalTraining`). JAX can keep compiled executables on
+disk (``jax_compilation_cache_dir``) so that the next process running the same
+program loads it instead of compiling it again; the numbers are those of the
+same executable, so nothing about the results changes
+(``benchmarks/compile_time_cpu.py`` measures what it saves).
+
+The command line turns it on under ``$FEDSIM_CACHE_DIR/xla`` (default
+``~/.cache/fedsim/xla``, beside the calibration cache). The library does not:
+code that imports :mod:`fedsim` keeps whatever JAX configuration its author
+chose. ``FEDSIM_COMPILE_CACHE=0`` turns it off; a cache directory the user set
+for JAX (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) is kept as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+
+from fedsim.calibrate import cache_file
+
+#: Cap on the cache's size on disk; JAX evicts the least recently used entries.
+MAX_CACHE_BYTES = 2 * 1024**3
+
+
+def default_dir() -> Path:
+    """``$FEDSIM_CACHE_DIR/xla`` (default ``~/.cache/fedsim/xla``)."""
+    return cache_file().parent / "xla"
+
+
+def enable_persistent_cache() -> str | None:
+    """Turn on JAX's on-disk compilation cache unless told not to.
+
+    Returns:
+      The directory in use, or None when it is off (``FEDSIM_COMPILE_CACHE=0``).
+
+    Raises:
+      ValueError: ``FEDSIM_COMPILE_CACHE`` is neither ``0`` nor ``1``.
+    """
+    flag = os.environ.get("FEDSIM_COMPILE_CACHE", "1").strip()
+    if flag not in ("0", "1"):
+        raise ValueError(f"environment variable FEDSIM_COMPILE_CACHE must be 0 or 1, got {flag!r}")
+    if flag == "0":
+        return None
+    current = jax.config.jax_compilation_cache_dir
+    if current:  # the user's own setting wins
+        return str(current)
+    path = default_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None  # an unwritable cache only costs compile time
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    if jax.config.jax_compilation_cache_max_size == -1:
+        jax.config.update("jax_compilation_cache_max_size", MAX_CACHE_BYTES)
+    return str(path)
