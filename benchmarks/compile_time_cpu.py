@@ -23,6 +23,10 @@ Settings:
   compilation cache: a first run on a new machine) and ``warm`` (both caches
   from the cold run: the same command again).
 
+``--baseline LABEL=PATH`` runs another checkout's ``fedsim`` the same way in the
+same passes (e.g. a ``git worktree`` of the commit before a change), so before
+and after are measured side by side.
+
 Every run's final train loss and accuracy are recorded: a cached executable
 must give the numbers of the compiled one (``same_numbers``). Run on an idle
 machine; the load average before each run is recorded.
@@ -31,6 +35,8 @@ Usage::
 
     python -m benchmarks.compile_time_cpu                 # k = 1, 2, 4; 6 rounds
     python -m benchmarks.compile_time_cpu --ks 1,4 --rounds 4 --passes 2
+    git worktree add /tmp/before 151b44f
+    python -m benchmarks.compile_time_cpu --baseline before=/tmp/before --baseline-ks 4
 
 Writes ``benchmarks/results/compile_time_cpu.{json,md}``.
 """
@@ -50,18 +56,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's fedsim, not an installed one
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = ROOT / "configs" / "quickstart.yaml"
 
 
-def run_once(config: Path, overrides: list[str], cache_dir: Path, compile_cache: bool,
-             out_dir: Path) -> dict:
-    """One ``fedsim run`` in a fresh process; its timings and final numbers."""
+def run_once(tree: Path, config: Path, overrides: list[str], cache_dir: Path,
+             compile_cache: bool, out_dir: Path) -> dict:
+    """One ``fedsim run`` of checkout ``tree``'s code in a fresh process; its timings
+    and final numbers."""
     env = {**os.environ, "FEDSIM_CACHE_DIR": str(cache_dir),
            "FEDSIM_COMPILE_CACHE": "1" if compile_cache else "0",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+           "PYTHONPATH": str(tree) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the benchmark owns the cache
     cmd = [sys.executable, "-m", "fedsim", "run", str(config), "--quiet",
            "--set", f"output.dir={out_dir}"]
@@ -69,7 +76,7 @@ def run_once(config: Path, overrides: list[str], cache_dir: Path, compile_cache:
         cmd += ["--set", o]
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -91,40 +98,43 @@ def projected(r: dict, rounds: int) -> float:
     return r["round0_s"] + (rounds - 1) * (r["steady_s"] or 0.0)
 
 
-def measure(config: Path, ks: list[int], rounds: int, passes: int) -> list[dict]:
-    """All settings, ``passes`` times, interleaved so load drift hits each alike."""
+def measure_tree(label: str, tree: Path, config: Path, ks: list[int], rounds: int,
+                 p: int) -> list[dict]:
+    """One pass of every setting with checkout ``tree``'s code."""
     rows = []
-    for p in range(passes):
-        for k in ks:
-            with tempfile.TemporaryDirectory(prefix="fedsim-compile-") as tmp:
-                tmp = Path(tmp)
-                over = ["training.client_parallelism=loop", f"training.rounds={rounds}",
-                        f"training.loop_clients_per_call={k}"]
-                for mode in ("off", "cold", "warm"):
-                    r = run_once(config, over, tmp / "cache", mode != "off", tmp / f"run_{mode}")
-                    rows.append({"pass": p, "strategy": "loop", "k": k, "cache": mode, **r})
-                    print(f"[pass {p}] loop k={k} {mode}: round 0 {r['round0_s']:.1f}s, "
-                          f"steady {r['steady_s']:.3f}s, wall {r['wall_s']:.1f}s", flush=True)
+    for k in ks:
         with tempfile.TemporaryDirectory(prefix="fedsim-compile-") as tmp:
             tmp = Path(tmp)
-            for mode in ("cold", "warm"):
-                r = run_once(config, [f"training.rounds={rounds}"], tmp / "cache", True,
+            over = ["training.client_parallelism=loop", f"training.rounds={rounds}",
+                    f"training.loop_clients_per_call={k}"]
+            for mode in ("off", "cold", "warm"):
+                r = run_once(tree, config, over, tmp / "cache", mode != "off",
                              tmp / f"run_{mode}")
-                rows.append({"pass": p, "strategy": "auto", "k": None, "cache": mode, **r})
-                print(f"[pass {p}] auto {mode}: round 0 {r['round0_s']:.1f}s, wall "
-                      f"{r['wall_s']:.1f}s ({r['strategy_line']})", flush=True)
+                rows.append({"tree": label, "pass": p, "strategy": "loop", "k": k,
+                             "cache": mode, **r})
+                print(f"[pass {p}] {label} loop k={k} {mode}: round 0 {r['round0_s']:.1f}s, "
+                      f"steady {r['steady_s']:.3f}s, wall {r['wall_s']:.1f}s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="fedsim-compile-") as tmp:
+        tmp = Path(tmp)
+        for mode in ("cold", "warm"):
+            r = run_once(tree, config, [f"training.rounds={rounds}"], tmp / "cache", True,
+                         tmp / f"run_{mode}")
+            rows.append({"tree": label, "pass": p, "strategy": "auto", "k": None,
+                         "cache": mode, **r})
+            print(f"[pass {p}] {label} auto {mode}: round 0 {r['round0_s']:.1f}s, wall "
+                  f"{r['wall_s']:.1f}s ({r['strategy_line']})", flush=True)
     return rows
 
 
 def summarize(rows: list[dict], rounds_full: int) -> list[dict]:
-    """Medians over passes per (strategy, k, cache)."""
+    """Medians over passes per (tree, strategy, k, cache)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["strategy"], r["k"], r["cache"]), []).append(r)
+        groups.setdefault((r["tree"], r["strategy"], r["k"], r["cache"]), []).append(r)
     out = []
-    for (strategy, k, cache), rs in groups.items():
+    for (tree, strategy, k, cache), rs in groups.items():
         med = lambda f: statistics.median(f(r) for r in rs)
-        out.append({"strategy": strategy, "k": k, "cache": cache, "n": len(rs),
+        out.append({"tree": tree, "strategy": strategy, "k": k, "cache": cache, "n": len(rs),
                     "round0_s": med(lambda r: r["round0_s"]),
                     "steady_s": med(lambda r: r["steady_s"]),
                     "wall_s": med(lambda r: r["wall_s"]),
@@ -133,12 +143,12 @@ def summarize(rows: list[dict], rounds_full: int) -> list[dict]:
 
 
 def same_numbers(rows: list[dict]) -> dict:
-    """Per (strategy, k, pass): do off/cold/warm end at the same loss and accuracy?"""
+    """Per (tree, strategy, k, pass): do off/cold/warm end at the same loss and accuracy?"""
     groups: dict[tuple, set] = {}
     for r in rows:
-        groups.setdefault((r["strategy"], r["k"], r["pass"]), set()).add(
+        groups.setdefault((r["tree"], r["strategy"], r["k"], r["pass"]), set()).add(
             (r["final_train_loss"], r["final_accuracy"]))
-    return {f"{s} k={k} pass {p}": len(v) == 1 for (s, k, p), v in groups.items()}
+    return {f"{t} {s} k={k} pass {p}": len(v) == 1 for (t, s, k, p), v in groups.items()}
 
 
 def markdown(result: dict) -> str:
@@ -147,11 +157,12 @@ def markdown(result: dict) -> str:
         f"Config `{result['config']}` run for {result['rounds']} rounds per process "
         f"({result['passes']} pass(es), medians); `projected` = round 0 + "
         f"{result['rounds_full'] - 1} × steady, the config's {result['rounds_full']} rounds. "
-        f"Commit {result['commit']}, {result['device']}.", "",
-        "| strategy | k | compile cache | round 0 (s) | steady round (s) | process wall (s) "
-        "| projected full run (s) |", "|---|---|---|---|---|---|---|"]
+        f"{result['device']}. Code: " + ", ".join(
+            f"`{label}` = {short_commit(c)}" for label, c in result["trees"].items()) + ".", "",
+        "| code | strategy | k | compile cache | round 0 (s) | steady round (s) "
+        "| process wall (s) | projected full run (s) |", "|---|---|---|---|---|---|---|---|"]
     for s in result["summary"]:
-        lines.append(f"| {s['strategy']} | {s['k'] if s['k'] is not None else ''} | {s['cache']} "
+        lines.append(f"| {s['tree']} | {s['strategy']} | {s['k'] if s['k'] is not None else ''} | {s['cache']} "
                      f"| {s['round0_s']:.1f} | {s['steady_s']:.3f} | {s['wall_s']:.1f} "
                      f"| {s['projected_s']:.1f} |")
     ok = all(result["same_numbers"].values())
@@ -169,6 +180,11 @@ def main(argv=None):
     ap.add_argument("--ks", default="1,2,4", help="loop_clients_per_call values")
     ap.add_argument("--rounds", type=int, default=6, help="rounds per process (>= 2)")
     ap.add_argument("--passes", type=int, default=1)
+    ap.add_argument("--baseline", action="append", default=[], metavar="LABEL=PATH",
+                    help="also run the fedsim of another checkout (e.g. a `git worktree` of "
+                         "an older commit), interleaved with this one; repeatable")
+    ap.add_argument("--baseline-ks", default=None,
+                    help="loop k values for the baselines (default: --ks)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     if args.rounds < 2:
@@ -184,12 +200,25 @@ def main(argv=None):
         ap.error(f"--config {config}: no such file")
     import yaml
     rounds_full = int(yaml.safe_load(config.read_text())["training"]["rounds"])
-    commit = git_commit()
+    trees = {"this": ROOT}
+    for b in args.baseline:
+        label, sep, path = b.partition("=")
+        if not sep or not label or label in trees or not (Path(path) / "fedsim").is_dir():
+            ap.error(f"--baseline must be LABEL=PATH to another fedsim checkout with a unique "
+                     f"label, got {b!r}")
+        trees[label] = Path(path).resolve()
+    commits = {label: git_commit(tree) for label, tree in trees.items()}
     t0 = time.perf_counter()
-    rows = measure(config, ks, args.rounds, args.passes)
+    rows = []
+    base_ks = [int(k) for k in args.baseline_ks.split(",")] if args.baseline_ks else ks
+    for p in range(args.passes):
+        for label, tree in trees.items():
+            rows += measure_tree(label, tree, config, ks if label == "this" else base_ks,
+                                 args.rounds, p)
     result = {"config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
               "rounds": args.rounds, "rounds_full": rounds_full, "passes": args.passes,
-              "ks": ks, "commit": commit,
+              "ks": ks, "commit": commits["this"], "trees": commits,
+              "tree_paths": {label: str(t) for label, t in trees.items()},
               "device": f"cpu ({platform.processor() or platform.machine()}, "
                         f"{os.cpu_count()} cores)",
               "seconds": time.perf_counter() - t0, "rows": rows,

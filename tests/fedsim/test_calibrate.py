@@ -1,5 +1,7 @@
 import json
 
+import jax
+import numpy as np
 import pytest
 
 from fedsim import calibrate
@@ -59,3 +61,46 @@ def test_torn_cache_file_is_remeasured(cache_dir, monkeypatch):
     sim = Simulation(small_config(**{"training.client_parallelism": "auto"}),
                      dataset=small_dataset())
     assert sim.strategy == "loop"
+
+
+def test_the_winner_reuses_what_calibration_compiled(cache_dir):
+    """Calibration's executables serve the run: building the winner after measuring
+    compiles nothing again, and the numbers equal a fresh simulation's."""
+    # k = 2 of a cohort of 3: the loop runs one 2-client call and one single call.
+    over = {"training.client_parallelism": "loop", "training.loop_clients_per_call": 2}
+    ds = small_dataset(n=120)  # 2 local steps a client: cheap compiles
+    sim = Simulation(small_config(**over), dataset=ds)
+    calibrate.measure(sim, candidates=("loop", "vmap"), clients=3, repeats=1)
+    fns = dict(sim._jitted["shared"])
+    vmap_step = sim._jitted["vmap"]
+    trained = ("_run_and_accumulate", "_run_and_accumulate_many")
+    sizes = {name: fns[name]._cache_size() for name in trained}
+    assert all(n == 1 for n in sizes.values()) and vmap_step._cache_size() == 1
+    for winner in ("loop", "vmap"):
+        sim.strategy = winner
+        sim._compile(reuse=True)
+        assert all(getattr(sim, name) is fn for name, fn in fns.items())
+        if winner == "vmap":
+            assert sim._cohort_step is vmap_step
+        state, res = sim.run_round(sim.init_state(), 0)
+        # Training traced nothing new (evaluation and the server step may).
+        assert {name: fns[name]._cache_size() for name in trained} == sizes
+        assert vmap_step._cache_size() == 1
+        fresh = Simulation(small_config(**{**over, "training.client_parallelism": winner}),
+                           dataset=ds)
+        ref_state, ref = fresh.run_round(fresh.init_state(), 0)
+        assert res.train_loss == ref.train_loss
+        for a, b in zip(jax.tree_util.tree_leaves(state.params),
+                        jax.tree_util.tree_leaves(ref_state.params)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_plain_compile_rebuilds_everything(cache_dir):
+    sim = Simulation(small_config(**{"training.client_parallelism": "loop"}),
+                     dataset=small_dataset())
+    before = sim._run_client
+    sim._compile()
+    assert sim._run_client is not before  # e.g. after replacing client_update (tests do)
+    again = sim._run_client
+    sim._compile(reuse=True)
+    assert sim._run_client is again
