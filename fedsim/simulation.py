@@ -225,10 +225,10 @@ class Simulation:
         """(Re)build the jitted pieces for ``self.strategy``.
 
         Args:
-          reuse: keep the jitted functions an earlier ``_compile(reuse=True)``
-            built (the shared ones, and the cohort step of a strategy built
-            before), so the executables compiled through them are not compiled
-            again. Calibration builds every candidate and then the winner this
+          reuse: keep the jitted functions earlier calls built since the last
+            plain ``_compile()`` (the shared ones, and the cohort step of a
+            strategy built before), so the executables compiled through them
+            are not compiled again. Calibration builds every candidate and then the winner this
             way; without it the winner compiled twice (~1 min for the
             quickstart's ``loop`` on a 2-core CPU). Only valid while nothing
             they close over (client update, data shapes, defenses) has changed;
