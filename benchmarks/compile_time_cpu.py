@@ -181,6 +181,17 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ks(ap, option: str, text: str) -> list[int]:
+    """A comma list of loop k values, or an argparse error naming the option."""
+    try:
+        ks = [int(k) for k in text.split(",")]
+    except ValueError:
+        ap.error(f"{option} must be comma-separated integers, got {text!r}")
+    if any(k < 1 for k in ks):
+        ap.error(f"{option} values must be >= 1, got {ks}")
+    return ks
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(CONFIG))
@@ -198,12 +209,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.rounds < 2:
         ap.error(f"--rounds must be >= 2 (a steady round after round 0), got {args.rounds}")
-    try:
-        ks = [int(k) for k in args.ks.split(",")]
-    except ValueError:
-        ap.error(f"--ks must be comma-separated integers, got {args.ks!r}")
-    if any(k < 1 for k in ks):
-        ap.error(f"--ks values must be >= 1, got {ks}")
+    if args.passes < 1:
+        ap.error(f"--passes must be >= 1, got {args.passes}")
+    ks = _ks(ap, "--ks", args.ks)
+    base_ks = _ks(ap, "--baseline-ks", args.baseline_ks) if args.baseline_ks else ks
     if args.render:
         path = Path(args.out) / "compile_time_cpu.json"
         if not path.is_file():
@@ -217,8 +226,11 @@ def main(argv=None):
     config = Path(args.config)
     if not config.is_file():
         ap.error(f"--config {config}: no such file")
-    import yaml
-    rounds_full = int(yaml.safe_load(config.read_text())["training"]["rounds"])
+    from fedsim.config import ConfigError, load_config
+    try:
+        rounds_full = load_config(str(config)).training.rounds
+    except ConfigError as e:
+        ap.error(f"--config {config}: {e}")
     trees = {"this": ROOT}
     for b in args.baseline:
         label, sep, path = b.partition("=")
@@ -229,12 +241,12 @@ def main(argv=None):
     commits = {label: git_commit(tree) for label, tree in trees.items()}
     t0 = time.perf_counter()
     rows = []
-    base_ks = [int(k) for k in args.baseline_ks.split(",")] if args.baseline_ks else ks
     for p in range(args.passes):
         for label, tree in trees.items():
             rows += measure_tree(label, tree, config, ks if label == "this" else base_ks,
                                  args.rounds, p)
     result = {"config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
+              "config_text": config.read_text(),
               "rounds": args.rounds, "rounds_full": rounds_full, "passes": args.passes,
               "ks": ks, "commit": commits["this"], "trees": commits,
               "tree_paths": {label: str(t) for label, t in trees.items()},
