@@ -25,7 +25,8 @@ import jax
 
 from fedsim.calibrate import cache_file
 
-#: Cap on the cache's size on disk; JAX evicts the least recently used entries.
+#: Cap on the cache's size on disk; JAX evicts the least recently used entries
+#: (its eviction locks the directory with the ``filelock`` package).
 MAX_CACHE_BYTES = 2 * 1024**3
 
 
@@ -57,6 +58,16 @@ def enable_persistent_cache() -> str | None:
     except OSError:
         return None  # an unwritable cache only costs compile time
     jax.config.update("jax_compilation_cache_dir", str(path))
-    if jax.config.jax_compilation_cache_max_size == -1:
+    if jax.config.jax_compilation_cache_max_size == -1 and _has_filelock():
+        # Without filelock (a dependency of fedsim) JAX refuses every cache entry
+        # once a cap is set: better uncapped than a cache that never hits.
         jax.config.update("jax_compilation_cache_max_size", MAX_CACHE_BYTES)
     return str(path)
+
+
+def _has_filelock() -> bool:
+    try:
+        import filelock  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -88,3 +88,15 @@ def test_second_process_loads_the_executables_with_the_same_numbers(tmp_path):
     assert entries[1] == entries[0]
     for key in ("final_train_loss", "test_accuracy", "test_loss"):
         assert summaries[1][key] == summaries[0][key]
+
+
+def test_uncapped_without_filelock(tmp_path, monkeypatch, restore_jax_cache_config):
+    # JAX refuses every entry of a capped cache when filelock is missing.
+    import fedsim.compile_cache as cc
+    monkeypatch.setenv("FEDSIM_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FEDSIM_COMPILE_CACHE", raising=False)
+    monkeypatch.setattr(cc, "_has_filelock", lambda: False)
+    jax.config.update("jax_compilation_cache_dir", None)
+    jax.config.update("jax_compilation_cache_max_size", -1)
+    assert enable_persistent_cache() == str(tmp_path / "xla")
+    assert jax.config.jax_compilation_cache_max_size == -1
