@@ -118,8 +118,8 @@ def diagnose(result: dict, defenses: list[str]) -> list[dict]:
     from attacks import sgi
     from attacks.gradient_inversion import invert_victims, prepare_victims
     from attacks.labels import observed_gradient
-    from benchmarks.reproduce_chu2023 import (fl_config, part_b_attack_key, score, train_b,
-                                              upload_of)
+    from benchmarks.reproduce_chu2023 import (b_model, fl_config, part_b_attack_key, score,
+                                              train_b, upload_of)
     from fedsim.models import build_model
     from fedsim.observer import restrict
 
@@ -130,7 +130,7 @@ def diagnose(result: dict, defenses: list[str]) -> list[dict]:
     cfg = fl_config(args, seed, R, sorted({0, R // 2, R - 1}))
     n_victims, position = part_b_victims(rows)
     keys = jax.random.split(jax.random.fold_in(part_b_attack_key(seed), 2), n_victims)
-    model = build_model("conv2", ds.num_classes)
+    model = build_model(b_model(args), ds.num_classes)
     x_test = jnp.asarray(ds.x_test[:1000])
     out = []
     for name in defenses:

@@ -317,6 +317,15 @@ def _partition(args) -> str:
     return getattr(args, "partition", "dirichlet")
 
 
+B_MODELS = ("conv2", "vgg11")  # the paper's two (FEMNIST Conv-2, CIFAR-10 VGG-11)
+
+
+def b_model(args) -> str:
+    """The model parts B, C and D train (``--b-model``; Conv-2 in every run before it
+    existed, so settings without it mean Conv-2)."""
+    return getattr(args, "b_model", None) or "conv2"
+
+
 def fl_config(args, seed, rounds, observe_rounds, observe_clients=(0, 1)):
     """The FL config of parts A (trained) and B: the dataset's ``args.clients``
     clients (Dirichlet(0.5) label mixes, or a seeded subset of the natural
@@ -325,7 +334,7 @@ def fl_config(args, seed, rounds, observe_rounds, observe_clients=(0, 1)):
          "data.image_size": args.image_size, "data.num_clients": args.clients,
          "data.partition": _partition(args), "data.alpha": 0.5,
          "data.examples_per_client": args.local_batch,
-         "model.name": "conv2", "training.rounds": rounds,
+         "model.name": b_model(args), "training.rounds": rounds,
          "training.clients_per_round": args.clients_per_round, "training.algorithm": "fedavg",
          "training.local_epochs": 1, "training.batch_size": args.local_batch, "training.lr": args.lr,
          "training.client_parallelism": "loop",
@@ -557,7 +566,7 @@ def part_b(args, ds, rows, seed):
         for att, rec in (("sgi", rs), ("gi", rg)):
             n, ps = score(rec.x, o.x)
             rows.append({"part": "B", "dataset": _dataset(args), "partition": _partition(args),
-                         "model": "conv2",
+                         "model": b_model(args),
                          "base": "prunefl", "defense": name, "p": 0.3, "B": args.local_batch,
                          "attack": att, "nmi": n, "psnr": ps, "accuracy": acc,
                          "accuracy_last5": acc_last, "accuracy_by_round": acc_by_round,
@@ -681,6 +690,8 @@ def other_b_runs(out: Path, stem: str = "chu2023") -> list[dict]:
         o = json.loads(f.read_text())
         if o["settings"].get("tag"):  # a --tag side run (fig4_runs, λ/rounds studies):
             continue                  # other defenses or settings, not a replication
+        if b_model(argparse.Namespace(**o["settings"])) != "conv2":
+            continue                  # another model (--b-model): not a replication either
         runs.append({"file": f.name, "seed": o["seed"], "commit": o.get("commit"),
                      "seconds": o["seconds"], "upload": o["settings"].get("upload", "weights"),
                      "settings": o["settings"], "rows": o["rows"],
@@ -697,6 +708,8 @@ def fig4_runs(out: Path, stem: str = "chu2023") -> list[dict]:
     runs = []
     for f in sorted(out.glob(f"{stem}_B*_fig4.json")):
         o = json.loads(f.read_text())
+        if b_model(argparse.Namespace(**o["settings"])) != "conv2":
+            continue  # read against the main (Conv-2) run's rows: same model only
         runs.append({"file": f.name, "seed": o["seed"], "commit": o.get("commit"),
                      "seconds": o["seconds"], "upload": o["settings"].get("upload", "weights"),
                      "settings": o["settings"], "rows": o["rows"]})
@@ -1654,6 +1667,10 @@ def main(argv=None):
                          "the dense model and prunes it afterwards, uploading masked weights (GI "
                          "sees -w at the pruned coordinates, SGI masks them off); writes "
                          "chu2023_A_alg1.json")
+    ap.add_argument("--b-model", choices=B_MODELS, default="conv2",
+                    help="the model parts B, C and D train (default conv2; vgg11 is the "
+                         "paper's CIFAR-10 model, ~7x Conv-2's FLOPs: a side run that writes "
+                         "chu2023_B_vgg11*.json, never pooled as a replication)")
     ap.add_argument("--lambda-pri", type=float, default=None,
                     help="override PriPrune's λ_pri in part B (default 10; exploratory runs)")
     ap.add_argument("--out", default=None,
@@ -1679,6 +1696,8 @@ def main(argv=None):
             ap.error(f"--tag must be letters, digits and single underscores, got {args.tag!r}")
         if args.combine or ("A" in args.parts and "B" in args.parts):
             ap.error("--tag names the file of a --parts run (not A and B together, not --combine)")
+    if args.b_model != "conv2" and (args.combine or not set(args.parts) & set("BCD")):
+        ap.error("--b-model is the model of parts B, C and D: use it with --parts B (or C, D)")
     if args.a_trained_rounds < 0:
         ap.error(f"--a-trained-rounds must be >= 0, got {args.a_trained_rounds}")
     if args.a_trained_rounds and ("A" not in args.parts or "B" in args.parts):
@@ -1806,6 +1825,7 @@ def main(argv=None):
     suffix = ("" if args.upload == "weights" else f"_{args.upload}_uploads") \
         + (f"_trained{args.a_trained_rounds}" if args.a_trained_rounds else "") \
         + ("" if args.a_protocol == "pruned_model" else f"_{args.a_protocol}") \
+        + ("" if args.b_model == "conv2" else f"_{args.b_model}") \
         + ("" if args.seed == 0 else f"_seed{args.seed}") \
         + (f"_{args.tag}" if args.tag else "")
     (out_dir / f"{stem}_{args.parts}{suffix}.json").write_text(

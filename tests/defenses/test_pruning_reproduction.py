@@ -885,3 +885,30 @@ def test_part_b_attack_key_and_feddst_mask_keys_are_fresh():
     want = feddst_prune_regrow(k_regrow, params, random_scheme(k_mask, params, 0.5), 0.2)
     np.testing.assert_array_equal(got["a"]["kernel"], want["a"]["kernel"])
     assert 0.3 < float(np.mean(np.asarray(got["a"]["kernel"]))) < 0.7  # half kept
+
+
+def test_b_model_sets_the_trained_model_and_stays_out_of_replications(tmp_path, capsys):
+    # --b-model vgg11: parts B-D train VGG-11; its files are side runs, never pooled as a
+    # replication of the Conv-2 run or read as its Fig 4 comparison.
+    import json
+    from types import SimpleNamespace
+
+    from benchmarks.reproduce_chu2023 import b_model, fig4_runs, fl_config, main, other_b_runs
+    args = SimpleNamespace(image_size=16, clients=4, local_batch=4, clients_per_round=2,
+                           lr=0.1, upload="weights")
+    assert b_model(args) == "conv2" and fl_config(args, 0, 2, [1]).model.name == "conv2"
+    args.b_model = "vgg11"
+    assert fl_config(args, 0, 2, [1]).model.name == "vgg11"
+    rows = [dict(_b("none", "sgi", 0.4, 10.0, 0.5), client_id=0, upload_zero_fraction=0.3,
+                 accuracy_last5=0.5)]
+    for name, extra in (("chu2023_B_update_uploads_vgg11.json", {"upload": "update"}),
+                        ("chu2023_B_vgg11_fig4.json", {"tag": "fig4"})):
+        (tmp_path / name).write_text(json.dumps({
+            "seed": 0, "commit": "abc", "seconds": 1.0, "rows": rows,
+            "settings": {"seed": 0, "upload": "weights", "b_model": "vgg11", **extra}}))
+    assert other_b_runs(tmp_path) == [] and fig4_runs(tmp_path) == []
+    for argv in (["--parts", "A", "--b-model", "vgg11"], ["--combine", "--b-model", "vgg11"]):
+        with pytest.raises(SystemExit):
+            main(["--smoke", "--out", str(tmp_path)] + argv)
+        assert "--b-model is the model of parts B, C and D" in capsys.readouterr().err
+
