@@ -228,9 +228,9 @@ class Simulation:
           reuse: keep the jitted functions earlier calls built since the last
             plain ``_compile()`` (the shared ones, and the cohort step of a
             strategy built before), so the executables compiled through them
-            are not compiled again. Calibration builds every candidate and then the winner this
-            way; without it the winner compiled twice (~1 min for the
-            quickstart's ``loop`` on a 2-core CPU). Only valid while nothing
+            are not compiled again. Calibration builds every candidate and
+            then the winner this way; without it the winner compiled twice
+            (~1 min for the quickstart's ``loop`` on a 2-core CPU). Only valid while nothing
             they close over (client update, data shapes, defenses) has changed;
             a plain ``_compile()`` rebuilds everything.
         """
