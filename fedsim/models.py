@@ -4,7 +4,9 @@ Every model maps NHWC float inputs to logits. Parameter counts depend on the
 input shape and class count; ``tests/fedsim/test_models.py`` pins them. The
 convolutions are :class:`Conv` (``nn.Conv``'s parameters; on CPU at batch ≤
 :data:`IM2COL_MAX_BATCH` an im2col GEMM, which makes vmapped gradient-inversion
-attacks 2–24× faster: ``benchmarks/results/conv_im2col_cpu.md``), except
+attacks 2–24× faster: ``benchmarks/results/conv_im2col_cpu.md``; also where the
+kernel exceeds the input, VGG's deep layers, 12–62× faster:
+``benchmarks/results/conv_kernel_exceeds_input_cpu.md``), except
 LeNet-5's fused conv → ReLU → pool blocks (:class:`ConvReLUMaxPool`).
 
 * ``mlp``: 256→50→15→10, sigmoid, no bias (paper 001 §VI: 13,700 params on
@@ -128,16 +130,63 @@ def conv_relu_maxpool(x: jax.Array, kernel: jax.Array, bias: jax.Array,
 # plain training steps at batch >= 8 take 1.1-1.6x as long with it on the DLG
 # LeNet, ConvNet and Conv-2 (ConvNet 6 % at batch 4: the price of covering
 # batch-4 attacks). Read at trace time: changing it does not affect functions
-# already jitted. To force one implementation for a block, use im2col_max_batch.
+# already jitted. To force one implementation for a block, use conv_implementation.
 IM2COL_MAX_BATCH = 4
+
+# Which convolution :class:`Conv` traces on CPU: "auto" (the rule in
+# :func:`uses_im2col`), "xla" or "im2col" at every layer. Set it with
+# :func:`conv_implementation`.
+CONV_IMPLEMENTATION = "auto"
+CONV_IMPLEMENTATIONS = ("auto", "xla", "im2col")
+
+
+def uses_im2col(batch: int, height: int, width: int, kh: int, kw: int) -> bool:
+    """Whether :class:`Conv` computes a layer by im2col (on CPU, at trace time).
+
+    Under ``"auto"``: when the layer sees a batch of at most
+    :data:`IM2COL_MAX_BATCH`, or when its kernel is larger than its (unpadded)
+    input in a spatial dimension. The second case is VGG's deep layers (a 3×3
+    kernel on 2×2 or 1×1 maps): there XLA:CPU's convolution ran at 2–15
+    GFLOP/s against im2col's 110–185, 12–62× slower at batches 20 and 500,
+    which made a VGG-11 test-set evaluation at 16×16 take 126 s instead of
+    5.7 s (``benchmarks/results/conv_kernel_exceeds_input_cpu.md``). At 4×4
+    and larger inputs XLA's convolution was as fast or faster there.
+    """
+    if CONV_IMPLEMENTATION != "auto":
+        return CONV_IMPLEMENTATION == "im2col"
+    return batch <= IM2COL_MAX_BATCH or kh > height or kw > width
+
+
+@contextlib.contextmanager
+def conv_implementation(name: str) -> Iterator[None]:
+    """Make :class:`Conv` trace ``name`` ("auto", "xla" or "im2col") inside the block.
+
+    Like :func:`im2col_max_batch`, read when a model is traced: trace a fresh
+    function inside the block. Restored on exit.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`CONV_IMPLEMENTATIONS`.
+    """
+    global CONV_IMPLEMENTATION
+    if name not in CONV_IMPLEMENTATIONS:
+        raise ValueError(f"conv_implementation: name must be one of {CONV_IMPLEMENTATIONS}, "
+                         f"got {name!r}")
+    before = CONV_IMPLEMENTATION
+    CONV_IMPLEMENTATION = name
+    try:
+        yield
+    finally:
+        CONV_IMPLEMENTATION = before
 
 
 @contextlib.contextmanager
 def im2col_max_batch(limit: int) -> Iterator[None]:
     """Set :data:`IM2COL_MAX_BATCH` to ``limit`` inside the block; restore it on exit.
 
-    0 makes :class:`Conv` use XLA's convolution at every batch, a value above
-    any batch makes it use im2col at every batch (on CPU). The limit is read
+    Under the default ``"auto"`` implementation (:func:`uses_im2col`), 0 makes
+    :class:`Conv` use XLA's convolution at every batch except in layers whose
+    kernel exceeds their input, a value above any batch makes it use im2col at
+    every batch (on CPU); :func:`conv_implementation` forces one everywhere. The limit is read
     when a model is traced, so the block changes only what is traced inside
     it: a function jitted before the block keeps its implementation. Trace a
     fresh function there (``jax.jit(lambda *a: f(*a))``, a fresh
@@ -200,9 +249,9 @@ class Conv(nn.Module):
     """Drop-in for ``nn.Conv`` (2-D, NHWC): same parameter names, shapes and initialisers.
 
     On CPU, for a batch of at most :data:`IM2COL_MAX_BATCH` (the batch the
-    layer sees, i.e. per example under ``vmap``), it computes
-    :func:`conv_im2col`; otherwise ``lax.conv_general_dilated``. The choice
-    is made when the model is traced. Named ``Conv`` so that flax names its
+    layer sees, i.e. per example under ``vmap``) or a kernel larger than the
+    input (:func:`uses_im2col`), it computes :func:`conv_im2col`; otherwise
+    ``lax.conv_general_dilated``. The choice is made when the model is traced. Named ``Conv`` so that flax names its
     instances ``Conv_i`` as it names ``nn.Conv``'s: a model switching to it
     keeps its parameter tree and, from the same key, its initial values
     (tested). Only 2-D convolutions without dilation or feature groups, which
@@ -224,7 +273,8 @@ class Conv(nn.Module):
         kernel = self.param("kernel", self.kernel_init, (kh, kw, x.shape[-1], self.features),
                             jnp.float32)
         strides = (self.strides,) * 2 if isinstance(self.strides, int) else tuple(self.strides)
-        if jax.default_backend() == "cpu" and x.shape[0] <= IM2COL_MAX_BATCH:
+        if jax.default_backend() == "cpu" and uses_im2col(x.shape[0], x.shape[1], x.shape[2],
+                                                          kh, kw):
             y = conv_im2col(x, kernel, strides, self.padding)
         else:
             pads = _pairs(self.padding, x.shape[1:3], (kh, kw), strides)

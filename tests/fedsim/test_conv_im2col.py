@@ -159,3 +159,64 @@ def test_im2col_max_batch_block_changes_what_is_traced_inside_it():
         assert _count_convolutions(apply_fn, params, x) == 4
     with models.im2col_max_batch(10**9):
         assert _count_convolutions(apply_fn, params, jnp.zeros((64, 32, 32, 3))) == 0
+
+
+def test_uses_im2col_rule_batch_or_kernel_larger_than_input(monkeypatch):
+    monkeypatch.setattr(models, "IM2COL_MAX_BATCH", 4)
+    assert models.uses_im2col(4, 32, 32, 3, 3)        # small batch
+    assert not models.uses_im2col(5, 32, 32, 3, 3)    # large batch, large input
+    assert not models.uses_im2col(500, 3, 3, 3, 3)    # kernel = input: XLA
+    assert models.uses_im2col(500, 2, 2, 3, 3)        # VGG's 2×2 maps
+    assert models.uses_im2col(500, 1, 1, 3, 3)        # and 1×1
+    assert models.uses_im2col(500, 8, 2, 1, 3)        # one dimension is enough
+    assert not models.uses_im2col(500, 2, 2, 1, 1)    # 1×1 kernel on 2×2
+    with models.conv_implementation("xla"):
+        assert not models.uses_im2col(1, 1, 1, 3, 3)
+    with models.conv_implementation("im2col"):
+        assert models.uses_im2col(500, 32, 32, 3, 3)
+
+
+def test_vgg_deep_layers_use_im2col_at_large_batch_and_agree_with_xla():
+    """VGG-11 at 16×16: the 2×2 and 1×1 layers (kernel > input) go through im2col
+    at a batch far above IM2COL_MAX_BATCH, the others through XLA's conv; the
+    logits and the gradient equal those of XLA's conv at every layer."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the im2col path is CPU-only")
+    model = build_model("vgg11", 10)
+    apply_fn = make_apply_fn(model)
+    params = init_params(model, (16, 16, 1), jax.random.key(0))
+    x = jax.random.uniform(jax.random.key(1), (16, 16, 16, 1))
+    # 8 convs: 16×16, 8×8, 4×4 (2) by XLA; 2×2 (2) and 1×1 (2) by im2col.
+    assert _count_convolutions(apply_fn, params, x) == 4
+    with models.conv_implementation("xla"):
+        assert _count_convolutions(apply_fn, params, x) == 8
+    with models.conv_implementation("im2col"):
+        assert _count_convolutions(apply_fn, params, x) == 0
+    y = jnp.arange(16) % 10
+
+    def loss(p, fn):
+        return jnp.mean(-jax.nn.log_softmax(fn(p, x))[jnp.arange(16), y])
+
+    outs = {}
+    for impl in ("auto", "xla"):
+        with models.conv_implementation(impl):
+            fn = make_apply_fn(model)  # fresh: the implementation is chosen at trace time
+            outs[impl] = (jax.jit(fn)(params, x), jax.jit(jax.grad(loss), static_argnums=1)(
+                params, fn))
+    np.testing.assert_allclose(outs["auto"][0], outs["xla"][0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(outs["auto"][1]), jax.tree.leaves(outs["xla"][1])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(jnp.max(jnp.abs(b))))
+
+
+def test_conv_implementation_block_sets_and_restores_and_rejects_bad_names():
+    before = models.CONV_IMPLEMENTATION
+    with pytest.raises(RuntimeError, match="inside"):
+        with models.conv_implementation("xla"):
+            assert models.CONV_IMPLEMENTATION == "xla"
+            raise RuntimeError("inside")
+    assert models.CONV_IMPLEMENTATION == before == "auto"
+    for bad in ("XLA", "lax", None, 0):
+        with pytest.raises(ValueError, match="conv_implementation: name must be one of"):
+            with models.conv_implementation(bad):
+                pass
+    assert models.CONV_IMPLEMENTATION == before
