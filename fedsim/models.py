@@ -5,7 +5,7 @@ input shape and class count; ``tests/fedsim/test_models.py`` pins them. The
 convolutions are :class:`Conv` (``nn.Conv``'s parameters; on CPU at batch ≤
 :data:`IM2COL_MAX_BATCH` an im2col GEMM, which makes vmapped gradient-inversion
 attacks 2–24× faster: ``benchmarks/results/conv_im2col_cpu.md``; also where the
-kernel exceeds the input, VGG's deep layers, 12–62× faster:
+kernel exceeds the input, VGG's deep layers, 7–60× faster:
 ``benchmarks/results/conv_kernel_exceeds_input_cpu.md``), except
 LeNet-5's fused conv → ReLU → pool blocks (:class:`ConvReLUMaxPool`).
 
@@ -146,11 +146,13 @@ def uses_im2col(batch: int, height: int, width: int, kh: int, kw: int) -> bool:
     Under ``"auto"``: when the layer sees a batch of at most
     :data:`IM2COL_MAX_BATCH`, or when its kernel is larger than its (unpadded)
     input in a spatial dimension. The second case is VGG's deep layers (a 3×3
-    kernel on 2×2 or 1×1 maps): there XLA:CPU's convolution ran at 2–15
-    GFLOP/s against im2col's 110–185, 12–62× slower at batches 20 and 500,
-    which made a VGG-11 test-set evaluation at 16×16 take 126 s instead of
-    5.7 s (``benchmarks/results/conv_kernel_exceeds_input_cpu.md``). At 4×4
-    and larger inputs XLA's convolution was as fast or faster there.
+    kernel on 2×2 or 1×1 maps): there XLA:CPU's convolution ran at 2–16
+    GFLOP/s against im2col's 105–198, 7–60× slower at batches 20 and 500,
+    and VGG-11 at 16×16 took 24× as long for a forward pass over 500 images
+    and 13× for a training step at batch 20
+    (``benchmarks/results/conv_kernel_exceeds_input_cpu.md``). At 4×4 and
+    larger inputs neither implementation was more than 3× faster than the
+    other, XLA's mostly the faster at batch 500.
     """
     if CONV_IMPLEMENTATION != "auto":
         return CONV_IMPLEMENTATION == "im2col"
