@@ -192,6 +192,25 @@ def test_part_b_smoke_of_random_and_mix_writes_the_tagged_file(tmp_path):
     assert [r["file"] for r in fig4_runs(tmp_path)] == ["chu2023_B_fig4.json"]
 
 
+
+@pytest.mark.slow
+def test_part_b_smoke_trains_vgg11_into_its_own_file(tmp_path):
+    """~4 min on the 2-core CPU (it did not finish the first defense in 12 min before
+    the per-class evaluation was jitted and VGG's 2×2/1×1 layers took im2col)."""
+    import json
+
+    from benchmarks.reproduce_chu2023 import main, other_b_runs
+    main(["--smoke", "--parts", "B", "--b-model", "vgg11", "--defenses", "none,priprune",
+          "--out", str(tmp_path)])
+    assert not (tmp_path / "chu2023_B.json").exists()
+    result = json.loads((tmp_path / "chu2023_B_vgg11.json").read_text())
+    assert result["settings"]["b_model"] == "vgg11"
+    rows = result["rows"]
+    assert {r["model"] for r in rows} == {"vgg11"}
+    assert {r["defense"] for r in rows} == {"none", "priprune"}
+    assert all(np.isfinite(r["nmi"]) and 0 <= r["accuracy"] <= 1 for r in rows)
+    assert other_b_runs(tmp_path) == []  # a side run, never pooled
+
 def test_other_b_runs_and_the_semantics_summary(tmp_path):
     # Replications and runs under other upload semantics are read beside the main part B,
     # each with its own checks, and summarised in one verdict table.
