@@ -151,3 +151,17 @@ def test_lenet5_params_unchanged_by_fused_layers():
     x = jax.random.uniform(key, (4, 32, 32, 1))
     np.testing.assert_allclose(build_model("lenet5").apply({"params": params}, x),
                                PlainLeNet5().apply({"params": plain}, x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["vgg11", "vgg16"])
+def test_vgg_convolutions_are_he_normal(name):
+    """He init (variance 2/fan-in, truncated normal as flax's he_normal draws it), not
+    LeCun's 1/fan-in: the sample variance of each conv kernel sits near 2/fan-in and
+    far from 1/fan-in (the smallest kernel, 3×3×3×64, has 1,728 entries)."""
+    params = init_params(build_model(name, 10), (32, 32, 3), jax.random.key(0))
+    convs = [k for k in params if k.startswith("Conv_")]
+    assert len(convs) == (8 if name == "vgg11" else 13)
+    for k in convs:
+        w = np.asarray(params[k]["kernel"])
+        fan_in = w.shape[0] * w.shape[1] * w.shape[2]
+        assert np.var(w) * fan_in == pytest.approx(2.0, rel=0.15), k
