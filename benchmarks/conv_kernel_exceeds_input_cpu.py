@@ -34,9 +34,9 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from benchmarks.provenance import git_commit
+from benchmarks.results_io import write_json_and_markdown
 from fedsim import models
 from fedsim.client import cross_entropy
 
@@ -192,11 +192,7 @@ def main(argv=None) -> dict:
               "commit": commit, "load_average_1min": [load0, os.getloadavg()[0]],
               "argv": list(sys.argv[1:] if argv is None else argv), "reps": args.reps,
               "im2col_max_batch": models.IM2COL_MAX_BATCH, "layers": layers, "models": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "conv_kernel_exceeds_input_cpu.json").write_text(json.dumps(result, indent=1))
-    (out / "conv_kernel_exceeds_input_cpu.md").write_text(markdown(result))
-    print(markdown(result))
+    write_json_and_markdown(args.out, "conv_kernel_exceeds_input_cpu", result, markdown(result))
     return result
 
 

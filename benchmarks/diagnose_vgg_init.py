@@ -28,6 +28,7 @@ import numpy as np
 import optax
 
 from benchmarks.provenance import git_commit
+from benchmarks.results_io import write_json_and_markdown
 from fedsim import models
 from fedsim.keys import experiment_key, numpy_generator
 
@@ -143,11 +144,7 @@ def main(argv=None) -> dict:
     result = {"commit": commit, "argv": list(sys.argv[1:] if argv is None else argv),
               "seconds": time.perf_counter() - t0, "num_classes": ds.num_classes,
               "settings": {k: v for k, v in vars(args).items() if k != "out"}, "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "vgg_init.json").write_text(json.dumps(result, indent=1))
-    (out / "vgg_init.md").write_text(markdown(result))
-    print(markdown(result))
+    write_json_and_markdown(args.out, "vgg_init", result, markdown(result))
     return result
 
 
