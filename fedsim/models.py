@@ -188,10 +188,10 @@ def im2col_max_batch(limit: int) -> Iterator[None]:
     Under the default ``"auto"`` implementation (:func:`uses_im2col`), 0 makes
     :class:`Conv` use XLA's convolution at every batch except in layers whose
     kernel exceeds their input, a value above any batch makes it use im2col at
-    every batch (on CPU); :func:`conv_implementation` forces one everywhere. The limit is read
-    when a model is traced, so the block changes only what is traced inside
-    it: a function jitted before the block keeps its implementation. Trace a
-    fresh function there (``jax.jit(lambda *a: f(*a))``, a fresh
+    every batch (on CPU); :func:`conv_implementation` forces one everywhere.
+    The limit is read when a model is traced, so the block changes only what
+    is traced inside it: a function jitted before the block keeps its
+    implementation. Trace a fresh function there (``jax.jit(lambda *a: f(*a))``, a fresh
     ``make_apply_fn``), as ``benchmarks/conv_im2col_cpu.py`` does.
 
     Raises:
@@ -253,10 +253,10 @@ class Conv(nn.Module):
     On CPU, for a batch of at most :data:`IM2COL_MAX_BATCH` (the batch the
     layer sees, i.e. per example under ``vmap``) or a kernel larger than the
     input (:func:`uses_im2col`), it computes :func:`conv_im2col`; otherwise
-    ``lax.conv_general_dilated``. The choice is made when the model is traced. Named ``Conv`` so that flax names its
-    instances ``Conv_i`` as it names ``nn.Conv``'s: a model switching to it
-    keeps its parameter tree and, from the same key, its initial values
-    (tested). Only 2-D convolutions without dilation or feature groups, which
+    ``lax.conv_general_dilated``. The choice is made when the model is traced.
+    Named ``Conv`` so that flax names its instances ``Conv_i`` as it names
+    ``nn.Conv``'s: a model switching to it keeps its parameter tree and,
+    from the same key, its initial values (tested). Only 2-D convolutions without dilation or feature groups, which
     is all the registry uses.
     """
 
