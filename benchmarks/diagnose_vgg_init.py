@@ -90,6 +90,7 @@ def run(args, ds) -> list[dict]:
 
 def markdown(result) -> str:
     a = result["settings"]
+    steps = list(range(a["every"], a["steps"] + 1, a["every"]))
     lines = [f"# {a['model']} without batch norm: LeCun vs He init, central SGD", "",
              f"`python -m benchmarks.diagnose_vgg_init {' '.join(result['argv'])}`".replace(
                  " `", "`") + f" at {result['commit']}, {result['seconds']:.0f} s. "
@@ -99,11 +100,13 @@ def markdown(result) -> str:
              f"{a['test_examples']} test images, every {a['every']} steps. Chance: loss "
              f"{np.log(result['num_classes']):.2f}, accuracy {1 / result['num_classes']:.2f}.",
              "", "| init | lr | last conv variance at init | "
-             + " | ".join(f"step {c['step']}" for c in result["rows"][0]["curve"]) + " |",
-             "|---|---|---|" + "---|" * len(result["rows"][0]["curve"])]
+             + " | ".join(f"step {k}" for k in steps) + " |",
+             "|---|---|---|" + "---|" * len(steps)]
     for r in result["rows"]:
+        # A diverged row ends with its non-finite step; its later columns stay empty.
         cells = [f"{c['loss']:.2f} / {c['accuracy']:.2f}" if c["accuracy"] is not None
-                 else "non-finite" for c in r["curve"]]
+                 else f"non-finite (step {c['step']})" for c in r["curve"]]
+        cells += ["—"] * (len(steps) - len(cells))
         lines.append(f"| {r['init']} | {r['lr']:g} | {r['last_conv_variance_at_init']:.2e} "
                      f"| " + " | ".join(cells) + " |")
     lines += ["", "Cells: loss / accuracy. Last conv variance: variance of the last "
