@@ -25,9 +25,16 @@ Usage::
     python benchmarks/engine_throughput.py            # full: 10/100/500/1000
     python benchmarks/engine_throughput.py --quick    # 10/100/500, 2 repeats
 
-On a GPU: run the same command on the GPU machine (``pip install
-jax[cuda12]``); ``device`` in the JSON records it, and ``fedsim-auto`` will
-measure vmap/chunked there. Writes ``benchmarks/results/engine_throughput.{json,md}``.
+On a GPU (a CUDA jax and torch installed)::
+
+    python benchmarks/engine_throughput.py --torch-device cuda --torch-threads 1 \
+        --clients 10 100 1000 5000 --impl-max-clients fedsim-loop=1000 \
+        fedsim-map=1000 torch-loop=1000 --out benchmarks/results/engine_throughput_gpu
+
+``device`` in the JSON records the accelerator; ``fedsim-auto`` calibrates
+there as everywhere. On a GPU each row also records the accelerator's peak
+memory (JAX's ``peak_bytes_in_use``, torch's ``max_memory_allocated``).
+Writes ``benchmarks/results/engine_throughput.{json,md}`` unless ``--out``.
 """
 
 from __future__ import annotations
@@ -60,6 +67,17 @@ def peak_rss_mb() -> float:
 
 # --- workers (run in a fresh subprocess) ------------------------------------
 
+def jax_device_peak_mb() -> float | None:
+    """Peak accelerator memory of this process (MiB); None on the CPU."""
+    import jax
+    dev = jax.devices()[0]
+    if dev.platform == "cpu":
+        return None
+    stats = dev.memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else peak / 2**20
+
+
 def fedsim_worker(impl: str, clients: int, repeats: int) -> dict:
     import jax
 
@@ -88,13 +106,14 @@ def fedsim_worker(impl: str, clients: int, repeats: int) -> dict:
         times.append(res.seconds)
     return {"seconds_per_round": statistics.median(times), "round_seconds": times,
             "first_round_seconds": first, "strategy": sim.strategy,
+            "device_peak_mb": jax_device_peak_mb(),
             "strategy_reason": sim.strategy_reason,
             "calibration_seconds": calibration if strategy == "auto" else None,
             "backend": jax.default_backend(), "n_params": int(sum(
                 x.size for x in jax.tree_util.tree_leaves(state.params)))}
 
 
-def torch_worker(clients: int, repeats: int, threads: int) -> dict:
+def torch_worker(clients: int, repeats: int, threads: int, device: str = "cpu") -> dict:
     import numpy as np
     import torch
     import torch.nn as tnn
@@ -102,6 +121,9 @@ def torch_worker(clients: int, repeats: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
+    dev = torch.device(device)
+    # On a GPU, time what the GPU did: wait for its queued kernels.
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     class LeNet5(tnn.Module):  # same layers as fedsim.models.LeNet5 at 32×32
         def __init__(self):
@@ -115,10 +137,10 @@ def torch_worker(clients: int, repeats: int, threads: int) -> dict:
             return self.f3(F.relu(self.f2(F.relu(self.f1(x)))))
 
     rng = np.random.default_rng(0)
-    x = torch.from_numpy(rng.uniform(0, 1, (clients * EXAMPLES, 1, IMAGE, IMAGE)).astype(np.float32))
-    y = torch.from_numpy(rng.integers(0, 10, clients * EXAMPLES))
-    global_model, local = LeNet5(), LeNet5()
-    gen = torch.Generator().manual_seed(0)
+    x = torch.from_numpy(rng.uniform(0, 1, (clients * EXAMPLES, 1, IMAGE, IMAGE)).astype(np.float32)).to(dev)
+    y = torch.from_numpy(rng.integers(0, 10, clients * EXAMPLES)).to(dev)
+    global_model, local = LeNet5().to(dev), LeNet5().to(dev)
+    gen = torch.Generator().manual_seed(0)  # batch order drawn on the host, as fedsim's is
 
     def one_round():
         t0 = time.perf_counter()
@@ -130,7 +152,7 @@ def torch_worker(clients: int, repeats: int, threads: int) -> dict:
                     p.copy_(q)
             opt = torch.optim.SGD(local.parameters(), lr=LR)
             xc, yc = x[c * EXAMPLES:(c + 1) * EXAMPLES], y[c * EXAMPLES:(c + 1) * EXAMPLES]
-            order = torch.randperm(EXAMPLES, generator=gen)
+            order = torch.randperm(EXAMPLES, generator=gen).to(dev)
             for s in range(EXAMPLES // BATCH):
                 b = order[s * BATCH:(s + 1) * BATCH]
                 opt.zero_grad(set_to_none=True)
@@ -142,24 +164,31 @@ def torch_worker(clients: int, repeats: int, threads: int) -> dict:
         with torch.no_grad():
             for p, w in zip(global_model.parameters(), wsum):
                 p.add_(w / (EXAMPLES * clients))
+        sync()
         return time.perf_counter() - t0
 
     first = one_round()
     times = [one_round() for _ in range(repeats)]
+    peak = torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else None
     return {"seconds_per_round": statistics.median(times), "round_seconds": times,
-            "first_round_seconds": first, "threads": threads, "torch": torch.__version__}
+            "first_round_seconds": first, "threads": threads, "torch": torch.__version__,
+            "torch_device": device, "device_peak_mb": peak}
 
 
 # --- driver -----------------------------------------------------------------
 
 def run_one(impl: str, clients: int, repeats: int, threads: int, cache_dir: str,
-            timeout: float) -> dict:
+            timeout: float, torch_device: str = "cpu") -> dict:
+    # XLA_PYTHON_CLIENT_PREALLOCATE=false: on a GPU, JAX takes what it uses
+    # rather than 75 % of the card, so its peak memory is its own.
     env = dict(os.environ, FEDSIM_CACHE_DIR=cache_dir, PYTHONPATH=str(ROOT),
-               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", ""))
+               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", ""),
+               XLA_PYTHON_CLIENT_PREALLOCATE="false")
     if not env["JAX_PLATFORMS"]:
         env.pop("JAX_PLATFORMS")
     cmd = [sys.executable, __file__, "--worker", impl, "--clients", str(clients),
-           "--repeats", str(repeats), "--threads", str(threads)]
+           "--repeats", str(repeats), "--threads", str(threads),
+           "--torch-device", torch_device]
     load = os.getloadavg()[0]
     row = {"impl": impl, "clients": clients, "loadavg_1min_before": load}
     try:
@@ -196,8 +225,8 @@ def device_description() -> str:
 def markdown(result: dict) -> str:
     rows = result["rows"]
     cohorts = sorted({r["clients"] for r in rows})
-    label = lambda r: r["impl"] + (f" ({r['threads']} thr)" if "threads" in r else "")
     impls = list(dict.fromkeys(label(r) for r in rows))
+    on_device = any(r.get("device_peak_mb") is not None for r in rows)
     cell = {(label(r), r["clients"]): r for r in rows}
     fmt = lambda v: "–" if v is None else f"{v:.3f}"
     out = [f"# Engine round time vs PyTorch sequential loop ({result['mode']} mode)", "",
@@ -207,13 +236,17 @@ def markdown(result: dict) -> str:
            f"cohorts: at least {MIN_CLIENT_TRAININGS} client trainings) after a warm-up round; "
            f"each row a fresh process per pass, {result['passes']} pass(es) pooled. Both sides run the same LeNet-5: PyTorch with its standard layers "
            "(`nn.Conv2d`, `F.max_pool2d`), fedsim with its model registry's `lenet5` "
-           "(phase-packed conv→ReLU→pool, see docs/scale.md). Load average (1 min) during the run: "
+           + ("(phase-packed conv→ReLU→pool, see docs/scale.md). " if result["device"].startswith("cpu")
+              else "(XLA's convolution and pooling: the phase packing is CPU-only). ")
+           + "Load average (1 min) during the run: "
            f"{min(r['loadavg_1min_before'] for r in rows):.1f}–"
-           f"{max(r['loadavg_1min_before'] for r in rows):.1f} (shared 2-core machine: noisy).",
+           f"{max(r['loadavg_1min_before'] for r in rows):.1f}"
+           + (" (shared 2-core machine: noisy)." if result["device"].startswith("cpu") else
+              " (host CPU; the rounds run on the accelerator)."),
            f"Produced by `python benchmarks/engine_throughput.py {' '.join(result['argv'])}` on {result['date']} "
            f"at commit {short_commit(result['commit'])}.",
-           *( [f"Not run (capped by `--slow-impls-max-clients`, to bound the run's time): {', '.join(result['skipped'])}."] if result["skipped"] else []),
-           "", "## Seconds per round (peak RSS MiB)", "",
+           *( [f"Not run (capped by `--slow-impls-max-clients` / `--impl-max-clients`, to bound the run's time): {', '.join(result['skipped'])}."] if result["skipped"] else []),
+           "", "## Seconds per round (peak RSS MiB" + ("; peak accelerator MiB)" if on_device else ")"), "",
            "| impl | " + " | ".join(f"N={c}" for c in cohorts) + " |",
            "|---" * (len(cohorts) + 1) + "|"]
     for i in impls:
@@ -225,7 +258,10 @@ def markdown(result: dict) -> str:
             elif r.get("error"):
                 cells.append("error")
             else:
-                cells.append(f"{fmt(r['seconds_per_round'])} ({r['peak_rss_mb']:.0f})")
+                mem = f"{r['peak_rss_mb']:.0f}"
+                if r.get("device_peak_mb") is not None:
+                    mem += f"; {r['device_peak_mb']:.0f}"
+                cells.append(f"{fmt(r['seconds_per_round'])} ({mem})")
         out.append(f"| {i} | " + " | ".join(cells) + " |")
     out += ["", "## Acceptance checks (from the rows above)", ""]
     for chk in result["checks"]:
@@ -238,24 +274,33 @@ def markdown(result: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def label(row: dict) -> str:
+    """A row's name in the tables: torch rows say their threads, or their device."""
+    if row["impl"] != "torch-loop":
+        return row["impl"]
+    device = row.get("torch_device", "cpu")
+    return f"torch-loop ({row['threads']} thr)" if device == "cpu" else f"torch-loop ({device})"
+
+
 def checks(rows: list[dict]) -> list[str]:
     ok = lambda r: r.get("seconds_per_round") is not None
-    by = {(r["impl"], r.get("threads"), r["clients"]): r for r in rows if ok(r)}
+    by = {(label(r), r["clients"]): r for r in rows if ok(r)}
+    torch_labels = list(dict.fromkeys(label(r) for r in rows if r["impl"] == "torch-loop"))
     lines = []
     for c in sorted({r["clients"] for r in rows}):
-        auto = by.get(("fedsim-auto", None, c))
-        fixed = [by[(i, None, c)] for i in FEDSIM_IMPLS[1:] if (i, None, c) in by]
+        auto = by.get(("fedsim-auto", c))
+        fixed = [by[(i, c)] for i in FEDSIM_IMPLS[1:] if (i, c) in by]
         if auto and fixed:
             best = min(fixed, key=lambda r: r["seconds_per_round"])
             ratio = auto["seconds_per_round"] / best["seconds_per_round"]
             lines.append(f"N={c}: auto/best fixed ({best['impl']}) = {ratio:.2f} "
                          f"({'PASS' if ratio <= 1.10 else 'FAIL'}: ≤ 1.10)")
-        for thr in (1, 2):
-            t = by.get(("torch-loop", thr, c))
+        for name in torch_labels:
+            t = by.get((name, c))
             if auto and t:
                 sp = t["seconds_per_round"] / auto["seconds_per_round"]
                 need = c in (100, 500)
-                lines.append(f"N={c}: torch-loop ({thr} thr)/fedsim-auto = {sp:.2f}×"
+                lines.append(f"N={c}: {name}/fedsim-auto = {sp:.2f}×"
                              + (f" ({'PASS' if sp >= 1.5 else 'FAIL'}: ≥ 1.5×)" if need else ""))
     return lines
 
@@ -271,6 +316,12 @@ def main() -> None:
                     help="run the whole plan this many times, pooling each row's rounds")
     ap.add_argument("--slow-impls-max-clients", type=int, default=None,
                     help="skip fedsim-map/fedsim-vmap above this cohort size (time budget)")
+    ap.add_argument("--impl-max-clients", nargs="*", default=[], metavar="IMPL=N",
+                    help="skip IMPL above N clients, e.g. torch-loop=1000 (time budget)")
+    ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, 2],
+                    help="torch-loop rows, one per thread count")
+    ap.add_argument("--torch-device", default="cpu",
+                    help="where torch-loop runs: cpu or cuda")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(RESULTS / "engine_throughput"))
@@ -278,7 +329,7 @@ def main() -> None:
     if args.worker:
         clients = args.clients[0]
         if args.worker == "torch-loop":
-            row = torch_worker(clients, args.repeats, args.threads)
+            row = torch_worker(clients, args.repeats, args.threads, args.torch_device)
         else:
             row = fedsim_worker(args.worker, clients, args.repeats)
         row["peak_rss_mb"] = peak_rss_mb()
@@ -288,16 +339,11 @@ def main() -> None:
     cohorts = args.clients or ([10, 100, 500] if args.quick else [10, 100, 500, 1000])
     repeats = args.repeats or (2 if args.quick else 3)
     impls = args.impls or list(FEDSIM_IMPLS) + ["torch-loop"]
-    cap = args.slow_impls_max_clients
-    skipped = []
-    plan = []
-    for c in cohorts:
-        for impl in impls:
-            if cap is not None and c > cap and impl in ("fedsim-map", "fedsim-vmap"):
-                skipped.append(f"{impl} at N={c}")
-                continue
-            for thr in ((1, 2) if impl == "torch-loop" else (1,)):
-                plan.append((impl, c, thr))
+    caps = parse_caps(args.impl_max_clients, impls)
+    if args.slow_impls_max_clients is not None:
+        for impl in ("fedsim-map", "fedsim-vmap"):
+            caps.setdefault(impl, args.slow_impls_max_clients)
+    plan, skipped = build_plan(cohorts, impls, caps, args.torch_threads)
     # Each pass runs the whole plan again in fresh processes; a row's rounds
     # from all passes are pooled, so slow drifts of the machine's load hit
     # every implementation alike.
@@ -308,11 +354,38 @@ def main() -> None:
             # MIN_CLIENT_TRAININGS client trainings per row.
             reps = max(repeats, -(-MIN_CLIENT_TRAININGS // c))
             with tempfile.TemporaryDirectory() as cache_dir:  # auto calibrates afresh
-                runs.append(run_one(impl, c, reps, thr, cache_dir, args.timeout)
-                            | {"repeats": reps})
+                runs.append(run_one(impl, c, reps, thr, cache_dir, args.timeout,
+                                    args.torch_device) | {"repeats": reps})
             # Written after every row, so an interrupted run still leaves its rows.
             done = pass_idx == args.passes - 1 and i == len(plan) - 1
             write_results(args, pool_passes(runs), repeats, skipped, commit, done=done)
+
+
+def parse_caps(specs: list[str], impls: list[str]) -> dict[str, int]:
+    """``["torch-loop=1000", ...]`` → ``{"torch-loop": 1000}``; names what is wrong."""
+    caps = {}
+    for spec in specs:
+        impl, sep, n = spec.partition("=")
+        if not sep or not n.isdigit():
+            raise SystemExit(f"--impl-max-clients: expected IMPL=N, got {spec!r}")
+        if impl not in impls:
+            raise SystemExit(f"--impl-max-clients: unknown impl {impl!r} (running: {', '.join(impls)})")
+        caps[impl] = int(n)
+    return caps
+
+
+def build_plan(cohorts: list[int], impls: list[str], caps: dict[str, int],
+               torch_threads: list[int]) -> tuple[list[tuple[str, int, int]], list[str]]:
+    """(impl, clients, threads) rows to run, and the "impl at N=c" rows capped away."""
+    plan, skipped = [], []
+    for c in cohorts:
+        for impl in impls:
+            if impl in caps and c > caps[impl]:
+                skipped.append(f"{impl} at N={c}")
+                continue
+            for thr in (torch_threads if impl == "torch-loop" else (1,)):
+                plan.append((impl, c, thr))
+    return plan, skipped
 
 
 def pool_passes(runs: list[dict]) -> list[dict]:
@@ -331,6 +404,8 @@ def pool_passes(runs: list[dict]) -> list[dict]:
         row["round_seconds"] = row["round_seconds"] + r["round_seconds"]
         row["seconds_per_round"] = statistics.median(row["round_seconds"])
         row["peak_rss_mb"] = max(row["peak_rss_mb"], r["peak_rss_mb"])
+        if row.get("device_peak_mb") is not None and r.get("device_peak_mb") is not None:
+            row["device_peak_mb"] = max(row["device_peak_mb"], r["device_peak_mb"])
         row["loadavg_1min_before"] = max(row["loadavg_1min_before"], r["loadavg_1min_before"])
         row.setdefault("strategy_reasons", [row.get("strategy_reason")])
         row["strategy_reasons"].append(r.get("strategy_reason"))

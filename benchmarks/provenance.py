@@ -37,16 +37,29 @@ def git_state(root: Path | None = None) -> dict:
     return {"commit": head, "dirty": bool(changed)}
 
 
+SOURCE_COMMIT_ENV = "FEDSIM_SOURCE_COMMIT"
+
+
 def git_commit(root: Path | None = None) -> str:
     """:func:`git_state` as one string: HEAD, + ``-dirty`` where the code differed;
-    ``"unknown"`` where git cannot tell."""
+    ``"unknown"`` where git cannot tell.
+
+    Where git cannot tell (a copy of the tree without ``.git``, such as the one
+    a lent GPU machine gets), ``$FEDSIM_SOURCE_COMMIT`` names the commit the
+    copy was made from, recorded as ``<commit>-declared`` so that a reader
+    knows git did not check it there."""
     state = git_state(root)
     if state["commit"] is None:
-        return "unknown"
+        import os
+        declared = os.environ.get(SOURCE_COMMIT_ENV, "").strip()
+        return f"{declared}-declared" if declared else "unknown"
     return state["commit"] + ("-dirty" if state["dirty"] else "")
 
 
 def short_commit(commit: str) -> str:
     """A :func:`git_commit` string for markdown: the hash's first 7 characters, with
-    ``-dirty`` kept (``"unknown"`` stays as it is)."""
-    return commit[:7] + ("-dirty" if commit.endswith("-dirty") else "")
+    ``-dirty`` or ``-declared`` kept (``"unknown"`` stays as it is)."""
+    for suffix in ("-dirty", "-declared"):
+        if commit.endswith(suffix):
+            return commit[:7] + suffix
+    return commit[:7]

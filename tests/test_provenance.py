@@ -54,6 +54,18 @@ def test_git_commit_outside_a_repository_says_unknown(tmp_path):
     assert provenance.git_state(tmp_path / "missing") == {"commit": None, "dirty": None}
 
 
+def test_a_declared_commit_is_used_only_where_git_cannot_tell(tmp_path, monkeypatch, repo):
+    # A copy of the tree without .git (a lent GPU machine's) records the commit
+    # its sender declares, marked as declared; a real checkout ignores it.
+    monkeypatch.setenv(provenance.SOURCE_COMMIT_ENV, "abc123")
+    assert provenance.git_commit(tmp_path / "missing") == "abc123-declared"
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert provenance.git_commit(repo) == head
+    monkeypatch.setenv(provenance.SOURCE_COMMIT_ENV, " ")
+    assert provenance.git_commit(tmp_path / "missing") == "unknown"
+
+
 @pytest.mark.parametrize("module", ["reproduce_chu2023", "reproduce_sun2021",
                                     "reproduce_tan2024", "conv_im2col_cpu", "dp_overhead",
                                     "attack_acceptance", "attack_throughput", "control_flow_cpu",
@@ -73,4 +85,5 @@ def test_short_commit_keeps_the_dirty_mark():
     h = "0123456789abcdef0123456789abcdef01234567"
     assert short_commit(h) == "0123456"
     assert short_commit(h + "-dirty") == "0123456-dirty"
+    assert short_commit(h + "-declared") == "0123456-declared"
     assert short_commit("unknown") == "unknown"

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One GPU session's checks, in one call (the lent machine has ~15 min in all):
+#   1. the engine-throughput benchmark on the GPU, fedsim against a PyTorch
+#      loop on the same GPU (benchmarks/results/engine_throughput_gpu.*);
+#   2. the engine's, the attacks' and a few defenses' unit tests on the GPU
+#      (they are written for XLA:CPU; this shows which tolerances a GPU breaks).
+#
+# Usage (repo root, on a machine with a CUDA jax and torch):
+#   bash benchmarks/gpu_session.sh OUT_DIR [ENGINE_SECONDS] [PYTEST_SECONDS]
+# Python packages the machine lacks may be given as wheels in .whl/ (dm-pix,
+# dp-accounting, dm-tree: the GPU image has jax, flax, optax and torch).
+# Where the copy of the tree has no .git, set FEDSIM_SOURCE_COMMIT to the
+# commit it was made from: the results JSON records it as "<commit>-declared".
+set -u
+out=${1:?usage: gpu_session.sh OUT_DIR [ENGINE_SECONDS] [PYTEST_SECONDS]}
+engine_s=${2:-300}
+pytest_s=${3:-140}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+{
+  date -u
+  nvidia-smi -L
+  echo "git: $(git rev-parse HEAD 2>&1 | head -1); declared: ${FEDSIM_SOURCE_COMMIT:-none}"
+  python3 -c "import jax, flax, optax, torch; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'torch', torch.__version__); print(jax.devices())"
+  # float32 matrix products: the largest relative error against float64 says
+  # whether XLA used TF32 (~1e-3) or full float32 (~1e-6) by default.
+  python3 -c "
+import contextlib, jax, jax.numpy as jnp, numpy as np
+a = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
+ref = a.astype(np.float64) @ a.astype(np.float64)
+for prec in (None, 'highest'):
+    with jax.default_matmul_precision(prec) if prec else contextlib.nullcontext():
+        r = np.asarray(jax.jit(jnp.dot)(a, a), np.float64)
+    print('float32 matmul, precision', prec or 'default', 'max rel err', float(np.abs(r - ref).max() / np.abs(ref).max()))
+"
+} 2>&1 | tee "$out/environment.txt"
+
+# 1. Engine throughput. Each row is its own process and the JSON is rewritten
+#    after every row, so a run cut short still leaves its rows.
+timeout -k 5 "$engine_s" python3 benchmarks/engine_throughput.py \
+  --torch-device cuda --torch-threads 1 --clients 10 100 1000 5000 \
+  --impl-max-clients fedsim-loop=1000 fedsim-map=100 torch-loop=1000 \
+  --timeout 90 --out "$out/engine_throughput_gpu" 2>&1 | tee "$out/engine_log.txt"
+pkill -f "engine_throughput.py --worker" 2>/dev/null  # a row cut off by timeout
+
+# 2. Unit tests on the GPU (the suite's conftest picks the CPU unless told).
+per_test=()
+python3 -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout 60)
+JAX_PLATFORMS=cuda FEDSIM_COMPILE_CACHE=0 timeout -k 5 "$pytest_s" python3 -m pytest \
+  -p no:cacheprovider -o addopts="" -m "not slow" -q -rfE "${per_test[@]}" \
+  tests/fedsim/test_simulation.py tests/fedsim/test_aggregation.py \
+  tests/fedsim/test_client.py tests/attacks/test_gradient_inversion.py \
+  tests/attacks/test_sgi.py tests/defenses/test_soteria.py \
+  tests/defenses/test_pruning_defense.py > "$out/pytest_gpu.txt" 2>&1
+echo "pytest exit $?" >> "$out/pytest_gpu.txt"
+tail -40 "$out/pytest_gpu.txt"

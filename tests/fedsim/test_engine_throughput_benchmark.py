@@ -1,0 +1,94 @@
+"""benchmarks/engine_throughput.py: its plan, caps, labels, checks and tables.
+
+The timing itself is the benchmark's job; these tests check the bookkeeping
+around it (which rows run, how they are named and compared), including the
+accelerator mode (torch on ``cuda``, peak accelerator memory) that this
+machine cannot run.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import engine_throughput as et
+
+
+def test_build_plan_caps_each_impl_and_names_what_it_skipped():
+    impls = ["fedsim-auto", "fedsim-vmap", "torch-loop"]
+    plan, skipped = et.build_plan([10, 1000, 5000], impls, {"torch-loop": 1000},
+                                  torch_threads=[1, 2])
+    assert plan == [("fedsim-auto", 10, 1), ("fedsim-vmap", 10, 1), ("torch-loop", 10, 1),
+                    ("torch-loop", 10, 2), ("fedsim-auto", 1000, 1), ("fedsim-vmap", 1000, 1),
+                    ("torch-loop", 1000, 1), ("torch-loop", 1000, 2), ("fedsim-auto", 5000, 1),
+                    ("fedsim-vmap", 5000, 1)]
+    assert skipped == ["torch-loop at N=5000"]
+
+
+def test_parse_caps_rejects_unknown_impls_and_malformed_specs():
+    impls = list(et.FEDSIM_IMPLS) + ["torch-loop"]
+    assert et.parse_caps(["torch-loop=1000", "fedsim-map=100"], impls) == {
+        "torch-loop": 1000, "fedsim-map": 100}
+    with pytest.raises(SystemExit, match="unknown impl 'fedsim-pmap'"):
+        et.parse_caps(["fedsim-pmap=10"], impls)
+    with pytest.raises(SystemExit, match="expected IMPL=N"):
+        et.parse_caps(["torch-loop"], impls)
+    with pytest.raises(SystemExit, match="expected IMPL=N"):
+        et.parse_caps(["torch-loop=many"], impls)
+
+
+def test_cli_names_a_bad_cap_before_running_anything():
+    p = subprocess.run([sys.executable, et.__file__, "--impl-max-clients", "torch=10"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "unknown impl 'torch'" in p.stderr
+
+
+def _row(impl, clients, seconds, **extra):
+    return {"impl": impl, "clients": clients, "seconds_per_round": seconds,
+            "peak_rss_mb": 500.0, "loadavg_1min_before": 0.5, **extra}
+
+
+def test_gpu_rows_are_labelled_by_device_and_compared_with_auto():
+    rows = [_row("fedsim-auto", 100, 0.02, device_peak_mb=300.0, strategy_reason="auto -> vmap",
+                 calibration_seconds=4.0),
+            _row("fedsim-vmap", 100, 0.019, device_peak_mb=310.0),
+            _row("fedsim-loop", 100, 0.5, device_peak_mb=40.0),
+            _row("torch-loop", 100, 0.3, threads=1, torch_device="cuda", device_peak_mb=20.0)]
+    assert et.label(rows[3]) == "torch-loop (cuda)"
+    assert et.label(_row("torch-loop", 100, 0.3, threads=2)) == "torch-loop (2 thr)"
+    lines = et.checks(rows)
+    assert lines[0] == "N=100: auto/best fixed (fedsim-vmap) = 1.05 (PASS: ≤ 1.10)"
+    assert lines[1] == "N=100: torch-loop (cuda)/fedsim-auto = 15.00× (PASS: ≥ 1.5×)"
+    result = {"rows": rows, "checks": lines, "device": "gpu: NVIDIA H200; x86; 16 cores",
+              "jax": "0", "torch": "0", "mode": "full", "repeats": 3, "passes": 1,
+              "argv": ["--torch-device", "cuda"], "date": "d", "commit": "0" * 40,
+              "skipped": []}
+    md = et.markdown(result)
+    assert "| torch-loop (cuda) | 0.300 (500; 20) |" in md
+    assert "| fedsim-vmap | 0.019 (500; 310) |" in md
+    assert "peak accelerator MiB" in md
+    assert "phase packing is CPU-only" in md and "shared 2-core machine" not in md
+
+
+def test_cpu_rows_keep_the_cpu_table():
+    rows = [_row("fedsim-auto", 10, 0.07), _row("torch-loop", 10, 0.2, threads=1),
+            _row("torch-loop", 10, 0.1, threads=2)]
+    lines = et.checks(rows)
+    assert lines == ["N=10: torch-loop (1 thr)/fedsim-auto = 2.86×",
+                     "N=10: torch-loop (2 thr)/fedsim-auto = 1.43×"]
+    result = {"rows": rows, "checks": lines, "device": "cpu: cpu; AMD EPYC; 2 cores",
+              "jax": "0", "torch": "0", "mode": "full", "repeats": 3, "passes": 1,
+              "argv": [], "date": "d", "commit": "0" * 40, "skipped": []}
+    md = et.markdown(result)
+    assert "## Seconds per round (peak RSS MiB)" in md
+    assert "| torch-loop (2 thr) | 0.100 (500) |" in md
+    assert "phase-packed" in md and "shared 2-core machine: noisy" in md
+
+
+def test_pooled_passes_keep_the_larger_accelerator_peak():
+    a = _row("fedsim-vmap", 10, 0.02, round_seconds=[0.02], device_peak_mb=100.0)
+    b = _row("fedsim-vmap", 10, 0.04, round_seconds=[0.04], device_peak_mb=150.0)
+    (row,) = et.pool_passes([a, b])
+    assert row["device_peak_mb"] == 150.0 and row["passes"] == 2
+    assert row["seconds_per_round"] == pytest.approx(0.03)
