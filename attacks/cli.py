@@ -153,7 +153,10 @@ def run_attack_experiment(cfg: Config, quiet: bool = False) -> dict:
         raise ConfigError("no upload was observed: do observer.clients take part in observer.rounds?")
     t0 = time.perf_counter()
     key = jax.random.fold_in(jax.random.key(cfg.seed), ATTACK_STREAM)
-    results = attack_uploads(uploads, section, key)
+    # The simulation's float32 precision for the attack too (on a GPU, XLA's
+    # default would match gradients in TF32; docs/scale.md, "Precision").
+    with jax.default_matmul_precision(cfg.training.matmul_precision):
+        results = attack_uploads(uploads, section, key)
     seconds = time.perf_counter() - t0
     out = run_dir_for(cfg)
     save_grid(results, out / "attack_grid.png")

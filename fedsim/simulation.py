@@ -185,6 +185,16 @@ class Simulation:
 
     # --- setup -------------------------------------------------------------
 
+    def numerics(self):
+        """Context for the simulation's computations: ``training.matmul_precision``.
+
+        Entered by :meth:`run_round`, :meth:`evaluate` and calibration, so the
+        jitted steps are traced (and cached) under it. On a GPU, JAX's own
+        default lets float32 products run in TF32; this engine defaults to
+        "highest" so that float32 means float32 on every backend.
+        """
+        return jax.default_matmul_precision(self.cfg.training.matmul_precision)
+
     def init_state(self) -> ServerState:
         """The initial server state: fresh model, optimizer, per-client states."""
         params = init_params(self.model, self.dataset.input_shape,
@@ -378,7 +388,8 @@ class Simulation:
 
     def evaluate(self, params) -> tuple[float, float]:
         """(test accuracy, test loss) of ``params`` on the test split."""
-        acc, loss = self._evaluate(params, self._x_test, self._y_test)
+        with self.numerics():
+            acc, loss = self._evaluate(params, self._x_test, self._y_test)
         return float(acc), float(loss)
 
     def run_round(self, state: ServerState, round_idx: int) -> tuple[ServerState, RoundResult]:
@@ -393,8 +404,9 @@ class Simulation:
         _, ckey = self.round_keys(round_idx)
         observed_ids = (set(self.cfg.observer.clients)
                         if round_idx in self.cfg.observer.rounds else set())
-        new_state, losses, weights, finite, observed = self._train_cohort(
-            state, ids, ckey, round_idx, observed_ids)
+        with self.numerics():
+            new_state, losses, weights, finite, observed = self._train_cohort(
+                state, ids, ckey, round_idx, observed_ids)
         bad = [int(c) for c, f in zip(ids, finite) if not f]
         ok = weights > 0
         train_loss = float(np.sum(losses[ok] * weights[ok]) / max(np.sum(weights[ok]), 1e-12))

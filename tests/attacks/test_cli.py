@@ -37,3 +37,22 @@ def test_bad_attack_sections_name_the_key(override, match):
     cfg = load_config("configs/attack_quickstart.yaml", BASE + [override])
     with pytest.raises(ConfigError, match=match):
         validate_attack_section(cfg)
+
+
+@pytest.mark.parametrize("precision", ["highest", "default"])
+def test_the_attack_runs_under_the_configured_precision(tmp_path, monkeypatch, precision):
+    import jax
+
+    import attacks.cli as cli
+    seen = []
+
+    def recording(uploads, section, key):
+        seen.append((len(uploads), jax.config.jax_default_matmul_precision))
+        return [{"mse": 0.0, "psnr": 0.0, "ssim": 0.0, "label_acc": 1.0}]
+
+    monkeypatch.setattr(cli, "attack_uploads", recording)
+    monkeypatch.setattr(cli, "save_grid", lambda results, path: None)
+    cfg = load_config(None, BASE + [f"output.dir={tmp_path}",
+                                    f"training.matmul_precision={precision}"])
+    cli.run_attack_experiment(cfg, quiet=True)
+    assert seen == [(2, precision)]

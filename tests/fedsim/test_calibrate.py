@@ -104,3 +104,84 @@ def test_plain_compile_rebuilds_everything(cache_dir):
     again = sim._run_client
     sim._compile(reuse=True)
     assert sim._run_client is again
+
+
+def test_contenders_are_the_candidates_within_the_factor_of_the_best():
+    t = {"loop": 2.0, "vmap": 2.9, "map": 3.1, "chunked": float("inf")}
+    assert calibrate.contenders(t, factor=1.5) == ["loop", "vmap"]
+    assert calibrate.contenders(t, factor=1.0) == ["loop"]
+    assert calibrate.contenders({"loop": float("inf")}) == []
+
+
+def _gpu_like_measure(calls):
+    """Short cohort: map ahead by a little; real cohort: vmap far ahead (H200's shape)."""
+    short = {"map": 1.55e-3, "chunked": 1.57e-3, "loop": 1.99e-3, "vmap": 2.01e-3}
+    full = {"vmap": 0.12e-3, "chunked": 0.19e-3, "map": 0.37e-3, "loop": 0.37e-3}
+
+    def fake(sim, candidates=calibrate.CANDIDATES, clients=None, repeats=calibrate.REPEATS):
+        calls.append((tuple(candidates), clients))
+        table = full if clients == sim.cfg.training.clients_per_round else short
+        return {c: table[c] for c in candidates}
+    return fake
+
+
+def test_close_contenders_are_timed_again_on_the_real_cohort(cache_dir, monkeypatch):
+    calls = []
+    monkeypatch.setattr(calibrate, "measure", _gpu_like_measure(calls))
+    cfg = small_config(**{"training.client_parallelism": "auto", "data.num_clients": 40,
+                          "training.clients_per_round": 40})
+    sim = Simulation(cfg, dataset=small_dataset(n=1200))
+    # map wins the 16-client cohort; vmap wins the real one.
+    assert sim.strategy == "vmap"
+    assert calls == [(calibrate.CANDIDATES, None), (("map", "chunked", "loop", "vmap"), 40)]
+    assert "on 16 clients map 1.55" in sim.strategy_reason
+    assert "the 40-client cohort vmap 0.12" in sim.strategy_reason
+    entry, = json.loads((cache_dir / "calibration.json").read_text()).values()
+    assert entry["choice"] == "vmap" and entry["cohort_timings"]["vmap"] == 0.12e-3
+    # The cached entry gives the same choice and reason without measuring.
+    again = Simulation(cfg, dataset=small_dataset(n=1200))
+    assert again.strategy == "vmap" and len(calls) == 2
+    assert "the 40-client cohort vmap 0.12" in again.strategy_reason
+
+
+def test_a_clear_winner_or_a_short_cohort_is_measured_once(cache_dir, monkeypatch):
+    calls = []
+
+    def cpu_like(sim, candidates=calibrate.CANDIDATES, clients=None, repeats=calibrate.REPEATS):
+        calls.append(clients)
+        return {"loop": 7.5e-3, "vmap": 14.6e-3, "map": 66e-3, "chunked": 120e-3}
+
+    monkeypatch.setattr(calibrate, "measure", cpu_like)
+    big = {"training.client_parallelism": "auto", "data.num_clients": 40,
+           "training.clients_per_round": 40}
+    sim = Simulation(small_config(**big), dataset=small_dataset(n=1200))
+    assert sim.strategy == "loop" and calls == [None]
+    assert "16 clients" not in sim.strategy_reason  # one stage, one ranking
+    # Close contenders but a cohort no larger than the short one: one stage too.
+    calls.clear()
+    monkeypatch.setattr(calibrate, "measure", _gpu_like_measure(calls))
+    sim = Simulation(small_config(**{"training.client_parallelism": "auto"}),
+                     dataset=small_dataset())
+    assert sim.strategy == "map" and len(calls) == 1
+
+
+def test_the_second_stage_really_runs_on_the_whole_cohort(cache_dir, monkeypatch):
+    # Real measurements: every candidate a contender, a 2-client short cohort.
+    monkeypatch.setattr(calibrate, "CALIBRATION_CLIENTS", 2)
+    monkeypatch.setattr(calibrate, "CONTENDER_FACTOR", float("inf"))
+    sizes = []
+    real = calibrate.measure
+
+    def spy(sim, candidates=calibrate.CANDIDATES, clients=None, repeats=calibrate.REPEATS):
+        out = real(sim, candidates=candidates, clients=clients, repeats=1)
+        sizes.append((len(out), clients))
+        return out
+
+    monkeypatch.setattr(calibrate, "measure", spy)
+    sim = Simulation(small_config(**{"training.client_parallelism": "auto",
+                                     "training.clients_per_round": 4}),
+                     dataset=small_dataset(n=240))
+    assert sizes == [(4, None), (4, 4)]
+    assert "the 4-client cohort" in sim.strategy_reason
+    state, res = sim.run_round(sim.init_state(), 0)
+    assert np.isfinite(res.train_loss)

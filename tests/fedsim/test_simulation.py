@@ -179,3 +179,40 @@ def test_loop_clients_per_call_changes_nothing_but_speed():
         np.testing.assert_array_equal(state.client_states["upload"],
                                       ref_state.client_states["upload"])
         chex.assert_trees_all_close(obs, ref_obs, atol=1e-6)
+
+
+def _precision_recorder(seen):
+    """An upload defense that records, while it is traced, XLA's matmul precision."""
+    def apply(delta, state, *, key, context=None):
+        seen.append(jax.config.jax_default_matmul_precision)
+        return delta, state
+    return Defense(init=lambda params: (), apply=apply, stage="upload", name="precision_recorder")
+
+
+@pytest.mark.parametrize("parallelism", ["loop", "vmap", "auto"])
+@pytest.mark.parametrize("precision", ["highest", "default"])
+def test_rounds_evaluation_and_calibration_run_under_the_configured_precision(
+        precision, parallelism, tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDSIM_CACHE_DIR", str(tmp_path))
+    seen = []
+    cfg = small_config(**{"training.matmul_precision": precision,
+                          "training.client_parallelism": parallelism})
+    sim = Simulation(cfg, dataset=small_dataset(), defenses={"upload": _precision_recorder(seen)})
+    traced_in_calibration = len(seen)
+    assert (traced_in_calibration > 0) == (parallelism == "auto")
+    state, _ = sim.run_round(sim.init_state(), 0)
+    assert seen and set(seen) == {precision}
+    if parallelism == "auto":  # the run reuses what calibration traced
+        assert len(seen) == traced_in_calibration
+    at_eval = []
+    sim._evaluate = lambda p, x, y: (at_eval.append(jax.config.jax_default_matmul_precision),
+                                     (1.0, 0.0))[1]
+    sim.evaluate(state.params)
+    assert at_eval == [precision]
+    assert jax.config.jax_default_matmul_precision is None  # restored outside
+
+
+def test_bad_matmul_precision_names_the_key():
+    from fedsim.config import ConfigError
+    with pytest.raises(ConfigError, match="training.matmul_precision"):
+        small_config(**{"training.matmul_precision": "tf32"})
