@@ -14,6 +14,7 @@ loads, so ``benchmarks/results`` is left out.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -50,7 +51,6 @@ def git_commit(root: Path | None = None) -> str:
     knows git did not check it there."""
     state = git_state(root)
     if state["commit"] is None:
-        import os
         declared = os.environ.get(SOURCE_COMMIT_ENV, "").strip()
         return f"{declared}-declared" if declared else "unknown"
     return state["commit"] + ("-dirty" if state["dirty"] else "")
