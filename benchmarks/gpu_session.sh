@@ -3,7 +3,8 @@
 #   1. the engine-throughput benchmark on the GPU, fedsim against a PyTorch
 #      loop on the same GPU (benchmarks/results/engine_throughput_gpu.*);
 #   2. the engine's, the attacks' and a few defenses' unit tests on the GPU
-#      (they are written for XLA:CPU; this shows which tolerances a GPU breaks).
+#      (written for XLA:CPU; tests/conftest.py runs them at "highest" matmul
+#      precision, so what fails there is not TF32).
 #
 # Usage (repo root, on a machine with a CUDA jax and torch):
 #   bash benchmarks/gpu_session.sh OUT_DIR [ENGINE_SECONDS] [PYTEST_SECONDS]

@@ -54,5 +54,7 @@ def test_the_attack_runs_under_the_configured_precision(tmp_path, monkeypatch, p
     monkeypatch.setattr(cli, "save_grid", lambda results, path: None)
     cfg = load_config(None, BASE + [f"output.dir={tmp_path}",
                                     f"training.matmul_precision={precision}"])
-    cli.run_attack_experiment(cfg, quiet=True)
+    # Around it, the other setting: only the harness's own context can set it.
+    with jax.default_matmul_precision("default" if precision == "highest" else "highest"):
+        cli.run_attack_experiment(cfg, quiet=True)
     assert seen == [(2, precision)]

@@ -194,22 +194,27 @@ def _precision_recorder(seen):
 def test_rounds_evaluation_and_calibration_run_under_the_configured_precision(
         precision, parallelism, tmp_path, monkeypatch):
     monkeypatch.setenv("FEDSIM_CACHE_DIR", str(tmp_path))
-    seen = []
-    cfg = small_config(**{"training.matmul_precision": precision,
-                          "training.client_parallelism": parallelism})
-    sim = Simulation(cfg, dataset=small_dataset(), defenses={"upload": _precision_recorder(seen)})
-    traced_in_calibration = len(seen)
-    assert (traced_in_calibration > 0) == (parallelism == "auto")
-    state, _ = sim.run_round(sim.init_state(), 0)
-    assert seen and set(seen) == {precision}
-    if parallelism == "auto":  # the run reuses what calibration traced
-        assert len(seen) == traced_in_calibration
-    at_eval = []
-    sim._evaluate = lambda p, x, y: (at_eval.append(jax.config.jax_default_matmul_precision),
-                                     (1.0, 0.0))[1]
-    sim.evaluate(state.params)
-    assert at_eval == [precision]
-    assert jax.config.jax_default_matmul_precision is None  # restored outside
+    # Around the simulation, the other setting: only the engine's own context
+    # can make the traced code see the configured one.
+    outside = "default" if precision == "highest" else "highest"
+    with jax.default_matmul_precision(outside):
+        seen = []
+        cfg = small_config(**{"training.matmul_precision": precision,
+                              "training.client_parallelism": parallelism})
+        sim = Simulation(cfg, dataset=small_dataset(),
+                         defenses={"upload": _precision_recorder(seen)})
+        traced_in_calibration = len(seen)
+        assert (traced_in_calibration > 0) == (parallelism == "auto")
+        state, _ = sim.run_round(sim.init_state(), 0)
+        assert seen and set(seen) == {precision}
+        if parallelism == "auto":  # the run reuses what calibration traced
+            assert len(seen) == traced_in_calibration
+        at_eval = []
+        sim._evaluate = lambda p, x, y: (at_eval.append(jax.config.jax_default_matmul_precision),
+                                         (1.0, 0.0))[1]
+        sim.evaluate(state.params)
+        assert at_eval == [precision]
+        assert jax.config.jax_default_matmul_precision == outside  # restored
 
 
 def test_bad_matmul_precision_names_the_key():
