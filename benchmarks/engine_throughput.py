@@ -320,8 +320,8 @@ def main() -> None:
                     help="skip IMPL above N clients, e.g. torch-loop=1000 (time budget)")
     ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, 2],
                     help="torch-loop rows, one per thread count")
-    ap.add_argument("--torch-device", default="cpu",
-                    help="where torch-loop runs: cpu or cuda")
+    ap.add_argument("--torch-device", default="cpu", choices=("cpu", "cuda"),
+                    help="where torch-loop runs")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(RESULTS / "engine_throughput"))
@@ -339,6 +339,10 @@ def main() -> None:
     cohorts = args.clients or ([10, 100, 500] if args.quick else [10, 100, 500, 1000])
     repeats = args.repeats or (2 if args.quick else 3)
     impls = args.impls or list(FEDSIM_IMPLS) + ["torch-loop"]
+    if any(t < 1 for t in args.torch_threads):
+        ap.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
+    if any(c < 1 for c in cohorts):
+        ap.error(f"--clients must be >= 1, got {cohorts}")
     caps = parse_caps(args.impl_max_clients, impls)
     if args.slow_impls_max_clients is not None:
         for impl in ("fedsim-map", "fedsim-vmap"):

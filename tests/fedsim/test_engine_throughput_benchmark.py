@@ -37,11 +37,17 @@ def test_parse_caps_rejects_unknown_impls_and_malformed_specs():
         et.parse_caps(["torch-loop=many"], impls)
 
 
-def test_cli_names_a_bad_cap_before_running_anything():
-    p = subprocess.run([sys.executable, et.__file__, "--impl-max-clients", "torch=10"],
+@pytest.mark.parametrize("argv, message", [
+    (["--impl-max-clients", "torch=10"], "unknown impl 'torch'"),
+    (["--torch-device", "gpu"], "invalid choice: 'gpu'"),
+    (["--torch-threads", "0"], "--torch-threads must be >= 1"),
+    (["--clients", "0", "10"], "--clients must be >= 1"),
+])
+def test_cli_names_bad_arguments_before_running_anything(argv, message):
+    p = subprocess.run([sys.executable, et.__file__, *argv],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
-    assert "unknown impl 'torch'" in p.stderr
+    assert message in p.stderr
 
 
 def _row(impl, clients, seconds, **extra):
