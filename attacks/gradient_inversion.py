@@ -40,6 +40,7 @@ import optax
 
 from attacks.api import Reconstruction
 from attacks.labels import infer_labels, observed_gradient
+from fedsim import models
 from fedsim.typing import Observation, Params
 
 
@@ -296,7 +297,17 @@ def _compiled(apply_fn, cfg, batch_size, input_shape, num_classes, shared_params
     invert = make_inverter(apply_fn, cfg, batch_size, input_shape, num_classes)
     # Shared params (victims of one round) stay unbatched: a [V]-batched weight
     # turns every matmul into a batched one, measured slower on CPU.
-    return jax.jit(jax.vmap(invert, in_axes=(None if shared_params else 0, 0, 0, 0)))
+    victims = jax.vmap(invert, in_axes=(None if shared_params else 0, 0, 0, 0))
+
+    def traced(*args):
+        # Victims and restarts are vmapped and the objective differentiates with
+        # respect to the weights: fedsim's Conv then takes im2col at the dummy
+        # batches above its plain rule's (benchmarks/results/vmapped_conv_cpu.md).
+        # Read while jit traces, so the block sits inside the traced function.
+        with models.vmapped_instances():
+            return victims(*args)
+
+    return jax.jit(traced)
 
 
 def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Params,

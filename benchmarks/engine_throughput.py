@@ -4,10 +4,14 @@ One FedAvg round of LeNet-5 (``lenet5``, 32×32×1 inputs, 61,706 params),
 64 examples per client, 2 local SGD steps of batch 32, for cohorts of
 10/100/500/1,000 clients, for each implementation:
 
-* ``fedsim-auto`` / ``fedsim-loop`` / ``fedsim-map`` / ``fedsim-vmap``: the
-  engine (``Simulation.run_round``) with that ``client_parallelism``;
-  ``fedsim-auto`` runs its calibration first (fresh cache, time recorded
-  separately as ``calibration_seconds``, not in the round time).
+* ``fedsim-auto`` / ``fedsim-loop`` / ``fedsim-map`` / ``fedsim-vmap`` /
+  ``fedsim-chunked``: the engine (``Simulation.run_round``) with that
+  ``client_parallelism``; ``fedsim-auto`` runs its calibration first (fresh
+  cache, time recorded separately as ``calibration_seconds``, not in the
+  round time). A ``:rule`` suffix (``fedsim-vmap:rule``, opt-in) runs it with
+  ``fedsim.models.VMAPPED_IM2COL_MAX_BATCH = 0``: the convolutions of vmapped
+  clients as the batch rule alone traces them, as before
+  ``models.vmapped_instances`` existed.
 * ``torch-loop``: the same model and local training as a plain PyTorch loop
   over clients (copy global weights, 2 SGD steps, weighted sum of deltas),
   with ``torch.set_num_threads(1)`` and again with 2 threads (``threads``).
@@ -56,7 +60,8 @@ from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 EXAMPLES, BATCH, LR, IMAGE = 64, 32, 0.05, 32
-FEDSIM_IMPLS = ("fedsim-auto", "fedsim-loop", "fedsim-map", "fedsim-vmap")
+FEDSIM_IMPLS = ("fedsim-auto", "fedsim-loop", "fedsim-map", "fedsim-vmap", "fedsim-chunked")
+RULE_SUFFIX = ":rule"  # fedsim-X:rule: fedsim-X with the vmapped-im2col hint off
 MIN_CLIENT_TRAININGS = 200
 
 
@@ -85,7 +90,12 @@ def fedsim_worker(impl: str, clients: int, repeats: int) -> dict:
     from fedsim.data import synthetic_dataset
     from fedsim.simulation import Simulation
 
-    strategy = impl.split("-", 1)[1]
+    from fedsim import models
+
+    name, rule_only = impl.removesuffix(RULE_SUFFIX), impl.endswith(RULE_SUFFIX)
+    if rule_only:  # read when the cohort step is traced, i.e. in this process's rounds
+        models.VMAPPED_IM2COL_MAX_BATCH = 0
+    strategy = name.split("-", 1)[1]
     ds = synthetic_dataset(seed=0, image_size=IMAGE, num_train=EXAMPLES * clients, num_test=100)
     cfg = load_config(None, [
         "data.dataset=synthetic", f"data.num_clients={clients}", "data.partition=iid",
@@ -295,6 +305,12 @@ def checks(rows: list[dict]) -> list[str]:
             ratio = auto["seconds_per_round"] / best["seconds_per_round"]
             lines.append(f"N={c}: auto/best fixed ({best['impl']}) = {ratio:.2f} "
                          f"({'PASS' if ratio <= 1.10 else 'FAIL'}: ≤ 1.10)")
+        for impl in FEDSIM_IMPLS:
+            old, new = by.get((impl + RULE_SUFFIX, c)), by.get((impl, c))
+            if old and new:
+                lines.append(f"N={c}: {impl}{RULE_SUFFIX}/{impl} = "
+                             f"{old['seconds_per_round'] / new['seconds_per_round']:.2f}× "
+                             "(information: the vmapped-im2col hint's effect)")
         for name in torch_labels:
             t = by.get((name, c))
             if auto and t:
@@ -339,14 +355,20 @@ def main() -> None:
     cohorts = args.clients or ([10, 100, 500] if args.quick else [10, 100, 500, 1000])
     repeats = args.repeats or (2 if args.quick else 3)
     impls = args.impls or list(FEDSIM_IMPLS) + ["torch-loop"]
+    known = set(FEDSIM_IMPLS) | {i + RULE_SUFFIX for i in FEDSIM_IMPLS} | {"torch-loop"}
+    unknown = [i for i in impls if i not in known]
+    if unknown:
+        ap.error(f"--impls: unknown {unknown}; choose from {', '.join(FEDSIM_IMPLS)}, "
+                 f"torch-loop, or a fedsim impl with the suffix {RULE_SUFFIX!r}")
     if any(t < 1 for t in args.torch_threads):
         ap.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
     if any(c < 1 for c in cohorts):
         ap.error(f"--clients must be >= 1, got {cohorts}")
     caps = parse_caps(args.impl_max_clients, impls)
     if args.slow_impls_max_clients is not None:
-        for impl in ("fedsim-map", "fedsim-vmap"):
-            caps.setdefault(impl, args.slow_impls_max_clients)
+        for impl in impls:
+            if impl.removesuffix(RULE_SUFFIX) in ("fedsim-map", "fedsim-vmap"):
+                caps.setdefault(impl, args.slow_impls_max_clients)
     plan, skipped = build_plan(cohorts, impls, caps, args.torch_threads)
     # Each pass runs the whole plan again in fresh processes; a row's rounds
     # from all passes are pooled, so slow drifts of the machine's load hit

@@ -24,7 +24,8 @@ others by more) the second stage is skipped and calibration costs what it did.
 The result is cached in ``$FEDSIM_CACHE_DIR/calibration.json`` (default
 ``~/.cache/fedsim``) keyed by backend, device kind and count, jax version,
 model, input shape, padded client size, local-training settings, defenses,
-cohort size, chunk size and matmul precision, so it is measured once per
+cohort size, chunk size, matmul precision and the convolution rule
+(:mod:`fedsim.models`), so it is measured once per
 setting. The choice and the timings behind it are returned as a one-line
 explanation that the run log records.
 """
@@ -41,6 +42,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from fedsim import models
 from fedsim.results import atomic_write_text
 
 CANDIDATES = ("loop", "vmap", "map", "chunked")
@@ -76,6 +78,9 @@ def calibration_key(sim) -> str:
         "optimizer": t.optimizer, "cohort": t.clients_per_round, "chunk_size": t.chunk_size,
         "loop_clients_per_call": t.loop_clients_per_call,
         "matmul_precision": t.matmul_precision,
+        # Conv's implementation rule, which sets what vmap and chunked cost on CPU.
+        "conv_rule": [models.CONV_IMPLEMENTATION, models.IM2COL_MAX_BATCH,
+                      models.VMAPPED_IM2COL_MAX_BATCH],
         "defenses": [{k: str(v) for k, v in d.items()} for d in sim.cfg.defenses],
     }
     text = json.dumps(parts, sort_keys=True)

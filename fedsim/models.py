@@ -117,8 +117,11 @@ def conv_relu_maxpool(x: jax.Array, kernel: jax.Array, bias: jax.Array,
         return max_pool(jax.nn.relu(y + bias), 2)
     packed = x.reshape(n, H // 2, 2, W // 2, 2, C).transpose(0, 1, 3, 2, 4, 5)
     packed = packed.reshape(n, H // 2, W // 2, 4 * C)
-    y = jax.lax.conv_general_dilated(packed, _phase_kernel(kernel), (1, 1), "VALID",
-                                     dimension_numbers=dn)
+    if _fused_uses_im2col(n):
+        y = conv_im2col(packed, _phase_kernel(kernel), (1, 1), "VALID")
+    else:
+        y = jax.lax.conv_general_dilated(packed, _phase_kernel(kernel), (1, 1), "VALID",
+                                         dimension_numbers=dn)
     y = y.reshape(y.shape[:3] + (4, kernel.shape[3]))
     return jax.nn.relu(jnp.max(y, axis=3) + bias)
 
@@ -139,6 +142,18 @@ IM2COL_MAX_BATCH = 4
 CONV_IMPLEMENTATION = "auto"
 CONV_IMPLEMENTATIONS = ("auto", "xla", "im2col")
 
+# Largest per-instance batch for which :class:`Conv` uses im2col on CPU when
+# it is traced inside :func:`vmapped_instances` (a ``vmap`` over instances:
+# victims, restarts, clients). Under such a vmap the kernel, or its gradient,
+# carries the instance axis, and XLA:CPU computes a convolution with a batched
+# kernel as a grouped convolution, its slow path. Measured in
+# benchmarks/results/vmapped_conv_cpu.md.
+VMAPPED_IM2COL_MAX_BATCH = 64
+
+# Whether the model is being traced inside vmapped_instances() (a depth, so
+# blocks nest).
+_VMAPPED_DEPTH = 0
+
 
 def uses_im2col(batch: int, height: int, width: int, kh: int, kw: int) -> bool:
     """Whether :class:`Conv` computes a layer by im2col (on CPU, at trace time).
@@ -156,7 +171,44 @@ def uses_im2col(batch: int, height: int, width: int, kh: int, kw: int) -> bool:
     """
     if CONV_IMPLEMENTATION != "auto":
         return CONV_IMPLEMENTATION == "im2col"
+    if _VMAPPED_DEPTH and batch <= VMAPPED_IM2COL_MAX_BATCH:
+        return True
     return batch <= IM2COL_MAX_BATCH or kh > height or kw > width
+
+
+def _fused_uses_im2col(batch: int) -> bool:
+    """Whether :func:`conv_relu_maxpool`'s packed conv is an im2col GEMM (CPU).
+
+    Only inside :func:`vmapped_instances` (per-instance batch ≤
+    :data:`VMAPPED_IM2COL_MAX_BATCH`) or under ``conv_implementation("im2col")``:
+    outside a vmap the packed XLA conv is the measured fast path
+    (``benchmarks/results/control_flow_cpu.md``).
+    """
+    if CONV_IMPLEMENTATION != "auto":
+        return CONV_IMPLEMENTATION == "im2col"
+    return bool(_VMAPPED_DEPTH) and batch <= VMAPPED_IM2COL_MAX_BATCH
+
+
+@contextlib.contextmanager
+def vmapped_instances() -> Iterator[None]:
+    """Tell :class:`Conv` that what is traced inside runs under a ``vmap`` over instances.
+
+    Instances are gradient-inversion victims and restarts, or a cohort's
+    clients: each has its own kernel, or differentiates with respect to the
+    kernel (a [V]-batched kernel gradient). XLA:CPU computes a convolution
+    with a batched kernel as a grouped convolution, far below its dense rate,
+    so inside the block :class:`Conv` uses im2col up to a per-instance batch
+    of :data:`VMAPPED_IM2COL_MAX_BATCH`
+    (``benchmarks/results/vmapped_conv_cpu.md``). Read at trace time,
+    like :func:`im2col_max_batch`: wrap the function that ``jax.jit`` traces,
+    not its call. Blocks nest; :func:`conv_implementation` overrides it.
+    """
+    global _VMAPPED_DEPTH
+    _VMAPPED_DEPTH += 1
+    try:
+        yield
+    finally:
+        _VMAPPED_DEPTH -= 1
 
 
 @contextlib.contextmanager
@@ -198,14 +250,37 @@ def im2col_max_batch(limit: int) -> Iterator[None]:
         ValueError: ``limit`` is not an integer >= 0.
     """
     global IM2COL_MAX_BATCH
-    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 0:
-        raise ValueError(f"im2col_max_batch: limit must be an integer >= 0, got {limit!r}")
     before = IM2COL_MAX_BATCH
-    IM2COL_MAX_BATCH = int(limit)
+    IM2COL_MAX_BATCH = _batch_limit("im2col_max_batch", limit)
     try:
         yield
     finally:
         IM2COL_MAX_BATCH = before
+
+
+@contextlib.contextmanager
+def vmapped_im2col_max_batch(limit: int) -> Iterator[None]:
+    """Set :data:`VMAPPED_IM2COL_MAX_BATCH` to ``limit`` inside the block; restore it on exit.
+
+    0 switches :func:`vmapped_instances` off (the batch rule alone decides, as
+    before it existed); read at trace time, like :func:`im2col_max_batch`.
+
+    Raises:
+        ValueError: ``limit`` is not an integer >= 0.
+    """
+    global VMAPPED_IM2COL_MAX_BATCH
+    before = VMAPPED_IM2COL_MAX_BATCH
+    VMAPPED_IM2COL_MAX_BATCH = _batch_limit("vmapped_im2col_max_batch", limit)
+    try:
+        yield
+    finally:
+        VMAPPED_IM2COL_MAX_BATCH = before
+
+
+def _batch_limit(name: str, limit) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 0:
+        raise ValueError(f"{name}: limit must be an integer >= 0, got {limit!r}")
+    return int(limit)
 
 
 def _pairs(padding, in_hw, window, strides):

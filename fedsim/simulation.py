@@ -29,6 +29,7 @@ Work beside a run that needs keys of its own takes them from
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Callable
@@ -38,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedsim import models
 from fedsim import partition as partition_lib
 from fedsim.client import LocalTraining, init_client_state, make_client_update
 from fedsim.config import Config, ConfigError
@@ -313,7 +315,19 @@ class Simulation:
                                         new_cstates)
             return ServerState(params, opt_state, state.round + 1, cs)
 
+        # Clients vmapped in groups of more than one: fedsim's Conv layers take im2col
+        # there (XLA:CPU runs a conv with a per-client kernel as a grouped conv; see
+        # benchmarks/results/vmapped_conv_cpu.md). ``map`` vmaps one client at a time,
+        # an ordinary convolution. Entered inside cohort_step: read while jit traces.
+        group = 1 if strategy == "map" else (self.cfg.training.chunk_size
+                                             if strategy == "chunked" else None)
+        vectorised = (contextlib.nullcontext if group == 1 else models.vmapped_instances)
+
         def cohort_step(state, x_all, y_all, idx_all, ids, ckey):
+            with vectorised():
+                return vectorised_cohort_step(state, x_all, y_all, idx_all, ids, ckey)
+
+        def vectorised_cohort_step(state, x_all, y_all, idx_all, ids, ckey):
             cstates = jax.tree_util.tree_map(lambda s: s[ids], state.client_states)
             one = lambda cid, cs: run_client(state.params, x_all, y_all, idx_all, cid, cs, ckey)
             if strategy == "vmap":

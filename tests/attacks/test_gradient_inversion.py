@@ -63,6 +63,29 @@ def test_vmap_over_victims_equals_one_by_one(mlp, signed, atol):
                                    rtol=1e-4, atol=max(atol * 1e-3, 4 * np.finfo(np.float32).eps))
 
 
+def test_victims_are_traced_as_vmapped_instances():
+    """The vmapped attack loop traces fedsim's Conv inside models.vmapped_instances():
+    no HLO convolution at a dummy batch above IM2COL_MAX_BATCH on CPU, as many as the
+    model has convolutions (and their gradients) with the hint switched off."""
+    from fedsim import models
+    if jax.default_backend() != "cpu":
+        pytest.skip("the im2col path is CPU-only")
+    b = models.IM2COL_MAX_BATCH + 4
+    m = build_model("lenet")
+    params = init_params(m, (32, 32, 3), jax.random.key(0))
+    cfg = GI.InversionConfig(iterations=2)
+    stack = lambda t: jax.tree_util.tree_map(lambda a: jnp.stack([a, a]), t)
+    args = (stack(params), stack(params), jnp.zeros((2, b), jnp.int32),
+            jax.random.split(jax.random.key(1), 2))
+    counts = []
+    for limit in (models.VMAPPED_IM2COL_MAX_BATCH, 0):
+        with models.vmapped_im2col_max_batch(limit):
+            f = make_apply_fn(m)  # fresh: the loop is cached by apply_fn, traced once
+            fn = GI._compiled(f, cfg, b, (32, 32, 3), 10)
+            counts.append(fn.lower(*args).as_text().count("stablehlo.convolution"))
+    assert counts[0] == 0 and counts[1] > 0
+
+
 def test_best_restart_is_lowest_loss(mlp):
     f, p = mlp
     obs, _, _ = _obs(f, p, 0, batch_size=1)

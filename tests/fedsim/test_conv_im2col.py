@@ -220,3 +220,77 @@ def test_conv_implementation_block_sets_and_restores_and_rejects_bad_names():
             with models.conv_implementation(bad):
                 pass
     assert models.CONV_IMPLEMENTATION == before
+
+
+@pytest.mark.parametrize("name,shape,convs", [("lenet", (32, 32, 3), 4),
+                                              ("lenet5", (16, 16, 1), 2)])
+def test_vmapped_instances_takes_im2col_above_the_batch_rule_and_restores(name, shape, convs):
+    """Inside vmapped_instances() Conv and the fused conv→ReLU→pool block trace im2col
+    at a per-instance batch above IM2COL_MAX_BATCH (8 here); outside, or with the hint's
+    limit below the batch, or under conv_implementation("xla"), XLA's convolution."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the im2col path is CPU-only")
+    model = build_model(name, 10)
+    apply_fn = make_apply_fn(model)
+    params = init_params(model, shape, jax.random.key(0))
+    x = jnp.zeros((8,) + shape)
+    assert 8 > models.IM2COL_MAX_BATCH
+    assert _count_convolutions(apply_fn, params, x) == convs
+    with models.vmapped_instances():
+        assert _count_convolutions(apply_fn, params, x) == 0
+        with models.vmapped_instances():  # nested blocks
+            assert _count_convolutions(apply_fn, params, x) == 0
+        assert _count_convolutions(apply_fn, params, x) == 0
+        with models.vmapped_im2col_max_batch(7):
+            assert _count_convolutions(apply_fn, params, x) == convs
+        with models.vmapped_im2col_max_batch(8):
+            assert _count_convolutions(apply_fn, params, x) == 0
+        with models.conv_implementation("xla"):
+            assert _count_convolutions(apply_fn, params, x) == convs
+    assert models._VMAPPED_DEPTH == 0
+    assert _count_convolutions(apply_fn, params, x) == convs
+
+
+@pytest.mark.parametrize("name", ["conv2", "lenet5"])
+def test_vmapped_instances_gives_the_gradients_of_xla_convolutions(name):
+    """Clients with their own parameters, vmapped: the gradients traced under the hint
+    (im2col) equal those of the batch rule alone (XLA's grouped convolution)."""
+    model = build_model(name, 10)
+    apply_fn = make_apply_fn(model)
+    shape = (16, 16, 1)
+    params = jax.vmap(lambda k: init_params(model, shape, k))(
+        jax.random.split(jax.random.key(0), 3))
+    x = jax.random.uniform(jax.random.key(1), (3, 6) + shape)
+    y = jax.random.randint(jax.random.key(2), (3, 6), 0, 10)
+
+    def loss(p, x, y):
+        return jnp.mean(-jax.nn.log_softmax(apply_fn(p, x))[jnp.arange(6), y])
+
+    step = jax.vmap(jax.grad(loss))
+    plain = jax.jit(lambda *a: step(*a))(params, x, y)
+
+    def hinted(*a):
+        with models.vmapped_instances():
+            return step(*a)
+
+    if jax.default_backend() == "cpu":
+        assert _count_convolutions(hinted, params, x, y) == 0
+        assert _count_convolutions(step, params, x, y) > 0
+    got = jax.jit(hinted)(params, x, y)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(plain)):
+        scale = float(jnp.max(jnp.abs(b)))
+        assert scale > 0
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_vmapped_im2col_max_batch_block_sets_the_limit_and_rejects_bad_ones():
+    before = models.VMAPPED_IM2COL_MAX_BATCH
+    with models.vmapped_im2col_max_batch(0):
+        assert models.VMAPPED_IM2COL_MAX_BATCH == 0
+        assert not models.uses_im2col(5, 32, 32, 3, 3)
+    assert models.VMAPPED_IM2COL_MAX_BATCH == before
+    for bad in (-1, 2.5, True, "4", None):
+        with pytest.raises(ValueError, match="vmapped_im2col_max_batch: limit must be an integer"):
+            with models.vmapped_im2col_max_batch(bad):
+                pass
+    assert models.VMAPPED_IM2COL_MAX_BATCH == before

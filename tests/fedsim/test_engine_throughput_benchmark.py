@@ -42,6 +42,8 @@ def test_parse_caps_rejects_unknown_impls_and_malformed_specs():
     (["--torch-device", "gpu"], "invalid choice: 'gpu'"),
     (["--torch-threads", "0"], "--torch-threads must be >= 1"),
     (["--clients", "0", "10"], "--clients must be >= 1"),
+    (["--impls", "fedsim-pmap"], "--impls: unknown ['fedsim-pmap']"),
+    (["--impls", "torch-loop:rule"], "--impls: unknown ['torch-loop:rule']"),
 ])
 def test_cli_names_bad_arguments_before_running_anything(argv, message):
     p = subprocess.run([sys.executable, et.__file__, *argv],
@@ -98,3 +100,16 @@ def test_pooled_passes_keep_the_larger_accelerator_peak():
     (row,) = et.pool_passes([a, b])
     assert row["device_peak_mb"] == 150.0 and row["passes"] == 2
     assert row["seconds_per_round"] == pytest.approx(0.03)
+
+
+def test_rule_rows_are_compared_with_their_hinted_impl_and_not_counted_as_fixed():
+    rows = [_row("fedsim-auto", 100, 0.40), _row("fedsim-loop", 100, 0.45),
+            _row("fedsim-chunked", 100, 0.36), _row("fedsim-chunked:rule", 100, 0.18),
+            _row("fedsim-vmap:rule", 100, 2.4), _row("fedsim-vmap", 100, 0.6)]
+    lines = et.checks(rows)
+    # The :rule rows are the old behaviour, not a strategy auto can choose.
+    assert lines[0] == "N=100: auto/best fixed (fedsim-chunked) = 1.11 (FAIL: ≤ 1.10)"
+    assert ("N=100: fedsim-vmap:rule/fedsim-vmap = 4.00× (information: the vmapped-im2col "
+            "hint's effect)") in lines
+    assert any(line.startswith("N=100: fedsim-chunked:rule/fedsim-chunked = 0.50×")
+               for line in lines)

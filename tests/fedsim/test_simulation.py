@@ -55,7 +55,7 @@ def test_fedavg_weighting_end_to_end_matches_hand_computation():
     chex.assert_trees_all_close(new_state.params, expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("model", ["mlp", "lenet"])
+@pytest.mark.parametrize("model", ["mlp", "lenet", "lenet5"])
 def test_strategies_agree(model):
     ds = small_dataset()
     results = {}
@@ -70,6 +70,31 @@ def test_strategies_agree(model):
     for s in ("vmap", "map", "chunked"):
         chex.assert_trees_all_close(results[s][0], results["loop"][0], atol=2e-5, rtol=1e-4)
         np.testing.assert_allclose(results[s][1], results["loop"][1], rtol=1e-4)
+
+
+def test_clients_vmapped_in_groups_trace_their_convolutions_as_vmapped_instances(monkeypatch):
+    """vmap and chunked (chunk > 1) trace the cohort's convolutions inside
+    models.vmapped_instances() (im2col on CPU); loop and map (one client at a time)
+    outside it. test_strategies_agree checks that the numbers agree."""
+    from fedsim import models
+    seen = []
+    rule = models.uses_im2col
+
+    def recording(*args):
+        seen.append(models._VMAPPED_DEPTH > 0)
+        return rule(*args)
+
+    monkeypatch.setattr(models, "uses_im2col", recording)
+    ds = small_dataset()
+    for strategy, vmapped in (("loop", False), ("map", False), ("vmap", True),
+                              ("chunked", True)):
+        seen.clear()
+        cfg = small_config(**{"model.name": "lenet", "training.client_parallelism": strategy,
+                              "training.chunk_size": 2})
+        sim = Simulation(cfg, dataset=ds)
+        sim.run_round(sim.init_state(), 0)
+        assert seen and any(seen) == vmapped, strategy
+    assert models._VMAPPED_DEPTH == 0
 
 
 def test_same_seed_same_numbers_other_seed_other_numbers():
