@@ -8,9 +8,12 @@ numbers (tested):
   of updates in the carry, so memory stays at one client's update.
 * ``chunked``: ``lax.scan`` over chunks of ``chunk_size`` vmapped clients,
   accumulating likewise.
-* ``loop``: a Python loop over one jitted client function (on XLA:CPU the
-  fastest measured for conv nets: vmapped per-client weights become slow
-  grouped convolutions; see ``benchmarks/engine_throughput.py``).
+* ``loop``: a Python loop over one jitted client function.
+
+On XLA:CPU vmapped per-client weights would make convolutions grouped ones,
+XLA's slow path, so ``vmap`` and ``chunked`` trace their clients inside
+:func:`fedsim.models.vmapped_instances` (im2col GEMMs); loop and chunked then
+ran within ~10 % of each other for LeNet-5 (``benchmarks/engine_throughput.py``).
 * ``sharded``: clients sharded over a ``jax.sharding.Mesh`` with a
   ``clients`` axis (all local devices), each device scanning its clients,
   aggregation by ``psum`` (:mod:`fedsim.sharding`).
