@@ -37,6 +37,7 @@ ratios, not absolute times.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -87,19 +88,7 @@ def workloads(model_name, train_batches, per_example_batches, attack_instances, 
         y = jax.random.randint(jax.random.key(2), (b, 1), 0, 10)
         yield f"per-example B={b}", jax.vmap(jax.grad(mean_loss), (None, 0, 0)), (params, x, y)
     for b in attack_batches:
-        x1 = jax.random.uniform(jax.random.key(3), (b,) + shape, F32)
-        y1 = jnp.arange(b) % 10
-
-        def param_grad(p, x, y1=y1):
-            return jax.grad(lambda q: jnp.mean(cross_entropy(apply_fn(q, x), y1)))(p)
-
-        target = param_grad(params, x1)
-
-        def match(x, p, tgt, param_grad=param_grad):
-            g = param_grad(p, x)
-            return sum(jnp.sum((a - b) ** 2)
-                       for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(tgt)))
-
+        match, target = dlg_objective(apply_fn, params, shape, b)
         for v in attack_instances:
             dummies = jax.random.uniform(jax.random.key(4), (v, b) + shape, F32)
             if v == 1:
@@ -113,6 +102,22 @@ def workloads(model_name, train_batches, per_example_batches, attack_instances, 
             yield f"attack b={b} V={v} own", own, (dummies, stack(params), stack(target))
 
 
+def dlg_objective(apply_fn, params, shape, b):
+    """``(match, target)``: DLG's objective ``match(x, p, target)``, the squared distance
+    between the parameter gradient of a dummy batch ``x`` of b and ``target``, and the
+    target gradient of a fixed random batch at ``params``."""
+    y1 = jnp.arange(b) % 10
+
+    def param_grad(p, x):
+        return jax.grad(lambda q: jnp.mean(cross_entropy(apply_fn(q, x), y1)))(p)
+
+    def match(x, p, tgt):
+        g = param_grad(p, x)
+        return sum(jnp.sum((a - t) ** 2) for a, t in zip(jax.tree.leaves(g), jax.tree.leaves(tgt)))
+
+    return match, param_grad(params, jax.random.uniform(jax.random.key(3), (b,) + shape, F32))
+
+
 def relative_error(out, ref):
     """Worst over output arrays of max |out − ref| / max |ref| (in float64 numpy)."""
     errs = []
@@ -124,30 +129,44 @@ def relative_error(out, ref):
 
 def time_pair(fn, args, reps):
     """Compile fn under each impl, measure each one's error, time interleaved calls."""
-    compiled, errors = {}, {}
+    med, errors, _ = time_traced(fn, args, reps, {impl: functools.partial(
+        models.conv_implementation, impl) for impl in IMPLS})
+    return med, errors
+
+
+def time_traced(fn, args, reps, contexts):
+    """``(median ms, error vs float64, HLO convolutions)`` per name of ``contexts``.
+
+    ``contexts`` maps a name to a function returning the context ``fn`` is traced
+    in; each is compiled once, checked against a float64 run of XLA's
+    convolution, and timed in interleaved calls after that warm-up.
+    """
+    compiled, errors, convolutions = {}, {}, {}
     to64 = lambda t: jax.tree.map(  # noqa: E731
         lambda a: a.astype(jnp.float64) if a.dtype == F32 else a, t)
     with jax.enable_x64(True), models.conv_implementation("xla"):  # float64 reference
         ref = [np.asarray(a) for a in jax.tree.leaves(jax.jit(lambda *a: fn(*a))(*to64(args)))]
     if any(a.dtype != np.float64 for a in ref):
         raise RuntimeError("the float64 reference did not run in float64")
-    for impl in IMPLS:
-        # A fresh wrapper per impl: jit caches traces by function, and the
+    for name, context in contexts.items():
+        # A fresh wrapper per variant: jit caches traces by function, and the
         # implementation is chosen at trace time.
-        with models.conv_implementation(impl):
-            compiled[impl] = jax.jit(lambda *a: fn(*a)).lower(*args).compile()
-        out = jax.block_until_ready(compiled[impl](*args))
+        with context():
+            lowered = jax.jit(lambda *a: fn(*a)).lower(*args)
+        convolutions[name] = lowered.as_text().count("stablehlo.convolution")
+        compiled[name] = lowered.compile()
+        out = jax.block_until_ready(compiled[name](*args))
         if any(a.dtype != F32 for a in jax.tree.leaves(out)):
             raise RuntimeError("a float32 workload produced a non-float32 output")
-        errors[impl] = relative_error(out, ref)
-    times = {impl: [] for impl in IMPLS}
+        errors[name] = relative_error(out, ref)
+    times = {name: [] for name in contexts}
     for _ in range(reps):
-        for impl in IMPLS:
+        for name in contexts:
             t0 = time.perf_counter()
-            jax.block_until_ready(compiled[impl](*args))
-            times[impl].append(time.perf_counter() - t0)
-    med = {impl: 1e3 * statistics.median(ts) for impl, ts in times.items()}
-    return med, errors
+            jax.block_until_ready(compiled[name](*args))
+            times[name].append(time.perf_counter() - t0)
+    med = {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+    return med, errors, convolutions
 
 
 def end_to_end_cases(dlg_iterations, gs_iterations):

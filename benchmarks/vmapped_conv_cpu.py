@@ -39,17 +39,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -57,7 +56,7 @@ if str(ROOT) not in sys.path:
 
 from attacks import inverting_gradients  # noqa: E402
 from attacks.api import observation_from_gradient  # noqa: E402
-from benchmarks.conv_im2col_cpu import relative_error  # noqa: E402
+from benchmarks.conv_im2col_cpu import dlg_objective, time_traced  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
 from fedsim import models  # noqa: E402
 from fedsim.client import cross_entropy  # noqa: E402
@@ -91,19 +90,7 @@ def workloads(model_name, attack_batches, attack_instances, train_batches, train
         return jnp.mean(cross_entropy(apply_fn(p, x), y))
 
     for b in attack_batches:
-        x1 = jax.random.uniform(jax.random.key(3), (b,) + shape, F32)
-        y1 = jnp.arange(b) % 10
-
-        def param_grad(p, x, y1=y1):
-            return jax.grad(mean_loss)(p, x, y1)
-
-        target = param_grad(params, x1)
-
-        def match(x, p, tgt, param_grad=param_grad):
-            g = param_grad(p, x)
-            return sum(jnp.sum((a - t) ** 2) for a, t in zip(jax.tree.leaves(g),
-                                                              jax.tree.leaves(tgt)))
-
+        match, target = dlg_objective(apply_fn, params, shape, b)
         for v in attack_instances:
             dummies = jax.random.uniform(jax.random.key(4), (v, b) + shape, F32)
             own = jax.vmap(jax.grad(match), in_axes=(0, 0, 0))
@@ -120,29 +107,8 @@ def workloads(model_name, attack_batches, attack_instances, train_batches, train
 
 def time_variants(fn, args, reps):
     """Compile fn under each variant, measure each one's error, time interleaved calls."""
-    to64 = lambda t: jax.tree.map(  # noqa: E731
-        lambda a: a.astype(jnp.float64) if a.dtype == F32 else a, t)
-    with jax.enable_x64(True), models.conv_implementation("xla"):  # float64 reference
-        ref = [np.asarray(a) for a in jax.tree.leaves(jax.jit(lambda *a: fn(*a))(*to64(args)))]
-    if any(a.dtype != np.float64 for a in ref):
-        raise RuntimeError("the float64 reference did not run in float64")
-    compiled, errors, convolutions = {}, {}, {}
-    for name in VARIANTS:
-        # A fresh wrapper per variant: jit caches traces by function, and Conv
-        # chooses its implementation at trace time.
-        with variant(name):
-            lowered = jax.jit(lambda *a: fn(*a)).lower(*args)
-        convolutions[name] = lowered.as_text().count("stablehlo.convolution")
-        compiled[name] = lowered.compile()
-        errors[name] = relative_error(jax.block_until_ready(compiled[name](*args)), ref)
-    times = {name: [] for name in VARIANTS}
-    for _ in range(reps):
-        for name in VARIANTS:
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled[name](*args))
-            times[name].append(time.perf_counter() - t0)
-    return ({name: 1e3 * statistics.median(ts) for name, ts in times.items()}, errors,
-            convolutions)
+    return time_traced(fn, args, reps, {name: functools.partial(variant, name)
+                                        for name in VARIANTS})
 
 
 def end_to_end(batch, iterations, victims=4):

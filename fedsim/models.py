@@ -31,7 +31,7 @@ LeNet-5's fused conv → ReLU → pool blocks (:class:`ConvReLUMaxPool`).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Sequence
+from typing import Callable, ContextManager, Iterator, Sequence
 
 import flax.linen as nn
 import jax
@@ -189,8 +189,7 @@ def _fused_uses_im2col(batch: int) -> bool:
     return bool(_VMAPPED_DEPTH) and batch <= VMAPPED_IM2COL_MAX_BATCH
 
 
-@contextlib.contextmanager
-def vmapped_instances() -> Iterator[None]:
+def vmapped_instances() -> ContextManager[None]:
     """Tell :class:`Conv` that what is traced inside runs under a ``vmap`` over instances.
 
     Instances are gradient-inversion victims and restarts, or a cohort's
@@ -203,16 +202,10 @@ def vmapped_instances() -> Iterator[None]:
     like :func:`im2col_max_batch`: wrap the function that ``jax.jit`` traces,
     not its call. Blocks nest; :func:`conv_implementation` overrides it.
     """
-    global _VMAPPED_DEPTH
-    _VMAPPED_DEPTH += 1
-    try:
-        yield
-    finally:
-        _VMAPPED_DEPTH -= 1
+    return _module_setting("_VMAPPED_DEPTH", _VMAPPED_DEPTH + 1)
 
 
-@contextlib.contextmanager
-def conv_implementation(name: str) -> Iterator[None]:
+def conv_implementation(name: str) -> ContextManager[None]:
     """Make :class:`Conv` trace ``name`` ("auto", "xla" or "im2col") inside the block.
 
     Like :func:`im2col_max_batch`, read when a model is traced: trace a fresh
@@ -221,20 +214,13 @@ def conv_implementation(name: str) -> Iterator[None]:
     Raises:
         ValueError: ``name`` is not one of :data:`CONV_IMPLEMENTATIONS`.
     """
-    global CONV_IMPLEMENTATION
     if name not in CONV_IMPLEMENTATIONS:
         raise ValueError(f"conv_implementation: name must be one of {CONV_IMPLEMENTATIONS}, "
                          f"got {name!r}")
-    before = CONV_IMPLEMENTATION
-    CONV_IMPLEMENTATION = name
-    try:
-        yield
-    finally:
-        CONV_IMPLEMENTATION = before
+    return _module_setting("CONV_IMPLEMENTATION", name)
 
 
-@contextlib.contextmanager
-def im2col_max_batch(limit: int) -> Iterator[None]:
+def im2col_max_batch(limit: int) -> ContextManager[None]:
     """Set :data:`IM2COL_MAX_BATCH` to ``limit`` inside the block; restore it on exit.
 
     Under the default ``"auto"`` implementation (:func:`uses_im2col`), 0 makes
@@ -249,17 +235,10 @@ def im2col_max_batch(limit: int) -> Iterator[None]:
     Raises:
         ValueError: ``limit`` is not an integer >= 0.
     """
-    global IM2COL_MAX_BATCH
-    before = IM2COL_MAX_BATCH
-    IM2COL_MAX_BATCH = _batch_limit("im2col_max_batch", limit)
-    try:
-        yield
-    finally:
-        IM2COL_MAX_BATCH = before
+    return _module_setting("IM2COL_MAX_BATCH", _batch_limit("im2col_max_batch", limit))
 
 
-@contextlib.contextmanager
-def vmapped_im2col_max_batch(limit: int) -> Iterator[None]:
+def vmapped_im2col_max_batch(limit: int) -> ContextManager[None]:
     """Set :data:`VMAPPED_IM2COL_MAX_BATCH` to ``limit`` inside the block; restore it on exit.
 
     0 switches :func:`vmapped_instances` off (the batch rule alone decides, as
@@ -268,13 +247,19 @@ def vmapped_im2col_max_batch(limit: int) -> Iterator[None]:
     Raises:
         ValueError: ``limit`` is not an integer >= 0.
     """
-    global VMAPPED_IM2COL_MAX_BATCH
-    before = VMAPPED_IM2COL_MAX_BATCH
-    VMAPPED_IM2COL_MAX_BATCH = _batch_limit("vmapped_im2col_max_batch", limit)
+    return _module_setting("VMAPPED_IM2COL_MAX_BATCH",
+                           _batch_limit("vmapped_im2col_max_batch", limit))
+
+
+@contextlib.contextmanager
+def _module_setting(name: str, value) -> Iterator[None]:
+    """Set this module's setting ``name`` to ``value`` inside the block; restore it on exit."""
+    before = globals()[name]
+    globals()[name] = value
     try:
         yield
     finally:
-        VMAPPED_IM2COL_MAX_BATCH = before
+        globals()[name] = before
 
 
 def _batch_limit(name: str, limit) -> int:
