@@ -285,10 +285,15 @@ def test_vmapped_instances_gives_the_gradients_of_xla_convolutions(name):
 
 def test_vmapped_im2col_max_batch_block_sets_the_limit_and_rejects_bad_ones():
     before = models.VMAPPED_IM2COL_MAX_BATCH
-    with models.vmapped_im2col_max_batch(0):
-        assert models.VMAPPED_IM2COL_MAX_BATCH == 0
-        assert not models.uses_im2col(5, 32, 32, 3, 3)
+    with models.vmapped_instances():
+        assert models.uses_im2col(5, 32, 32, 3, 3)
+        assert not models.uses_im2col(before + 1, 32, 32, 3, 3)
+        with models.vmapped_im2col_max_batch(0):
+            assert models.VMAPPED_IM2COL_MAX_BATCH == 0
+            assert not models.uses_im2col(5, 32, 32, 3, 3)  # off: the batch rule decides
+            assert models.uses_im2col(4, 32, 32, 3, 3)
     assert models.VMAPPED_IM2COL_MAX_BATCH == before
+    assert not models.uses_im2col(5, 32, 32, 3, 3)
     for bad in (-1, 2.5, True, "4", None):
         with pytest.raises(ValueError, match="vmapped_im2col_max_batch: limit must be an integer"):
             with models.vmapped_im2col_max_batch(bad):
