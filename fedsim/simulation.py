@@ -9,17 +9,18 @@ numbers (tested):
 * ``chunked``: ``lax.scan`` over chunks of ``chunk_size`` vmapped clients,
   accumulating likewise.
 * ``loop``: a Python loop over one jitted client function.
-
-On XLA:CPU vmapped per-client weights would make convolutions grouped ones,
-XLA's slow path, so ``vmap`` and ``chunked`` trace their clients inside
-:func:`fedsim.models.vmapped_instances` (im2col GEMMs); loop and chunked then
-ran within ~10 % of each other for LeNet-5 (``benchmarks/engine_throughput.py``).
 * ``sharded``: clients sharded over a ``jax.sharding.Mesh`` with a
   ``clients`` axis (all local devices), each device scanning its clients,
   aggregation by ``psum`` (:mod:`fedsim.sharding`).
 * ``auto``: the fastest of loop/vmap/map/chunked measured by a short, cached
   calibration on this backend and model (:mod:`fedsim.calibrate`); the choice
   and its timings are in ``strategy_reason`` (written to the run log).
+
+On XLA:CPU vmapped per-client weights would make convolutions grouped ones,
+XLA's slow path, so ``vmap`` and ``chunked`` trace their clients inside
+:func:`fedsim.models.vmapped_instances` (im2col GEMMs); loop and chunked then
+came within 5 % of each other at 500 and 1,000 LeNet-5 clients
+(``benchmarks/results/engine_throughput.md``).
 
 Randomness: ``key = jax.random.key(seed)``; the model is initialised from
 ``fold_in(key, 0)``; round r uses ``fold_in(fold_in(key, 1), r)``, split into a
