@@ -2,10 +2,13 @@
 
 Usage::
 
-    python -m benchmarks.compare_chu2023_runs OLD.json NEW.json [--out FILE.md]
+    python -m benchmarks.compare_chu2023_runs OLD.json [OLD2.json ...] NEW.json [--out FILE.md]
 
-Rows are matched by (part, model, base, defense, p, B, attack, round,
-client_id, fl_seed); the report gives each metric's largest and median
+Several old files are merged into one run (rows concatenated, seconds added),
+e.g. parts C and D stored separately against a ``--parts CD`` rerun.
+
+Rows are matched by :data:`KEY` (part, model, base, defense, p, B, attack,
+round, client, FL seed, λ_pri, defense rate); the report gives each metric's largest and median
 absolute difference over the matched rows, the runs' seconds (total and the
 attacks' where recorded), and each acceptance check of
 ``reproduce_chu2023.acceptance_checks`` for both runs side by side. Written
@@ -27,7 +30,8 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.reproduce_chu2023 import acceptance_checks  # noqa: E402
 
-KEY = ("part", "model", "base", "defense", "p", "B", "attack", "round", "client_id", "fl_seed")
+KEY = ("part", "model", "base", "defense", "p", "B", "attack", "round", "client_id", "fl_seed",
+       "lambda_pri", "defense_rate")
 METRICS = ("psnr", "nmi", "accuracy")
 
 
@@ -38,6 +42,17 @@ def row_key(row: dict) -> tuple:
 def attack_seconds(result: dict) -> list[float]:
     return sorted({r["attack_seconds_all"] for r in result["rows"]
                    if r.get("attack_seconds_all") is not None})
+
+
+def merge(results: list[dict]) -> dict:
+    """Several results files as one run: rows concatenated, seconds added."""
+    if len(results) == 1:
+        return results[0]
+    commits = list(dict.fromkeys(str(r.get("commit")) for r in results))
+    seconds = [r.get("seconds") for r in results]
+    return {"rows": [row for r in results for row in r["rows"]],
+            "seconds": None if None in seconds else sum(seconds),
+            "commit": ", ".join(c[:7] for c in commits)}
 
 
 def compare(old: dict, new: dict) -> dict:
@@ -70,8 +85,9 @@ def compare(old: dict, new: dict) -> dict:
 def render(report: dict, names: tuple[str, str]) -> str:
     fmt = lambda v: "–" if v is None else f"{v:.0f}"  # noqa: E731
     lines = [f"# {names[1]} against {names[0]}", "",
-             f"Produced by `python -m benchmarks.compare_chu2023_runs {names[0]} {names[1]}`. "
-             f"Commits: old {str(report['commits'][0])[:7]}, new {str(report['commits'][1])[:7]}. "
+             f"Produced by `python -m benchmarks.compare_chu2023_runs "
+             f"{names[0].replace(' + ', ' ')} {names[1]}`. "
+             f"Commits: old {str(report['commits'][0])[:24]}, new {str(report['commits'][1])[:7]}. "
              f"{report['rows']} rows matched by {', '.join(KEY)}.", "",
              "| | old | new |", "|---|---|---|",
              f"| seconds | {fmt(report['seconds'][0])} | {fmt(report['seconds'][1])} |",
@@ -93,12 +109,14 @@ def render(report: dict, names: tuple[str, str]) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("old")
-    ap.add_argument("new")
+    ap.add_argument("runs", nargs="+", metavar="RUN.json",
+                    help="the old run's file(s), then the new run's")
     ap.add_argument("--out", default=None, help="write the markdown report here")
     args = ap.parse_args(argv)
+    if len(args.runs) < 2:
+        ap.error("give at least two files: the old run's, then the new run's")
     runs = []
-    for path in (args.old, args.new):
+    for path in args.runs:
         if not Path(path).is_file():
             ap.error(f"no such file {path}")
         try:
@@ -108,10 +126,10 @@ def main(argv=None):
         if not isinstance(runs[-1], dict) or "rows" not in runs[-1]:
             ap.error(f"{path} has no 'rows': not a reproduce_chu2023 results file")
     try:
-        report = compare(*runs)
+        report = compare(merge(runs[:-1]), runs[-1])
     except ValueError as e:
         ap.error(str(e))
-    md = render(report, (args.old, args.new))
+    md = render(report, (" + ".join(args.runs[:-1]), args.runs[-1]))
     if args.out:
         Path(args.out).write_text(md)
     print(md)

@@ -49,3 +49,20 @@ def test_rows_that_do_not_match_are_named(run, tmp_path, capsys):
         with pytest.raises(SystemExit):
             cmp.main(argv)
         assert message in capsys.readouterr().err
+
+
+def test_several_old_files_are_merged_into_one_run(run, tmp_path):
+    half = len(run["rows"]) // 2
+    first = {**run, "rows": run["rows"][:half], "seconds": 10.0, "commit": "a" * 40}
+    second = {**run, "rows": run["rows"][half:], "seconds": 5.0, "commit": "b" * 40}
+    paths = []
+    for name, r in (("c.json", first), ("d.json", second), ("new.json", run)):
+        (tmp_path / name).write_text(json.dumps(r))
+        paths.append(str(tmp_path / name))
+    report = cmp.main([*paths, "--out", str(tmp_path / "cmp.md")])
+    assert report["rows"] == len(run["rows"]) and report["seconds"][0] == 15.0
+    assert all(d["max"] == 0 for d in report["diffs"].values() if d)
+    md = (tmp_path / "cmp.md").read_text()
+    assert "old aaaaaaa, bbbbbbb" in md and f"{paths[0]} {paths[1]} {paths[2]}" in md
+    with pytest.raises(SystemExit):
+        cmp.main([paths[0]])
