@@ -187,23 +187,33 @@ def end_to_end(model, shape, attack, config, victims=4):
     with models.conv_implementation("xla"):
         grads = [jax.grad(lambda p: jnp.mean(cross_entropy(apply_fn(p, x), y)))(params)
                  for x, y in zip(xs, ys)]
+    return time_run_many(
+        model, attack,
+        lambda fresh: [observation_from_gradient(g, params, fresh, input_shape=shape,
+                                                 num_classes=10, batch_size=1) for g in grads],
+        config, jax.random.key(13), xs,
+        {impl: functools.partial(models.conv_implementation, impl) for impl in IMPLS})
+
+
+def time_run_many(model, attack, observations_for, config, key, xs, contexts):
+    """``attack.run_many`` once per name of ``contexts``: its seconds after a compile call,
+    the compile call's, and each reconstruction's MSE to its truth in ``xs``.
+
+    ``observations_for(apply_fn)`` builds the observations around a fresh apply_fn made
+    inside the context: the attack suite caches its compiled loop by apply_fn, and Conv
+    chooses its implementation at trace time.
+    """
     out = {}
-    for impl in IMPLS:
-        # A fresh apply_fn per impl: the attack suite caches its compiled loop
-        # by apply_fn, and Conv chooses its implementation at trace time.
-        with models.conv_implementation(impl):
-            fresh = models.make_apply_fn(model)
-            observations = [observation_from_gradient(g, params, fresh, input_shape=shape,
-                                                      num_classes=10, batch_size=1)
-                            for g in grads]
-            key = jax.random.key(13)
+    for name, context in contexts.items():
+        with context():
+            observations = observations_for(models.make_apply_fn(model))
             t0 = time.perf_counter()
             jax.block_until_ready([r.x for r in attack.run_many(observations, config, key)])
             first = time.perf_counter() - t0
             t0 = time.perf_counter()
             recs = attack.run_many(observations, config, key)
             jax.block_until_ready([r.x for r in recs])
-        out[impl] = {"seconds": time.perf_counter() - t0, "first_call_seconds": first,
+        out[name] = {"seconds": time.perf_counter() - t0, "first_call_seconds": first,
                      "mse": [float(jnp.mean((jnp.clip(r.x, 0, 1) - x) ** 2))
                              for r, x in zip(recs, xs)]}
     return out

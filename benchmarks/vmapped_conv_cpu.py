@@ -44,7 +44,6 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -56,7 +55,7 @@ if str(ROOT) not in sys.path:
 
 from attacks import inverting_gradients  # noqa: E402
 from attacks.api import observation_from_gradient  # noqa: E402
-from benchmarks.conv_im2col_cpu import dlg_objective, time_traced  # noqa: E402
+from benchmarks.conv_im2col_cpu import dlg_objective, time_run_many, time_traced  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
 from fedsim import models  # noqa: E402
 from fedsim.client import cross_entropy  # noqa: E402
@@ -124,29 +123,16 @@ def end_to_end(batch, iterations, victims=4):
     grads = [jax.grad(lambda p: jnp.mean(cross_entropy(apply_fn(p, x), y)))(p)
              for p, x, y in zip(params, xs, ys)]
     config = {"iterations": iterations, "lr": 0.1, "tv": 1e-3}
-    out = {}
-    for name in VARIANTS:
-        # A fresh apply_fn per variant: the attack suite caches its compiled loop by
-        # apply_fn. "rule" switches the hint off (the attack suite sets it itself).
-        limit = models.VMAPPED_IM2COL_MAX_BATCH if name == "vmapped" else 0
-        with models.vmapped_im2col_max_batch(limit):
-            fresh = models.make_apply_fn(model)
-            observations = [observation_from_gradient(g, p, fresh, input_shape=shape,
-                                                      num_classes=10, batch_size=batch,
-                                                      labels=y)
-                            for g, p, y in zip(grads, params, ys)]
-            key = jax.random.key(23)
-            t0 = time.perf_counter()
-            jax.block_until_ready([r.x for r in inverting_gradients.run_many(observations,
-                                                                             config, key)])
-            first = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            recs = inverting_gradients.run_many(observations, config, key)
-            jax.block_until_ready([r.x for r in recs])
-        out[name] = {"seconds": time.perf_counter() - t0, "first_call_seconds": first,
-                     "mse": [float(jnp.mean((jnp.clip(r.x, 0, 1) - x) ** 2))
-                             for r, x in zip(recs, xs)]}
-    return out
+    # "rule" switches the hint off (the attack suite sets it itself).
+    limits = {"rule": 0, "vmapped": models.VMAPPED_IM2COL_MAX_BATCH}
+    return time_run_many(
+        model, inverting_gradients,
+        lambda fresh: [observation_from_gradient(g, p, fresh, input_shape=shape, num_classes=10,
+                                                 batch_size=batch, labels=y)
+                       for g, p, y in zip(grads, params, ys)],
+        config, jax.random.key(23), xs,
+        {name: functools.partial(models.vmapped_im2col_max_batch, limits[name])
+         for name in VARIANTS})
 
 
 def render_markdown(result):
