@@ -19,11 +19,15 @@ choice, map (``benchmarks/results/gpu_session_h200/README.md``). So where more t
 candidate comes within :data:`CONTENDER_FACTOR` of the best on the short
 cohort and the real cohort is larger, those contenders are timed again on the
 real cohort and the choice is made among them. Where one strategy wins the
-short cohort clearly, the second stage is skipped. On the 2-core CPU it now
-runs (loop, chunked and vmap within 1.5× on 16 LeNet-5 clients): calibration
-took 30–86 s for 100–1,000 clients, and timing vmap on 1,000 clients raised
-the process's peak memory to 7 GB (``benchmarks/results/engine_throughput.md``,
-docs/scale.md).
+short cohort clearly, the second stage is skipped.
+
+The second stage times at most :data:`COHORT_CALIBRATION_CLIENTS` clients of
+the real cohort. Timing vmap on a whole cohort of 1,000 LeNet-5 clients on the
+2-core CPU raised the process's peak memory to 7 GB, and the chosen
+strategy's next rounds ran up to 1.8× slower than in a fresh process,
+recovering over 3–4 rounds (``benchmarks/results/auto_after_calibration.md``).
+Whether 256 clients rank the strategies as the whole cohort does is checked
+for the CPU and the H200 in docs/scale.md ("`auto` on accelerators").
 
 The result is cached in ``$FEDSIM_CACHE_DIR/calibration.json`` (default
 ``~/.cache/fedsim``) keyed by backend, device kind and count, jax version,
@@ -62,6 +66,9 @@ REPEATS = 3
 # vmap is more than 1.5× behind on 16 clients yet wins on the real cohort
 # would still be misjudged; the reason line shows what was measured.
 CONTENDER_FACTOR = 1.5
+# The second stage's cohort: the real one, truncated to this many clients, so
+# that timing vmap on it bounds calibration's memory (module docstring).
+COHORT_CALIBRATION_CLIENTS = 256
 
 
 def cache_file() -> Path:
@@ -158,8 +165,9 @@ def choose_strategy(sim, use_cache: bool = True) -> tuple[str, str]:
 
     Times every candidate on a short cohort (:data:`CALIBRATION_CLIENTS`); where
     several come within :data:`CONTENDER_FACTOR` of the best and the real
-    cohort is larger, times those again on the real cohort and chooses among
-    them (see the module docstring for why).
+    cohort is larger, times those again on the real cohort, truncated to
+    :data:`COHORT_CALIBRATION_CLIENTS`, and chooses among them (see the module
+    docstring for why).
 
     Returns:
       (strategy, reason), e.g. ("loop", "auto -> loop: fastest measured
@@ -170,6 +178,7 @@ def choose_strategy(sim, use_cache: bool = True) -> tuple[str, str]:
     hit = cache.get(key)
     cohort = sim.cfg.training.clients_per_round
     short = min(CALIBRATION_CLIENTS, cohort)
+    second = min(COHORT_CALIBRATION_CLIENTS, cohort)
     if hit and hit.get("choice") in CANDIDATES:
         timings, source = hit["timings"], f"cached in {cache_file()}"
         cohort_timings = hit.get("cohort_timings") or {}
@@ -177,8 +186,8 @@ def choose_strategy(sim, use_cache: bool = True) -> tuple[str, str]:
         timings = measure(sim)
         cohort_timings = {}
         close = contenders(timings)
-        if len(close) > 1 and cohort > short:
-            cohort_timings = measure(sim, candidates=close, clients=cohort)
+        if len(close) > 1 and second > short:
+            cohort_timings = measure(sim, candidates=close, clients=second)
         source = "measured now"
         if use_cache:
             cache = _load_cache()
@@ -194,7 +203,8 @@ def choose_strategy(sim, use_cache: bool = True) -> tuple[str, str]:
     choice = min(final, key=final.get)
     measured = _ranked(timings)
     if cohort_timings:
-        measured = (f"on {short} clients {_ranked(timings)}; the contenders again on the "
+        of = "the" if second == cohort else f"{second} clients of the"
+        measured = (f"on {short} clients {_ranked(timings)}; the contenders again on {of} "
                     f"{cohort}-client cohort {_ranked(cohort_timings)}")
     reason = (f"client_parallelism=auto -> {choice}: fastest measured ms/client on "
               f"{jax.default_backend()} ({sim.cfg.model.name}): {measured}; {source}")

@@ -120,7 +120,7 @@ def _gpu_like_measure(calls):
 
     def fake(sim, candidates=calibrate.CANDIDATES, clients=None, repeats=calibrate.REPEATS):
         calls.append((tuple(candidates), clients))
-        table = full if clients == sim.cfg.training.clients_per_round else short
+        table = short if clients is None else full
         return {c: table[c] for c in candidates}
     return fake
 
@@ -142,6 +142,19 @@ def test_close_contenders_are_timed_again_on_the_real_cohort(cache_dir, monkeypa
     again = Simulation(cfg, dataset=small_dataset(n=1200))
     assert again.strategy == "vmap" and len(calls) == 2
     assert "the 40-client cohort vmap 0.12" in again.strategy_reason
+
+
+def test_the_second_stage_times_at_most_cohort_calibration_clients(cache_dir, monkeypatch):
+    # Timing vmap on a whole large cohort took 7 GB and slowed the next rounds.
+    calls = []
+    monkeypatch.setattr(calibrate, "measure", _gpu_like_measure(calls))
+    monkeypatch.setattr(calibrate, "COHORT_CALIBRATION_CLIENTS", 24)
+    cfg = small_config(**{"training.client_parallelism": "auto", "data.num_clients": 40,
+                          "training.clients_per_round": 40})
+    sim = Simulation(cfg, dataset=small_dataset(n=1200))
+    assert sim.strategy == "vmap"
+    assert calls == [(calibrate.CANDIDATES, None), (("map", "chunked", "loop", "vmap"), 24)]
+    assert "again on 24 clients of the 40-client cohort vmap 0.12" in sim.strategy_reason
 
 
 def test_a_clear_winner_or_a_short_cohort_is_measured_once(cache_dir, monkeypatch):
