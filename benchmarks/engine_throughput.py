@@ -83,7 +83,7 @@ def jax_device_peak_mb() -> float | None:
     return None if peak is None else peak / 2**20
 
 
-def fedsim_worker(impl: str, clients: int, repeats: int) -> dict:
+def fedsim_worker(impl: str, clients: int, repeats: int, precision: str | None = None) -> dict:
     import jax
 
     from fedsim.config import load_config
@@ -102,7 +102,8 @@ def fedsim_worker(impl: str, clients: int, repeats: int) -> dict:
         f"data.examples_per_client={EXAMPLES}", "model.name=lenet5",
         f"training.clients_per_round={clients}", "training.local_epochs=1",
         f"training.batch_size={BATCH}", f"training.lr={LR}",
-        f"training.client_parallelism={strategy}", "output.progress=false"])
+        f"training.client_parallelism={strategy}", "output.progress=false"]
+        + ([f"training.matmul_precision={precision}"] if precision else []))
     t0 = time.perf_counter()
     sim = Simulation(cfg, dataset=ds, donate=True)
     calibration = time.perf_counter() - t0
@@ -118,6 +119,7 @@ def fedsim_worker(impl: str, clients: int, repeats: int) -> dict:
             "first_round_seconds": first, "strategy": sim.strategy,
             "device_peak_mb": jax_device_peak_mb(),
             "strategy_reason": sim.strategy_reason,
+            "matmul_precision": cfg.training.matmul_precision,
             "calibration_seconds": calibration if strategy == "auto" else None,
             "backend": jax.default_backend(), "n_params": int(sum(
                 x.size for x in jax.tree_util.tree_leaves(state.params)))}
@@ -188,7 +190,7 @@ def torch_worker(clients: int, repeats: int, threads: int, device: str = "cpu") 
 # --- driver -----------------------------------------------------------------
 
 def run_one(impl: str, clients: int, repeats: int, threads: int, cache_dir: str,
-            timeout: float, torch_device: str = "cpu") -> dict:
+            timeout: float, torch_device: str = "cpu", precision: str | None = None) -> dict:
     # XLA_PYTHON_CLIENT_PREALLOCATE=false: on a GPU, JAX takes what it uses
     # rather than 75 % of the card, so its peak memory is its own.
     env = dict(os.environ, FEDSIM_CACHE_DIR=cache_dir, PYTHONPATH=str(ROOT),
@@ -198,7 +200,7 @@ def run_one(impl: str, clients: int, repeats: int, threads: int, cache_dir: str,
         env.pop("JAX_PLATFORMS")
     cmd = [sys.executable, __file__, "--worker", impl, "--clients", str(clients),
            "--repeats", str(repeats), "--threads", str(threads),
-           "--torch-device", torch_device]
+           "--torch-device", torch_device] + (["--precision", precision] if precision else [])
     load = os.getloadavg()[0]
     row = {"impl": impl, "clients": clients, "loadavg_1min_before": load}
     try:
@@ -239,6 +241,7 @@ def markdown(result: dict) -> str:
     on_device = any(r.get("device_peak_mb") is not None for r in rows)
     cell = {(label(r), r["clients"]): r for r in rows}
     fmt = lambda v: "–" if v is None else f"{v:.3f}"
+    precisions = sorted({r["matmul_precision"] for r in rows if r.get("matmul_precision")})
     out = [f"# Engine round time vs PyTorch sequential loop ({result['mode']} mode)", "",
            f"Device: {result['device']}. jax {result['jax']}, torch {result.get('torch', '?')}.",
            f"LeNet-5 (61,706 params), {EXAMPLES} examples/client, 2 local SGD steps of batch "
@@ -253,6 +256,9 @@ def markdown(result: dict) -> str:
            f"{max(r['loadavg_1min_before'] for r in rows):.1f}"
            + (" (shared 2-core machine: noisy)." if result["device"].startswith("cpu") else
               " (host CPU; the rounds run on the accelerator)."),
+           *([f"fedsim's float32 matrix products and convolutions ran at XLA precision "
+              f"{', '.join(f'`{p}`' for p in precisions)} (`training.matmul_precision`)."]
+             if precisions else []),
            f"Produced by `python benchmarks/engine_throughput.py {' '.join(result['argv'])}` on {result['date']} "
            f"at commit {short_commit(result['commit'])}.",
            *( [f"Not run (capped by `--slow-impls-max-clients` / `--impl-max-clients`, to bound the run's time): {', '.join(result['skipped'])}."] if result["skipped"] else []),
@@ -338,6 +344,8 @@ def main() -> None:
                     help="torch-loop rows, one per thread count")
     ap.add_argument("--torch-device", default="cpu", choices=("cpu", "cuda"),
                     help="where torch-loop runs")
+    ap.add_argument("--precision", default=None, choices=("highest", "high", "default"),
+                    help="the fedsim rows' training.matmul_precision (default: the config's)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(RESULTS / "engine_throughput"))
@@ -347,7 +355,7 @@ def main() -> None:
         if args.worker == "torch-loop":
             row = torch_worker(clients, args.repeats, args.threads, args.torch_device)
         else:
-            row = fedsim_worker(args.worker, clients, args.repeats)
+            row = fedsim_worker(args.worker, clients, args.repeats, args.precision)
         row["peak_rss_mb"] = peak_rss_mb()
         print("ROW " + json.dumps(row), flush=True)
         return
@@ -381,7 +389,7 @@ def main() -> None:
             reps = max(repeats, -(-MIN_CLIENT_TRAININGS // c))
             with tempfile.TemporaryDirectory() as cache_dir:  # auto calibrates afresh
                 runs.append(run_one(impl, c, reps, thr, cache_dir, args.timeout,
-                                    args.torch_device) | {"repeats": reps})
+                                    args.torch_device, args.precision) | {"repeats": reps})
             # Written after every row, so an interrupted run still leaves its rows.
             done = pass_idx == args.passes - 1 and i == len(plan) - 1
             write_results(args, pool_passes(runs), repeats, skipped, commit, done=done)

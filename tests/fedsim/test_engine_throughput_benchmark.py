@@ -44,6 +44,7 @@ def test_parse_caps_rejects_unknown_impls_and_malformed_specs():
     (["--clients", "0", "10"], "--clients must be >= 1"),
     (["--impls", "fedsim-pmap"], "--impls: unknown ['fedsim-pmap']"),
     (["--impls", "torch-loop:rule"], "--impls: unknown ['torch-loop:rule']"),
+    (["--precision", "tf32"], "invalid choice: 'tf32'"),
 ])
 def test_cli_names_bad_arguments_before_running_anything(argv, message):
     p = subprocess.run([sys.executable, et.__file__, *argv],
@@ -92,6 +93,17 @@ def test_cpu_rows_keep_the_cpu_table():
     assert "## Seconds per round (peak RSS MiB)" in md
     assert "| torch-loop (2 thr) | 0.100 (500) |" in md
     assert "phase-packed" in md and "shared 2-core machine: noisy" in md
+
+
+def test_the_fedsim_rows_precision_is_stated():
+    rows = [_row("fedsim-vmap", 10, 0.02, matmul_precision="default"),
+            _row("torch-loop", 10, 0.2, threads=1)]
+    result = {"rows": rows, "checks": [], "device": "gpu: NVIDIA H200; x86; 16 cores",
+              "jax": "0", "torch": "0", "mode": "full", "repeats": 3, "passes": 1,
+              "argv": [], "date": "d", "commit": "0" * 40, "skipped": []}
+    assert "ran at XLA precision `default`" in et.markdown(result)
+    rows[0].pop("matmul_precision")  # rows written before the key existed
+    assert "XLA precision" not in et.markdown(result)
 
 
 def test_pooled_passes_keep_the_larger_accelerator_peak():

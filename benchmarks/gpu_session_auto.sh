@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One GPU call that checks `client_parallelism: auto` on an accelerator, where
+# vmap's cost per client falls with the cohort: its two-stage calibration
+# (16 clients, then the close contenders on at most 256 clients of the real
+# cohort, fedsim/calibrate.py) against every fixed strategy, at 1,000 and 5,000
+# LeNet-5 clients, in the same run as a PyTorch loop on the same GPU.
+#   1. at the config's matrix-product precision ("highest": full float32);
+#   2. vmap and auto at 1,000 clients at XLA's default precision (TF32 on
+#      recent NVIDIA GPUs), to show what full float32 costs.
+#
+# Usage (repo root, on a machine with a CUDA jax and torch; wheels in .whl/ as
+# for gpu_session.sh):
+#   FEDSIM_SOURCE_COMMIT=<commit> bash benchmarks/gpu_session_auto.sh OUT_DIR
+set -u
+out=${1:?usage: gpu_session_auto.sh OUT_DIR}
+source "$(dirname "$0")/gpu_env.sh"  # wheels, PYTHONPATH, $out/environment.txt
+
+timeout -k 5 330 python3 benchmarks/engine_throughput.py \
+  --torch-device cuda --torch-threads 1 --clients 1000 5000 \
+  --impls fedsim-auto fedsim-vmap fedsim-chunked fedsim-map fedsim-loop torch-loop \
+  --impl-max-clients fedsim-map=1000 fedsim-loop=1000 torch-loop=1000 \
+  --timeout 120 --out "$out/engine_throughput_gpu_auto" 2>&1 | tee "$out/engine_log.txt"
+pkill -f "[e]ngine_throughput.py --worker" 2>/dev/null
+
+timeout -k 5 150 python3 benchmarks/engine_throughput.py \
+  --torch-device cuda --clients 1000 --impls fedsim-auto fedsim-vmap --precision default \
+  --timeout 100 --out "$out/engine_throughput_gpu_default_precision" 2>&1 \
+  | tee -a "$out/engine_log.txt"
+pkill -f "[e]ngine_throughput.py --worker" 2>/dev/null
+exit 0
