@@ -24,10 +24,15 @@ short cohort clearly, the second stage is skipped.
 The second stage times at most :data:`COHORT_CALIBRATION_CLIENTS` clients of
 the real cohort. Timing vmap on a whole cohort of 1,000 LeNet-5 clients on the
 2-core CPU raised the process's peak memory to 7 GB, and the chosen
-strategy's next rounds ran up to 1.8× slower than in a fresh process,
-recovering over 3–4 rounds (``benchmarks/results/auto_after_calibration.md``).
-Whether 256 clients rank the strategies as the whole cohort does is checked
-for the CPU and the H200 in docs/scale.md ("`auto` on accelerators").
+strategy's next rounds ran slower: `auto`'s rounds at 1,000 clients took 1.59×
+those of its choice in a fresh process (stop 37's ``engine_throughput.md``),
+and in one process chunked's 4 rounds took a median 1.21× as long after vmap
+had been timed on 1,000 clients as before it (1.08× after vmap on 256 clients,
+1.06× after the loop on 1,000; ``benchmarks/results/auto_after_calibration.md``).
+That stage also times more calls per contender (:data:`COHORT_REPEATS`), since it
+has to separate strategies within ~10 % of each other. Whether 256 clients rank
+the strategies as the whole cohort does is checked for the CPU and the H200 in
+docs/scale.md ("`auto` on accelerators", "Status of the issue-9 acceptance").
 
 The result is cached in ``$FEDSIM_CACHE_DIR/calibration.json`` (default
 ``~/.cache/fedsim``) keyed by backend, device kind and count, jax version,
@@ -69,6 +74,9 @@ CONTENDER_FACTOR = 1.5
 # The second stage's cohort: the real one, truncated to this many clients, so
 # that timing vmap on it bounds calibration's memory (module docstring).
 COHORT_CALIBRATION_CLIENTS = 256
+# Timed calls per contender in the second stage, which has to separate
+# strategies within ~10 % of each other (loop and chunked on the 2-core CPU).
+COHORT_REPEATS = 5
 
 
 def cache_file() -> Path:
@@ -110,6 +118,14 @@ def measure(sim, candidates=CANDIDATES, clients: int | None = None,
             repeats: int = REPEATS) -> dict[str, float]:
     """Median seconds per client of one cohort step for each candidate.
 
+    Each candidate is compiled and warmed up first; then the timed calls go
+    round-robin over the candidates, ``repeats`` rounds, so a drift of the
+    machine's speed while measuring hits every candidate alike instead of the
+    one measured at the time (timed one after another, loop and chunked
+    swapped places on this noisy 2-core CPU where they differ by ~10 %:
+    docs/scale.md). A candidate more than 3× slower than the best median so
+    far is dropped after its first timed call.
+
     Mutates ``sim.strategy`` while measuring; the caller sets the final one.
     Uses round 0's cohort (truncated) and fresh initial states, so the real
     run's state and randomness are untouched.
@@ -118,31 +134,43 @@ def measure(sim, candidates=CANDIDATES, clients: int | None = None,
     ids = np.asarray(sim.cohort(0))[:C]
     _, ckey = sim.round_keys(0)
     timings: dict[str, float] = {}
-    best = float("inf")
-    for name in candidates:
+
+    def call(name: str) -> float:
         sim.strategy = name
         sim._compile(reuse=True)  # the run reuses the winner's compiled pieces
+        state = sim.init_state()
+        t0 = time.perf_counter()
+        # Traced under the run's precision, so the run reuses these executables.
+        with sim.numerics():
+            out = sim._train_cohort(state, ids, ckey, 0)
+        jax.block_until_ready(out[0].params)
+        return (time.perf_counter() - t0) / C
+
+    def failed(name: str, e: Exception) -> None:
+        # A strategy that cannot run here (e.g. out of memory) is simply not chosen.
+        timings[name] = float("inf")
+        print(f"fedsim: calibration: {name} failed ({type(e).__name__}: {e})")
+
+    runs: dict[str, list[float]] = {}
+    for name in candidates:
         try:
-            # Traced under the run's precision, so the run reuses these executables.
-            with sim.numerics():
-                out = sim._train_cohort(sim.init_state(), ids, ckey, 0)  # compile + warm-up
-            jax.block_until_ready(out[0].params)
-            runs = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                with sim.numerics():
-                    out = sim._train_cohort(sim.init_state(), ids, ckey, 0)
-                jax.block_until_ready(out[0].params)
-                runs.append((time.perf_counter() - t0) / C)
-                if runs[-1] > 3 * best:  # clearly losing: stop spending time on it
-                    break
-        except Exception as e:  # a strategy that cannot run here is simply not chosen
-            timings[name] = float("inf")
-            print(f"fedsim: calibration: {name} failed ({type(e).__name__}: {e})")
-            continue
-        timings[name] = statistics.median(runs)
-        best = min(best, timings[name])
-    return timings
+            call(name)  # compile + warm-up
+            runs[name] = []
+        except Exception as e:
+            failed(name, e)
+    for _ in range(repeats):
+        for name in list(runs):
+            try:
+                runs[name].append(call(name))
+            except Exception as e:
+                runs.pop(name)
+                failed(name, e)
+                continue
+            best = min(statistics.median(r) for r in runs.values() if r)
+            if runs[name][-1] > 3 * best:  # clearly losing: stop spending time on it
+                timings[name] = statistics.median(runs.pop(name))
+    timings.update({name: statistics.median(r) for name, r in runs.items()})
+    return {name: timings[name] for name in candidates}
 
 
 def contenders(timings: dict[str, float], factor: float | None = None) -> list[str]:
@@ -187,7 +215,8 @@ def choose_strategy(sim, use_cache: bool = True) -> tuple[str, str]:
         cohort_timings = {}
         close = contenders(timings)
         if len(close) > 1 and second > short:
-            cohort_timings = measure(sim, candidates=close, clients=second)
+            cohort_timings = measure(sim, candidates=close, clients=second,
+                                     repeats=COHORT_REPEATS)
         source = "measured now"
         if use_cache:
             cache = _load_cache()

@@ -198,3 +198,63 @@ def test_the_second_stage_really_runs_on_the_whole_cohort(cache_dir, monkeypatch
     assert "the 4-client cohort" in sim.strategy_reason
     state, res = sim.run_round(sim.init_state(), 0)
     assert np.isfinite(res.train_loss)
+
+
+class _ClockedSim:
+    """Just what :func:`calibrate.measure` touches, on a fake clock: each cohort
+    step advances it by its strategy's cost per client × clients, plus a drift."""
+
+    def __init__(self, cost, clock, drift=lambda n: 0.0, fail=()):
+        import contextlib
+        from types import SimpleNamespace
+        self.cfg = SimpleNamespace(training=SimpleNamespace(clients_per_round=8))
+        self.cost, self.clock, self.drift, self.fail = cost, clock, drift, fail
+        self.strategy, self.calls = None, []
+        self.numerics = contextlib.nullcontext
+
+    def cohort(self, round_idx):
+        return np.arange(self.cfg.training.clients_per_round)
+
+    def round_keys(self, round_idx):
+        return None, jax.random.key(0)
+
+    def _compile(self, reuse=False):
+        pass
+
+    def init_state(self):
+        return None
+
+    def _train_cohort(self, state, ids, ckey, round_idx):
+        from types import SimpleNamespace
+        self.calls.append(self.strategy)
+        if self.strategy in self.fail:
+            raise MemoryError("out of memory")
+        self.clock[0] += (self.cost[self.strategy] + self.drift(len(self.calls))) * len(ids)
+        return (SimpleNamespace(params=np.zeros(1)),)
+
+
+def test_measure_warms_every_candidate_up_then_times_them_round_robin(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: clock[0])
+    # The machine slows down steadily while measuring (drift grows with each call).
+    sim = _ClockedSim({"loop": 1.10, "chunked": 1.00}, clock, drift=lambda n: 0.05 * n)
+    t = calibrate.measure(sim, candidates=("loop", "chunked"), repeats=3)
+    assert sim.calls == ["loop", "chunked"] + ["loop", "chunked"] * 3
+    # Interleaved, the drift hits both alike and chunked stays ahead; timed one
+    # after the other (loop's 3 calls, then chunked's) it would have lost.
+    assert t["chunked"] < t["loop"]
+    assert t["loop"] == pytest.approx(1.10 + 0.05 * 5)  # median of calls 3, 5, 7
+    assert t["chunked"] == pytest.approx(1.00 + 0.05 * 6)
+
+
+def test_measure_drops_clear_losers_and_failures(monkeypatch, capsys):
+    clock = [0.0]
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: clock[0])
+    sim = _ClockedSim({"loop": 1.0, "vmap": 1.2, "map": 9.0, "chunked": 1.0}, clock,
+                      fail=("chunked",))
+    t = calibrate.measure(sim, repeats=3)
+    assert list(t) == list(calibrate.CANDIDATES)
+    assert t["map"] == 9.0 and sim.calls.count("map") == 2  # warm-up + one timed call
+    assert t["chunked"] == float("inf") and "chunked failed (MemoryError" in capsys.readouterr().out
+    assert t["loop"] == 1.0 and t["vmap"] == pytest.approx(1.2)
+    assert sim.calls.count("loop") == sim.calls.count("vmap") == 4
