@@ -1,13 +1,15 @@
 """``client_parallelism: auto``: pick the fastest cohort strategy by measuring.
 
 Which strategy is fastest depends on the backend and the model: on a 2-core
-XLA:CPU the loop and chunked vmap came within 5 % of each other at 500 and
-1,000 LeNet-5 clients and vmap of the whole cohort 1.1–1.9× behind (with the convolutions of vmapped
-clients as im2col GEMMs; as XLA's grouped convolutions vmap ran 2.5–3.5×
-slower than the loop), while on accelerators vmap is usually best. Rather than guess,
-:func:`choose_strategy` times each candidate on a short cohort of the real
-simulation (same model, data shapes, local training, defenses), after one
-warm-up (compile) call, and takes the lowest median seconds per client.
+XLA:CPU the loop and chunked vmap came within 10 % of each other at 500 and
+1,000 LeNet-5 clients and vmap of the whole cohort 1.2–2.1× behind the loop
+at 10–1,000 clients (``benchmarks/results/engine_throughput.md``; with the
+convolutions of vmapped clients as im2col GEMMs; as XLA's grouped
+convolutions vmap ran 2.5–3.5× slower than the loop), while on accelerators
+vmap is usually best. Rather than guess, :func:`choose_strategy` times each
+candidate on a short cohort of the real simulation (same model, data shapes,
+local training, defenses), after one warm-up (compile) call each, and takes
+the lowest median seconds per client (:func:`measure`).
 
 A short cohort can rank the strategies wrongly for a large one: a round has
 costs that do not grow with the cohort, spread over few clients in a short

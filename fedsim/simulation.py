@@ -19,7 +19,7 @@ numbers (tested):
 On XLA:CPU vmapped per-client weights would make convolutions grouped ones,
 XLA's slow path, so ``vmap`` and ``chunked`` trace their clients inside
 :func:`fedsim.models.vmapped_instances` (im2col GEMMs); loop and chunked then
-came within 5 % of each other at 500 and 1,000 LeNet-5 clients
+came within 10 % of each other at 500 and 1,000 LeNet-5 clients
 (``benchmarks/results/engine_throughput.md``).
 
 Randomness: ``key = jax.random.key(seed)``; the model is initialised from
