@@ -26,24 +26,9 @@ import ctypes
 import statistics
 import time
 
-from benchmarks.engine_throughput import BATCH, EXAMPLES, IMAGE, LR, peak_rss_mb
+from benchmarks.engine_throughput import peak_rss_mb, workload
 from benchmarks.provenance import git_commit
 from benchmarks.results_io import write_json_and_markdown
-
-
-def build(clients: int, strategy: str):
-    from fedsim.config import load_config
-    from fedsim.data import synthetic_dataset
-    from fedsim.simulation import Simulation
-
-    ds = synthetic_dataset(seed=0, image_size=IMAGE, num_train=EXAMPLES * clients, num_test=100)
-    cfg = load_config(None, [
-        "data.dataset=synthetic", f"data.num_clients={clients}", "data.partition=iid",
-        f"data.examples_per_client={EXAMPLES}", "model.name=lenet5",
-        f"training.clients_per_round={clients}", "training.local_epochs=1",
-        f"training.batch_size={BATCH}", f"training.lr={LR}",
-        f"training.client_parallelism={strategy}", "output.progress=false"])
-    return Simulation(cfg, dataset=ds, donate=True)
 
 
 def time_rounds(sim, state, first_round: int, rounds: int):
@@ -56,6 +41,7 @@ def time_rounds(sim, state, first_round: int, rounds: int):
 
 def main() -> None:
     from fedsim import calibrate
+    from fedsim.simulation import Simulation
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=1000)
@@ -77,7 +63,8 @@ def main() -> None:
         disturb.append((name, int(n)))
 
     commit = git_commit()
-    sim = build(args.clients, args.strategy)
+    cfg, ds = workload(args.clients, args.strategy)
+    sim = Simulation(cfg, dataset=ds, donate=True)
     state = sim.init_state()
     state, _ = sim.run_round(state, 0)  # compile + warm-up
     next_round = 1

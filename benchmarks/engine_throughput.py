@@ -83,19 +83,13 @@ def jax_device_peak_mb() -> float | None:
     return None if peak is None else peak / 2**20
 
 
-def fedsim_worker(impl: str, clients: int, repeats: int, precision: str | None = None) -> dict:
-    import jax
-
+def workload(clients: int, strategy: str, precision: str | None = None):
+    """The benchmark's (config, dataset): ``clients`` LeNet-5 clients, all in
+    every round, each with EXAMPLES synthetic examples and one epoch of batch
+    BATCH."""
     from fedsim.config import load_config
     from fedsim.data import synthetic_dataset
-    from fedsim.simulation import Simulation
 
-    from fedsim import models
-
-    name, rule_only = impl.removesuffix(RULE_SUFFIX), impl.endswith(RULE_SUFFIX)
-    if rule_only:  # read when the cohort step is traced, i.e. in this process's rounds
-        models.VMAPPED_IM2COL_MAX_BATCH = 0
-    strategy = name.split("-", 1)[1]
     ds = synthetic_dataset(seed=0, image_size=IMAGE, num_train=EXAMPLES * clients, num_test=100)
     cfg = load_config(None, [
         "data.dataset=synthetic", f"data.num_clients={clients}", "data.partition=iid",
@@ -104,6 +98,20 @@ def fedsim_worker(impl: str, clients: int, repeats: int, precision: str | None =
         f"training.batch_size={BATCH}", f"training.lr={LR}",
         f"training.client_parallelism={strategy}", "output.progress=false"]
         + ([f"training.matmul_precision={precision}"] if precision else []))
+    return cfg, ds
+
+
+def fedsim_worker(impl: str, clients: int, repeats: int, precision: str | None = None) -> dict:
+    import jax
+
+    from fedsim import models
+    from fedsim.simulation import Simulation
+
+    name, rule_only = impl.removesuffix(RULE_SUFFIX), impl.endswith(RULE_SUFFIX)
+    if rule_only:  # read when the cohort step is traced, i.e. in this process's rounds
+        models.VMAPPED_IM2COL_MAX_BATCH = 0
+    strategy = name.split("-", 1)[1]
+    cfg, ds = workload(clients, strategy, precision)
     t0 = time.perf_counter()
     sim = Simulation(cfg, dataset=ds, donate=True)
     calibration = time.perf_counter() - t0
