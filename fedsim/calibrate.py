@@ -212,6 +212,8 @@ def choose_strategy(sim, use_cache: bool = True) -> tuple[str, str]:
     if hit and hit.get("choice") in CANDIDATES:
         timings, source = hit["timings"], f"cached in {cache_file()}"
         cohort_timings = hit.get("cohort_timings") or {}
+        # Entries cached before the second stage was capped timed the whole cohort.
+        second = hit.get("cohort_clients", cohort)
     else:
         timings = measure(sim)
         cohort_timings = {}
@@ -225,6 +227,7 @@ def choose_strategy(sim, use_cache: bool = True) -> tuple[str, str]:
             final = cohort_timings or timings
             cache[key] = {"choice": min(final, key=final.get),
                           "timings": timings, "cohort_timings": cohort_timings,
+                          "cohort_clients": second,
                           "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
             try:
                 atomic_write_text(cache_file(), json.dumps(cache, indent=1))

@@ -155,6 +155,16 @@ def test_the_second_stage_times_at_most_cohort_calibration_clients(cache_dir, mo
     assert sim.strategy == "vmap"
     assert calls == [(calibrate.CANDIDATES, None), (("map", "chunked", "loop", "vmap"), 24)]
     assert "again on 24 clients of the 40-client cohort vmap 0.12" in sim.strategy_reason
+    # The cached entry keeps how many clients its second stage timed.
+    again = Simulation(cfg, dataset=small_dataset(n=1200))
+    assert len(calls) == 2 and "cached" in again.strategy_reason
+    assert "again on 24 clients of the 40-client cohort" in again.strategy_reason
+    cache = json.loads((cache_dir / "calibration.json").read_text())
+    (entry,) = cache.values()
+    del entry["cohort_clients"]  # an entry from before the cap: it timed the whole cohort
+    (cache_dir / "calibration.json").write_text(json.dumps(cache))
+    old = Simulation(cfg, dataset=small_dataset(n=1200))
+    assert len(calls) == 2 and "again on the 40-client cohort" in old.strategy_reason
 
 
 def test_a_clear_winner_or_a_short_cohort_is_measured_once(cache_dir, monkeypatch):
