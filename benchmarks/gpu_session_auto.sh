@@ -14,7 +14,8 @@
 # Time on an H200 (benchmarks/results/gpu_session_h200_auto/README.md): each
 # 1,000-client row 30-60 s, `auto` 110 s (calibration 53-93 s); `auto` at
 # 5,000 clients 144 s. The defaults fit the 1,000-client rows and the
-# precision part in one 10-minute call; step 1 needs ~700 s for 5,000 too.
+# precision part in one 10-minute call; step 1 needs ~700 s for 5,000 too
+# (PRECISION_SECONDS 0 skips step 2).
 set -u
 out=${1:?usage: gpu_session_auto.sh OUT_DIR [ENGINE_SECONDS] [PRECISION_SECONDS]}
 engine_s=${2:-330}
@@ -28,9 +29,11 @@ timeout -k 5 "$engine_s" python3 benchmarks/engine_throughput.py \
   --timeout 200 --out "$out/engine_throughput_gpu_auto" 2>&1 | tee "$out/engine_log.txt"
 pkill -f "[e]ngine_throughput.py --worker" 2>/dev/null
 
-timeout -k 5 "$precision_s" python3 benchmarks/engine_throughput.py \
-  --torch-device cuda --clients 1000 --impls fedsim-auto fedsim-vmap --precision default \
-  --timeout 100 --out "$out/engine_throughput_gpu_default_precision" 2>&1 \
-  | tee -a "$out/engine_log.txt"
-pkill -f "[e]ngine_throughput.py --worker" 2>/dev/null
+if [ "$precision_s" -gt 0 ]; then  # 0 skips step 2
+  timeout -k 5 "$precision_s" python3 benchmarks/engine_throughput.py \
+    --torch-device cuda --clients 1000 --impls fedsim-auto fedsim-vmap --precision default \
+    --timeout 100 --out "$out/engine_throughput_gpu_default_precision" 2>&1 \
+    | tee -a "$out/engine_log.txt"
+  pkill -f "[e]ngine_throughput.py --worker" 2>/dev/null
+fi
 exit 0
