@@ -54,6 +54,10 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="auto_after_calibration")
     args = ap.parse_args()
+    if args.clients < 1 or args.rounds < 1:
+        ap.error(f"--clients and --rounds must be >= 1, got {args.clients} and {args.rounds}")
+    if args.strategy not in calibrate.CANDIDATES:
+        ap.error(f"--strategy {args.strategy!r}: expected one of {calibrate.CANDIDATES}")
     disturb = []
     for spec in args.disturb:
         name, _, n = spec.partition(":")

@@ -16,3 +16,15 @@ def test_a_bad_disturbance_is_named_before_anything_runs(spec):
                         "--disturb", spec], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode != 0
     assert f"--disturb {spec!r}: expected STRATEGY:CLIENTS" in p.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--clients", "0"], "--clients and --rounds must be >= 1"),
+    (["--rounds", "0"], "--clients and --rounds must be >= 1"),
+    (["--strategy", "auto"], "--strategy 'auto': expected one of"),
+])
+def test_bad_sizes_and_strategies_are_named(argv, message):
+    p = subprocess.run([sys.executable, "-m", "benchmarks.diagnose_auto_after_calibration", *argv],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode != 0
+    assert message in p.stderr
