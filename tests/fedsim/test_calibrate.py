@@ -268,3 +268,65 @@ def test_measure_drops_clear_losers_and_failures(monkeypatch, capsys):
     assert t["chunked"] == float("inf") and "chunked failed (MemoryError" in capsys.readouterr().out
     assert t["loop"] == 1.0 and t["vmap"] == pytest.approx(1.2)
     assert sim.calls.count("loop") == sim.calls.count("vmap") == 4
+
+
+def test_auto_skips_a_winner_that_does_not_fit_the_real_cohort(cache_dir, monkeypatch):
+    # vmap wins the 24-client second stage but the 40-client cohort would not fit.
+    calls = []
+    monkeypatch.setattr(calibrate, "measure", _gpu_like_measure(calls))
+    monkeypatch.setattr(calibrate, "COHORT_CALIBRATION_CLIENTS", 24)
+    planned = []
+    need = {"vmap": 9 * 2**30, "chunked": 2**30, "map": 2**20}
+
+    def fake_bytes(sim, clients):
+        planned.append((sim.strategy, clients))
+        return need[sim.strategy]
+
+    monkeypatch.setattr(calibrate.memory, "cohort_step_bytes", fake_bytes)
+    monkeypatch.setattr(calibrate.memory, "available_bytes", lambda: 4 * 2**30)
+    cfg = small_config(**{"training.client_parallelism": "auto", "data.num_clients": 40,
+                          "training.clients_per_round": 40})
+    sim = Simulation(cfg, dataset=small_dataset(n=1200))
+    assert sim.strategy == "chunked" and planned == [("vmap", 40), ("chunked", 40)]
+    assert "fastest measured that fits in memory" in sim.strategy_reason
+    assert ("vmap skipped: its step on the 40-client cohort plans 9.00 GiB, more than 80% "
+            "of the 4.00 GiB free") in sim.strategy_reason
+    assert "chunked's step on the 40-client cohort plans 1.00 GiB" in sim.strategy_reason
+    # The cache keeps the timings' choice; the check runs again (free memory changes).
+    monkeypatch.setattr(calibrate.memory, "available_bytes", lambda: 64 * 2**30)
+    again = Simulation(cfg, dataset=small_dataset(n=1200))
+    assert again.strategy == "vmap" and len(calls) == 2 and "cached" in again.strategy_reason
+    # Nothing but a loop-free ranking that fits nowhere is an error naming the sizes.
+    monkeypatch.setattr(calibrate.memory, "available_bytes", lambda: 1)
+    monkeypatch.setattr(calibrate, "_load_cache", lambda: {})
+    monkeypatch.setattr(calibrate, "measure",
+                        lambda sim, candidates=calibrate.CANDIDATES, clients=None, repeats=3:
+                        {c: ({"vmap": 1.0, "chunked": 1.1, "map": 1.2}.get(c, float("inf")))
+                         for c in candidates})
+    with pytest.raises(RuntimeError, match="no measured strategy fits the 40-client cohort"):
+        Simulation(cfg, dataset=small_dataset(n=1200))
+
+
+def test_a_strategy_run_on_the_whole_cohort_or_the_loop_is_not_checked(cache_dir, monkeypatch):
+    monkeypatch.setattr(calibrate.memory, "cohort_step_bytes",
+                        lambda sim, clients: pytest.fail("checked needlessly"))
+    calls = []
+    monkeypatch.setattr(calibrate, "measure", _gpu_like_measure(calls))
+    # Second stage on the whole 40-client cohort: vmap ran on it, so it fits.
+    cfg = small_config(**{"training.client_parallelism": "auto", "data.num_clients": 40,
+                          "training.clients_per_round": 40})
+    sim = Simulation(cfg, dataset=small_dataset(n=1200))
+    assert sim.strategy == "vmap" and "plans" not in sim.strategy_reason
+
+
+def test_the_real_memory_check_compiles_the_real_cohort(cache_dir, monkeypatch):
+    calls = []
+    monkeypatch.setattr(calibrate, "measure", _gpu_like_measure(calls))
+    monkeypatch.setattr(calibrate, "COHORT_CALIBRATION_CLIENTS", 24)
+    cfg = small_config(**{"training.client_parallelism": "auto", "data.num_clients": 40,
+                          "training.clients_per_round": 40})
+    sim = Simulation(cfg, dataset=small_dataset(n=1200))
+    assert sim.strategy == "vmap"
+    assert "vmap's step on the 40-client cohort plans" in sim.strategy_reason
+    state, res = sim.run_round(sim.init_state(), 0)
+    assert np.isfinite(res.train_loss)

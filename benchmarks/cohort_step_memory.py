@@ -1,0 +1,146 @@
+"""XLA's planned memory of a cohort step against the memory a round really takes.
+
+``client_parallelism: auto`` skips a strategy whose cohort step, compiled for
+the real cohort, plans more bytes than are free (:mod:`fedsim.memory`). This
+checks that estimate on the host: for each (strategy, clients), in a fresh
+process on the engine-throughput benchmark's LeNet-5 workload,
+
+1. ``planned``: :func:`fedsim.memory.cohort_step_bytes` (compiled, not run);
+2. ``measured``: the growth of the process's resident memory during one warm
+   round (round 1, after round 0 compiled and ran): the peak (``VmHWM``, reset
+   through ``/proc/self/clear_refs`` just before the round) less the resident
+   memory at its start.
+
+Linux only (``/proc``); the measurement is the host's, so on an accelerator
+it measures nothing of the device and the script refuses to run there.
+
+Usage: ``python -m benchmarks.cohort_step_memory [--runs vmap:16 vmap:256 ...]``
+Writes ``benchmarks/results/cohort_step_memory.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from benchmarks.provenance import ROOT, git_commit, short_commit
+from benchmarks.results_io import write_json_and_markdown
+
+DEFAULT_RUNS = ("vmap:16", "vmap:256", "vmap:1000", "chunked:1000", "map:1000")
+STRATEGIES = ("vmap", "chunked", "map")
+
+
+def _status_kib(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def worker(strategy: str, clients: int) -> dict:
+    import jax
+
+    from benchmarks.engine_throughput import workload
+    from fedsim import memory
+    from fedsim.simulation import Simulation
+
+    if jax.default_backend() != "cpu":
+        raise SystemExit("cohort_step_memory measures host memory: run it with JAX_PLATFORMS=cpu")
+    cfg, ds = workload(clients, strategy)
+    sim = Simulation(cfg, dataset=ds, donate=True)
+    planned = memory.cohort_step_bytes(sim, clients)
+    state, _ = sim.run_round(sim.init_state(), 0)  # compile + warm-up
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak resident set (VmHWM) to the current one
+    start = _status_kib("VmRSS")
+    t0 = time.perf_counter()
+    state, _ = sim.run_round(state, 1)
+    seconds = time.perf_counter() - t0
+    peak = _status_kib("VmHWM")
+    return {"strategy": strategy, "clients": clients, "planned_bytes": planned,
+            "measured_bytes": (peak - start) * 1024, "rss_at_start_bytes": start * 1024,
+            "round_seconds": seconds, "available_bytes": memory.available_bytes()}
+
+
+def run_one(strategy: str, clients: int, timeout: float) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    cmd = [sys.executable, "-m", "benchmarks.cohort_step_memory", "--worker",
+           f"{strategy}:{clients}"]
+    row = {"strategy": strategy, "clients": clients}
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+        line = [l for l in p.stdout.splitlines() if l.startswith("ROW ")]
+        if p.returncode != 0 or not line:
+            row["error"] = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        else:
+            row.update(json.loads(line[-1][4:]))
+    except subprocess.TimeoutExpired:
+        row["error"] = f"timed out after {timeout:.0f} s"
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def parse_run(text: str) -> tuple[str, int]:
+    """``"vmap:1000"`` -> ("vmap", 1000), with an error naming what is wrong."""
+    strategy, sep, clients = text.partition(":")
+    if not sep or strategy not in STRATEGIES or not clients.isdigit() or int(clients) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--runs entry {text!r}: expected STRATEGY:CLIENTS with STRATEGY one of "
+            f"{', '.join(STRATEGIES)} and CLIENTS a positive integer")
+    return strategy, int(clients)
+
+
+def markdown(result: dict) -> str:
+    gib = lambda b: "–" if b is None else f"{b / 2**30:.3f}"
+    lines = [
+        "# Cohort step memory: XLA's plan vs a warm round's resident-memory growth",
+        "",
+        f"Commit {short_commit(result['commit'])}; {result['device']}; "
+        "`python -m benchmarks.cohort_step_memory`. LeNet-5, the engine-throughput "
+        "workload (`benchmarks/engine_throughput.workload`); each row a fresh process.",
+        "",
+        "planned: `fedsim.memory.cohort_step_bytes` (temporaries + outputs − donated "
+        "aliases of the compiled step); measured: peak resident memory during round 1 "
+        "less the resident memory at its start. `auto` skips a strategy whose planned "
+        f"bytes exceed {result['headroom']:.0%} of the free memory.",
+        "",
+        "| strategy | clients | planned GiB | measured GiB | measured / planned | round s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['strategy']} | {r['clients']} | error: {r['error']} | | | |")
+            continue
+        ratio = (r["measured_bytes"] / r["planned_bytes"]) if r["planned_bytes"] else None
+        lines.append(f"| {r['strategy']} | {r['clients']} | {gib(r['planned_bytes'])} | "
+                     f"{gib(r['measured_bytes'])} | "
+                     f"{'–' if ratio is None else f'{ratio:.2f}'} | {r['round_seconds']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", type=parse_run, help=argparse.SUPPRESS)
+    ap.add_argument("--runs", nargs="+", type=parse_run,
+                    default=[parse_run(r) for r in DEFAULT_RUNS],
+                    help="STRATEGY:CLIENTS pairs, each measured in a fresh process")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args(argv)
+    if args.worker:
+        print("ROW " + json.dumps(worker(*args.worker)), flush=True)
+        return
+    from benchmarks.engine_throughput import device_description
+    from fedsim.memory import HEADROOM
+
+    result = {"commit": git_commit(), "device": device_description(), "headroom": HEADROOM,
+              "rows": [run_one(s, n, args.timeout) for s, n in args.runs]}
+    write_json_and_markdown(args.out, "cohort_step_memory", result, markdown(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Will a cohort step fit in memory? XLA's estimate against what is free.
+
+``client_parallelism: auto`` times its candidates on at most
+:data:`fedsim.calibrate.COHORT_CALIBRATION_CLIENTS` clients, but vmap's memory
+grows with the cohort: on the 2-core CPU vmap held 5.2 GB of temporaries for
+1,000 LeNet-5 clients (83 MB for 16), on an H200 13 GB at 5,000
+(docs/scale.md). A strategy that wins on 256 clients can then fail on the real
+cohort, and on a CPU an out-of-memory process is killed by the kernel without
+an error. So before ``auto`` commits to a strategy it has not run on the whole
+cohort, it compiles that strategy's cohort step for the real cohort ahead of
+time (compiled, not run) and compares XLA's buffer assignment
+(:func:`cohort_step_bytes`) with the memory free now (:func:`available_bytes`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+#: Share of the free memory a cohort step may plan to use: XLA's estimate covers
+#: its own buffers, not the allocator's fragmentation or the host's other users.
+HEADROOM = 0.8
+
+
+def cohort_step_bytes(sim, clients: int) -> int | None:
+    """Bytes XLA plans for one cohort step of ``sim.strategy`` on ``clients`` clients.
+
+    The step is lowered and compiled for the cohort of round 0 truncated to
+    ``clients`` (nothing runs). Counted: the step's temporaries and outputs,
+    less the outputs that reuse donated inputs. Not counted: its inputs, which
+    (the data, the server state) are already resident.
+
+    Args:
+      sim: a :class:`fedsim.simulation.Simulation` whose strategy is ``vmap``,
+        ``map`` or ``chunked`` (the loop's per-client step does not grow with
+        the cohort).
+      clients: cohort size to plan for (at most ``clients_per_round``).
+
+    Returns:
+      The bytes, or None where the backend gives no memory analysis.
+
+    Raises:
+      ValueError: the strategy has no cohort step to analyse.
+    """
+    if sim.strategy not in ("vmap", "map", "chunked"):
+        raise ValueError(f"no single cohort step to analyse for strategy {sim.strategy!r}")
+    sim._compile(reuse=True)
+    ids = jnp.asarray(np.asarray(sim.cohort(0))[:clients])
+    _, ckey = sim.round_keys(0)
+    state = jax.eval_shape(sim.init_state)  # shapes only: nothing allocated
+    with sim.numerics():
+        compiled = sim._cohort_step.lower(state, sim._x, sim._y, sim._idx, ids, ckey).compile()
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return None
+    return int(stats.temp_size_in_bytes + stats.output_size_in_bytes
+               - stats.alias_size_in_bytes)
+
+
+def available_bytes(device=None) -> int | None:
+    """Memory free for a new computation on ``device`` (default: the first device).
+
+    Accelerators: the allocator's limit less what is in use
+    (``Device.memory_stats``). CPU: the smaller of the kernel's ``MemAvailable``
+    and the headroom under the process's cgroup limit (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``), since a container's limit is not in
+    ``/proc/meminfo``. None where neither is known.
+    """
+    device = device or jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    return host_available_bytes()
+
+
+def host_available_bytes(root: str = "/") -> int | None:
+    """The host's free memory under ``root`` (a test can point it at fake files)."""
+    base = Path(root)
+    found = []
+    try:
+        for line in (base / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)  # reported in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit, usage in (("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory.current"),
+                         ("sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            cap = (base / limit).read_text().strip()
+            if cap == "max":  # cgroup v2: no limit
+                continue
+            found.append(int(cap) - int((base / usage).read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    if not found:
+        return None
+    return max(min(found), 0)
+
+
+def gib(n: int) -> str:
+    """``n`` bytes as GiB with two decimals, for messages."""
+    return f"{n / 2**30:.2f} GiB"
+
+
+def fits(need: int | None, free: int | None, headroom: float = HEADROOM) -> bool:
+    """Whether ``need`` bytes fit in ``headroom`` × ``free``; unknowns count as fitting."""
+    return need is None or free is None or need <= headroom * free
+

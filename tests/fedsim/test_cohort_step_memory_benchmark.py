@@ -1,0 +1,28 @@
+"""benchmarks/cohort_step_memory.py: argument checks and one real measurement."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("spec", ["vmap", "loop:10", "vmap:0", "vmap:x"])
+def test_a_bad_run_is_named_before_anything_runs(spec):
+    p = subprocess.run([sys.executable, "-m", "benchmarks.cohort_step_memory", "--runs", spec],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode != 0
+    assert f"--runs entry {spec!r}: expected STRATEGY:CLIENTS" in p.stderr
+
+
+def test_a_small_vmap_cohort_is_planned_and_measured(tmp_path):
+    import json
+    p = subprocess.run([sys.executable, "-m", "benchmarks.cohort_step_memory", "--runs",
+                        "vmap:4", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    (row,) = json.loads((tmp_path / "cohort_step_memory.json").read_text())["rows"]
+    assert "error" not in row and row["planned_bytes"] > 0 and row["measured_bytes"] >= 0
+    assert "| vmap | 4 |" in (tmp_path / "cohort_step_memory.md").read_text()

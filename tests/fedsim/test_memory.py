@@ -1,0 +1,70 @@
+import jax
+import numpy as np
+import pytest
+
+from fedsim import memory
+from fedsim.simulation import Simulation
+
+from .helpers import small_config, small_dataset
+
+
+def _write(root, files):
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(root)
+
+
+MEMINFO = "MemTotal:       24000000 kB\nMemFree:  1000 kB\nMemAvailable:   8000000 kB\n"
+
+
+def test_host_memory_is_meminfo_or_the_cgroup_headroom_whichever_is_smaller(tmp_path):
+    plain = _write(tmp_path / "a", {"proc/meminfo": MEMINFO})
+    assert memory.host_available_bytes(plain) == 8_000_000 * 1024
+    # cgroup v2 with a limit below what the kernel reports free: the limit wins.
+    v2 = _write(tmp_path / "b", {"proc/meminfo": MEMINFO,
+                                 "sys/fs/cgroup/memory.max": "3000000000\n",
+                                 "sys/fs/cgroup/memory.current": "1000000000\n"})
+    assert memory.host_available_bytes(v2) == 2_000_000_000
+    unlimited = _write(tmp_path / "c", {"proc/meminfo": MEMINFO,
+                                        "sys/fs/cgroup/memory.max": "max\n",
+                                        "sys/fs/cgroup/memory.current": "5\n"})
+    assert memory.host_available_bytes(unlimited) == 8_000_000 * 1024
+    v1 = _write(tmp_path / "d", {
+        "sys/fs/cgroup/memory/memory.limit_in_bytes": "500\n",
+        "sys/fs/cgroup/memory/memory.usage_in_bytes": "800\n"})
+    assert memory.host_available_bytes(v1) == 0  # over its limit: nothing free
+    assert memory.host_available_bytes(str(tmp_path / "empty")) is None
+
+
+def test_fits_keeps_headroom_and_treats_unknowns_as_fitting():
+    assert memory.fits(80, 100) and not memory.fits(81, 100)
+    assert memory.fits(None, 100) and memory.fits(10**20, None)
+
+
+def test_available_bytes_reads_an_accelerator_allocator():
+    class Device:
+        def memory_stats(self):
+            return {"bytes_limit": 1000, "bytes_in_use": 300}
+    assert memory.available_bytes(Device()) == 700
+
+
+def _param_bytes(sim):
+    params = jax.eval_shape(sim.init_state).params
+    return sum(np.prod(l.shape) * l.dtype.itemsize for l in jax.tree_util.tree_leaves(params))
+
+
+def test_vmaps_planned_memory_grows_with_the_cohort_and_holds_every_clients_update():
+    sim = Simulation(small_config(**{"data.num_clients": 8, "training.clients_per_round": 8,
+                                     "training.chunk_size": 2}), dataset=small_dataset())
+    sim.strategy = "vmap"
+    two, eight = memory.cohort_step_bytes(sim, 2), memory.cohort_step_bytes(sim, 8)
+    assert eight > two
+    # Independent floor: vmapped clients each hold an update the size of the model.
+    assert eight >= 8 * _param_bytes(sim)
+    sim.strategy = "chunked"  # two clients at a time: less than all eight at once
+    assert memory.cohort_step_bytes(sim, 8) < eight
+    sim.strategy = "loop"
+    with pytest.raises(ValueError, match="strategy 'loop'"):
+        memory.cohort_step_bytes(sim, 8)
