@@ -37,12 +37,13 @@ the strategies as the whole cohort does is checked for the CPU and the H200 in
 docs/scale.md ("`auto` on accelerators", "Status of the issue-9 acceptance").
 
 vmap's memory grows with the cohort, and the second stage sees at most 256
-clients of it: on the 2-core CPU vmap's step plans 5.1 GiB for 1,000 LeNet-5
-clients against 1.3 GiB for 256. So a choice that has not run on the whole
-cohort (other than the loop, whose step does not grow) is compiled for the
-real cohort, not run, and XLA's planned bytes are checked against the memory
-free now (:mod:`fedsim.memory`); one that does not fit gives way to the next
-fastest, and the reason line says so.
+clients of it: on the 2-core CPU vmap's step plans 5.07 GiB for 1,000 LeNet-5
+clients against 1.30 GiB for 256
+(``benchmarks/results/cohort_step_memory.md``). So a choice that has not run
+on the whole cohort (other than the loop, whose step does not grow) is
+compiled for the real cohort, not run, and XLA's planned bytes are checked
+against the memory free now (:mod:`fedsim.memory`); one that does not fit
+gives way to the next fastest, and the reason line says so.
 
 The result is cached in ``$FEDSIM_CACHE_DIR/calibration.json`` (default
 ``~/.cache/fedsim``) keyed by backend, device kind and count, jax version,

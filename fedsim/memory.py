@@ -2,15 +2,18 @@
 
 ``client_parallelism: auto`` times its candidates on at most
 :data:`fedsim.calibrate.COHORT_CALIBRATION_CLIENTS` clients, but vmap's memory
-grows with the cohort: on the 2-core CPU vmap held 5.2 GB of temporaries for
-1,000 LeNet-5 clients (83 MB for 16), on an H200 13 GB at 5,000
-(docs/scale.md). A strategy that wins on 256 clients can then fail on the real
-cohort, and on a CPU an out-of-memory process is killed by the kernel without
-an error. So before ``auto`` commits to a strategy it has not run on the whole
-cohort, it compiles that strategy's cohort step for the real cohort ahead of
-time (compiled, not run) and compares XLA's buffer assignment
-(:func:`cohort_step_bytes`) with the memory free now (:func:`available_bytes`).
-"""
+grows with the cohort: on the 2-core CPU vmap's step plans 5.07 GiB for 1,000
+LeNet-5 clients against 0.08 GiB for 16
+(``benchmarks/results/cohort_step_memory.md``), and on an H200 it peaked at
+13,252 MiB at 5,000 (docs/scale.md, "On a GPU"). A strategy that wins on 256
+clients can then fail on the real cohort, and on a CPU an out-of-memory
+process is killed by the kernel without an error. So before ``auto`` commits
+to a strategy it has not run on the whole cohort, it compiles that strategy's
+cohort step for the real cohort ahead of time (compiled, not run) and compares
+XLA's buffer assignment (:func:`cohort_step_bytes`) with the memory free now
+(:func:`available_bytes`). On this CPU a warm round's resident memory grew by
+1.02–1.09× the plan (``benchmarks/cohort_step_memory.py``); :data:`HEADROOM`
+leaves 1.25×. """
 
 from __future__ import annotations
 

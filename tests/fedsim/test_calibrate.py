@@ -1,4 +1,5 @@
 import json
+import logging
 
 import jax
 import numpy as np
@@ -319,7 +320,7 @@ def test_a_strategy_run_on_the_whole_cohort_or_the_loop_is_not_checked(cache_dir
     assert sim.strategy == "vmap" and "plans" not in sim.strategy_reason
 
 
-def test_the_real_memory_check_compiles_the_real_cohort(cache_dir, monkeypatch):
+def test_the_real_memory_check_compiles_the_real_cohort(cache_dir, monkeypatch, caplog):
     calls = []
     monkeypatch.setattr(calibrate, "measure", _gpu_like_measure(calls))
     monkeypatch.setattr(calibrate, "COHORT_CALIBRATION_CLIENTS", 24)
@@ -328,5 +329,10 @@ def test_the_real_memory_check_compiles_the_real_cohort(cache_dir, monkeypatch):
     sim = Simulation(cfg, dataset=small_dataset(n=1200))
     assert sim.strategy == "vmap"
     assert "vmap's step on the 40-client cohort plans" in sim.strategy_reason
-    state, res = sim.run_round(sim.init_state(), 0)
+    # The check's compiled step serves the run: round 0 compiles no cohort step.
+    caplog.set_level(logging.WARNING)
+    with jax.log_compiles(True):
+        state, res = sim.run_round(sim.init_state(), 0)
     assert np.isfinite(res.train_loss)
+    compiled = [r.getMessage() for r in caplog.records if "XLA compilation" in r.getMessage()]
+    assert not [m for m in compiled if "cohort_step" in m], compiled
