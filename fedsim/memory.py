@@ -13,7 +13,8 @@ cohort step for the real cohort ahead of time (compiled, not run) and compares
 XLA's buffer assignment (:func:`cohort_step_bytes`) with the memory free now
 (:func:`available_bytes`). On this CPU a warm round's resident memory grew by
 1.02–1.09× the plan (``benchmarks/cohort_step_memory.py``); :data:`HEADROOM`
-leaves 1.25×. """
+leaves 1.25×.
+"""
 
 from __future__ import annotations
 
