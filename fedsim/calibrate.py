@@ -298,6 +298,8 @@ def _first_that_fits(sim, ranked: list[str], timed_on: dict[str, int],
                          f"(the backend reports no {'estimate' if need is None else 'free memory'})")
             return name, "".join(f"; {n}" for n in notes)
         if memory.fits(need, free):
+            # Checked here against the same plan: the first round need not again.
+            sim.__dict__.setdefault("_memory_checked", set()).add(name)
             notes.append(f"{name}'s step on the {cohort}-client cohort plans "
                          f"{memory.gib(need)}, {memory.gib(free)} free")
             return name, "".join(f"; {n}" for n in notes)

@@ -116,8 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from fedsim.compile_cache import enable_persistent_cache
 
+    from fedsim.memory import check_enabled
+
     try:
         enable_persistent_cache()
+        check_enabled()  # a bad FEDSIM_MEMORY_CHECK is named before anything runs
     except ValueError as e:
         print(f"fedsim: error: {e}", file=sys.stderr)
         return 2

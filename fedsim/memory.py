@@ -18,11 +18,20 @@ leaves 1.25×.
 
 from __future__ import annotations
 
+import os
+import warnings
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from fedsim.config import ConfigError
+
+#: Strategies with one jitted cohort step, whose memory :func:`cohort_step_bytes` plans.
+COHORT_STEP_STRATEGIES = ("vmap", "map", "chunked")
+#: Set to ``0`` to skip :func:`check_cohort_step` before a fixed strategy's first round.
+CHECK_ENV = "FEDSIM_MEMORY_CHECK"
 
 #: Share of the free memory a cohort step may plan to use: XLA's estimate covers
 #: its own buffers, not the allocator's fragmentation or the host's other users.
@@ -49,7 +58,7 @@ def cohort_step_bytes(sim, clients: int) -> int | None:
     Raises:
       ValueError: the strategy has no cohort step to analyse.
     """
-    if sim.strategy not in ("vmap", "map", "chunked"):
+    if sim.strategy not in COHORT_STEP_STRATEGIES:
         raise ValueError(f"no single cohort step to analyse for strategy {sim.strategy!r}")
     sim._compile(reuse=True)
     ids = jnp.asarray(np.asarray(sim.cohort(0))[:clients])
@@ -114,3 +123,50 @@ def fits(need: int | None, free: int | None, headroom: float = HEADROOM) -> bool
     """Whether ``need`` bytes fit in ``headroom`` × ``free``; unknowns count as fitting."""
     return need is None or free is None or need <= headroom * free
 
+
+
+class InsufficientMemoryError(ConfigError):
+    """A cohort step plans more memory than is free: the round would run out."""
+
+
+def check_enabled() -> bool:
+    """Whether ``$FEDSIM_MEMORY_CHECK`` (default ``1``) asks for :func:`check_cohort_step`.
+
+    Raises:
+      ValueError: the variable is neither ``0`` nor ``1``.
+    """
+    flag = os.environ.get(CHECK_ENV, "1").strip()
+    if flag not in ("0", "1"):
+        raise ValueError(f"environment variable {CHECK_ENV} must be 0 or 1, got {flag!r}")
+    return flag == "1"
+
+
+def check_cohort_step(sim) -> None:
+    """Before a fixed strategy's first round: stop one that cannot fit, warn of a tight one.
+
+    Plans ``sim.strategy``'s step for the real cohort (``clients_per_round``)
+    with :func:`cohort_step_bytes`; the round then reuses that executable, so
+    the check costs no extra compile. Skipped where ``$FEDSIM_MEMORY_CHECK`` is
+    ``0`` or the backend reports neither estimate nor free memory.
+
+    Raises:
+      InsufficientMemoryError: the plan exceeds the free memory. On this CPU a
+        round's memory grew by at least the plan (1.02–1.09×), so such a round
+        would fail, and on a CPU the kernel kills the process with no message.
+    """
+    if not check_enabled():
+        return
+    cohort = sim.cfg.training.clients_per_round
+    need, free = cohort_step_bytes(sim, cohort), available_bytes()
+    if need is None or free is None:
+        return
+    what = (f"training.client_parallelism={sim.strategy}: one round's cohort step for "
+            f"training.clients_per_round={cohort} plans {gib(need)}, {gib(free)} free")
+    if need > free:
+        raise InsufficientMemoryError(
+            f"{what}: it would run out of memory. Use client_parallelism chunked "
+            "(memory set by training.chunk_size), loop or auto, or fewer clients per round "
+            f"(or set {CHECK_ENV}=0 to run anyway)")
+    if not fits(need, free):
+        warnings.warn(f"{what}: more than {HEADROOM:.0%} of it; the round may run out of memory",
+                      RuntimeWarning, stacklevel=3)

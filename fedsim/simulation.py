@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedsim import models
+from fedsim import memory, models
 from fedsim import partition as partition_lib
 from fedsim.client import LocalTraining, init_client_state, make_client_update
 from fedsim.config import Config, ConfigError
@@ -413,10 +413,19 @@ class Simulation:
     def run_round(self, state: ServerState, round_idx: int) -> tuple[ServerState, RoundResult]:
         """One round: cohort, local training, defenses, aggregation, server step.
 
+        Before the first round of a vmap, map or chunked strategy, its cohort
+        step for the real cohort is planned against the free memory
+        (:func:`fedsim.memory.check_cohort_step`).
+
         Raises:
           NonFiniteError: if a client's loss/update is NaN/Inf and
             ``training.on_nonfinite`` is "stop" (the state is left unchanged).
+          InsufficientMemoryError: the cohort step plans more memory than is free.
         """
+        checked = self.__dict__.setdefault("_memory_checked", set())
+        if self.strategy in memory.COHORT_STEP_STRATEGIES and self.strategy not in checked:
+            memory.check_cohort_step(self)  # its compile serves the round below
+            checked.add(self.strategy)
         t0 = time.perf_counter()
         ids = self.cohort(round_idx)
         _, ckey = self.round_keys(round_idx)

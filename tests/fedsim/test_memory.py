@@ -68,3 +68,40 @@ def test_vmaps_planned_memory_grows_with_the_cohort_and_holds_every_clients_upda
     sim.strategy = "loop"
     with pytest.raises(ValueError, match="strategy 'loop'"):
         memory.cohort_step_bytes(sim, 8)
+
+
+def _vmap_sim(**over):
+    cfg = small_config(**{"data.num_clients": 8, "training.clients_per_round": 8,
+                          "training.client_parallelism": "vmap", **over})
+    return Simulation(cfg, dataset=small_dataset())
+
+
+def test_a_fixed_strategy_that_cannot_fit_stops_before_its_first_round(monkeypatch):
+    sim = _vmap_sim()
+    need = memory.cohort_step_bytes(sim, 8)
+    monkeypatch.setattr(memory, "available_bytes", lambda: need - 1)
+    state = sim.init_state()
+    with pytest.raises(memory.InsufficientMemoryError,
+                       match=r"training.client_parallelism=vmap: one round's cohort step for "
+                             r"training.clients_per_round=8 plans .* GiB free: it would run out"):
+        sim.run_round(state, 0)
+    # A tight fit warns and runs; later rounds are not checked again.
+    monkeypatch.setattr(memory, "available_bytes", lambda: int(need / 0.9))
+    with pytest.warns(RuntimeWarning, match="more than 80% of it"):
+        state, res = sim.run_round(state, 0)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1)
+    state, res = sim.run_round(state, 1)
+    assert np.isfinite(res.train_loss)
+
+
+def test_the_check_can_be_turned_off_and_skips_the_loop(monkeypatch):
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1)
+    monkeypatch.setenv(memory.CHECK_ENV, "0")
+    sim = _vmap_sim()
+    sim.run_round(sim.init_state(), 0)
+    monkeypatch.setenv(memory.CHECK_ENV, "yes")
+    with pytest.raises(ValueError, match="FEDSIM_MEMORY_CHECK must be 0 or 1, got 'yes'"):
+        _vmap_sim().run_round(sim.init_state(), 0)
+    monkeypatch.delenv(memory.CHECK_ENV)
+    loop = _vmap_sim(**{"training.client_parallelism": "loop"})
+    loop.run_round(loop.init_state(), 0)  # the loop's step does not grow: nothing planned
