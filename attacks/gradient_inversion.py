@@ -40,7 +40,7 @@ import optax
 
 from attacks.api import Reconstruction
 from attacks.labels import infer_labels, observed_gradient
-from fedsim import models
+from fedsim import memory, models
 from fedsim.typing import Observation, Params
 
 
@@ -316,6 +316,9 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
                    shared_params: bool = False) -> dict[str, np.ndarray]:
     """Run the attack on V victims at once (vmap over victims × restarts).
 
+    Where all V at once would not fit in memory, in calls of as many as fit
+    (:func:`victims_per_call`).
+
     Args:
       params, targets: pytrees with a leading victim axis [V, ...] (``params``
         without it when ``shared_params``: every victim started from the same
@@ -325,15 +328,29 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
 
     Returns:
       dict with ``x`` [V, B, ...] best restart, ``labels`` [V, B], ``loss`` [V],
-      ``restart_losses`` [V, R].
+      ``restart_losses`` [V, R], ``victims_per_call``.
 
     Raises:
       FloatingPointError: if every restart of some victim ended non-finite.
+      AttackMemoryError: not even one victim's attack fits in memory.
     """
     fn = _compiled(apply_fn, cfg, int(batch_size), tuple(input_shape), int(num_classes),
                    bool(shared_params))
-    x_all, y_all, losses = jax.block_until_ready(fn(params, targets, labels, keys))
-    x_all, y_all, losses = np.asarray(x_all), np.asarray(y_all), np.asarray(losses)
+    V = int(labels.shape[0])
+    k = victims_per_call(fn, params, targets, labels, keys, shared_params)
+    parts = []
+    if k == V:  # the common case: one call, on the arrays as given
+        parts.append([np.asarray(a) for a in jax.block_until_ready(
+            fn(params, targets, labels, keys))])
+    for start in range(0, V if k < V else 0, k):
+        # The last call is padded with repeats of the last victim, so every call
+        # has k victims and reuses one executable; the padding is dropped.
+        idx = jnp.asarray(np.minimum(np.arange(start, start + k), V - 1))
+        take = lambda tree: jax.tree_util.tree_map(lambda a: a[idx], tree)
+        args = (params if shared_params else take(params), take(targets), labels[idx], keys[idx])
+        out = jax.block_until_ready(fn(*args))
+        parts.append([np.asarray(a)[: min(k, V - start)] for a in out])
+    x_all, y_all, losses = (np.concatenate(p) for p in zip(*parts))
     if not np.all(np.isfinite(losses).any(axis=1)):
         bad = np.flatnonzero(~np.isfinite(losses).any(axis=1)).tolist()
         raise FloatingPointError(f"attack loss is NaN/inf for every restart of victim(s) {bad}; "
@@ -341,7 +358,73 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
     best = np.argmin(losses, axis=1)
     v = np.arange(len(best))
     return {"x": x_all[v, best], "labels": y_all[v, best], "loss": losses[v, best],
-            "restart_losses": losses}
+            "restart_losses": losses, "victims_per_call": k}
+
+
+_PLANS: dict = {}
+
+
+def _planned(fn, *args) -> int | None:
+    """:func:`fedsim.memory.planned_bytes`, kept per (attack, argument shapes):
+    lowering again on every call would put tracing time into timed attacks."""
+    shapes = tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree_util.tree_leaves(args))
+    key = (fn, shapes)
+    if key not in _PLANS:
+        if len(_PLANS) >= 64:  # bounded, like _compiled's cache of attacks
+            _PLANS.clear()
+        _PLANS[key] = memory.planned_bytes(fn, *args)
+    return _PLANS[key]
+
+
+class AttackMemoryError(MemoryError):
+    """Not even one victim's attack fits in the free memory."""
+
+
+def victims_per_call(fn, params, targets, labels, keys, shared_params: bool) -> int:
+    """How many victims one call of the vmapped attack ``fn`` may take.
+
+    All of them where XLA's plan for the whole call (:func:`fedsim.memory.planned_bytes`,
+    compiled ahead of time, which the call then reuses) fits in
+    :data:`fedsim.memory.HEADROOM` of the free memory. Otherwise the plan for
+    one victim gives the cost per victim (the plan grows linearly with the
+    victims vmapped), and the victims are attacked in calls of as many as fit:
+    each victim's attack is independent of the others' (its own key, target
+    and labels), so the results are those of one call up to float rounding.
+    ``$FEDSIM_MEMORY_CHECK=0`` skips the planning.
+
+    Raises:
+      AttackMemoryError: one victim's attack alone does not fit.
+    """
+    V = int(labels.shape[0])
+    if not memory.check_enabled():
+        return V
+    free = memory.available_bytes()
+    need = _planned(fn, params, targets, labels, keys)
+    if memory.fits(need, free):
+        return V
+
+    def plan(k: int) -> int | None:  # the first k victims' call; the run reuses its compile
+        first = lambda tree: jax.tree_util.tree_map(lambda a: a[:k], tree)
+        return _planned(fn, params if shared_params else first(params), first(targets),
+                        labels[:k], keys[:k])
+
+    one = plan(1)
+    if one is None:
+        return V
+    per_victim = max((need - one) / (V - 1), 1.0) if V > 1 else float(need)
+    k = min(int((memory.HEADROOM * free - (one - per_victim)) // per_victim), V - 1)
+    if k < 1 or not memory.fits(one, free):
+        raise AttackMemoryError(
+            f"the attack on one victim plans {memory.gib(one)}, more than "
+            f"{memory.HEADROOM:.0%} of the {memory.gib(free)} free: lower attack.restarts "
+            "or the victims' batch size, or attack a smaller model")
+    # The line through 1 and V victims is XLA's plan only approximately: check k itself.
+    while k > 1:
+        planned = plan(k)
+        if memory.fits(planned, free):
+            break
+        k = max(1, min(k - 1, int(k * memory.HEADROOM * free / planned)))
+    return k
 
 
 # --- the Observation-level entry points ----------------------------------------
@@ -431,5 +514,6 @@ def run_inversion(observations: Sequence[Observation], config: Mapping[str, Any]
     return [Reconstruction(jnp.asarray(out["x"][i]), jnp.asarray(out["labels"][i]),
                            jnp.asarray(out["loss"][i]),
                            {"restart_losses": out["restart_losses"][i], "labels_inferred": inferred,
-                            "seconds_all_victims": seconds})
+                            "seconds_all_victims": seconds,
+                            "victims_per_call": out["victims_per_call"]})
             for i in range(len(observations))]

@@ -12,8 +12,8 @@ to a strategy it has not run on the whole cohort, it compiles that strategy's
 cohort step for the real cohort ahead of time (compiled, not run) and compares
 XLA's buffer assignment (:func:`cohort_step_bytes`) with the memory free now
 (:func:`available_bytes`). On this CPU a warm round's resident memory grew by
-1.02–1.09× the plan (``benchmarks/cohort_step_memory.py``); :data:`HEADROOM`
-leaves 1.25×.
+0.99–1.14× the plan (``benchmarks/results/cohort_step_memory.md``);
+:data:`HEADROOM` leaves 1.25×.
 """
 
 from __future__ import annotations
@@ -65,8 +65,19 @@ def cohort_step_bytes(sim, clients: int) -> int | None:
     _, ckey = sim.round_keys(0)
     state = jax.eval_shape(sim.init_state)  # shapes only: nothing allocated
     with sim.numerics():
-        compiled = sim._cohort_step.lower(state, sim._x, sim._y, sim._idx, ids, ckey).compile()
-    stats = compiled.memory_analysis()
+        return planned_bytes(sim._cohort_step, state, sim._x, sim._y, sim._idx, ids, ckey)
+
+
+def planned_bytes(jitted, *args) -> int | None:
+    """Bytes XLA plans for one call of ``jitted`` on ``args`` (arrays or shapes).
+
+    Compiles the call ahead of time without running it; a later call with
+    arguments of the same shapes reuses that executable. Counted: temporaries
+    and outputs, less outputs that reuse donated inputs; not counted: the
+    inputs, which the caller already holds. None where the backend gives no
+    memory analysis.
+    """
+    stats = jitted.lower(*args).compile().memory_analysis()
     if stats is None:
         return None
     return int(stats.temp_size_in_bytes + stats.output_size_in_bytes
@@ -151,8 +162,8 @@ def check_cohort_step(sim) -> None:
 
     Raises:
       InsufficientMemoryError: the plan exceeds the free memory. On this CPU a
-        round's memory grew by at least the plan (1.02–1.09×), so such a round
-        would fail, and on a CPU the kernel kills the process with no message.
+        warm round's memory grew by 0.99–1.14× the plan, so such a round would
+        fail, and on a CPU the kernel kills the process with no message.
     """
     if not check_enabled():
         return

@@ -180,3 +180,53 @@ def test_sgi_masked_loss_ignores_pruned_coordinates(mlp):
             sim = jax.tree_util.tree_map(jnp.multiply, sim, GI.support_mask(target))
         loss = float(GI.matching_loss(sim, target, "cosine"))
         assert (loss < 1e-5) == expect_zero, (masked, loss)
+
+
+def _five_victims(mlp):
+    f, p = mlp
+    obs = [_obs(f, p, s)[0] for s in range(5)]
+    stack = lambda ts: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *ts)
+    args = (stack([o.params for o in obs]), stack([observed_gradient(o) for o in obs]),
+            jnp.zeros((5, 1), jnp.int32), jax.random.split(jax.random.key(5), 5))
+    return f, args, dict(batch_size=1, input_shape=SHAPE, num_classes=10)
+
+
+def test_victims_that_do_not_fit_at_once_are_attacked_in_calls_that_do(mlp, monkeypatch):
+    f, (params, targets, labels, keys), kw = _five_victims(mlp)
+    # Unsigned steps, as in test_vmap_over_victims_equals_one_by_one: signed Adam
+    # turns float reassociation noise into full ±lr steps.
+    cfg = GI.InversionConfig(iterations=25, restarts=2, signed=False)
+    together = GI.invert_victims(f, cfg, params, targets, labels, keys, **kw)
+    assert together["victims_per_call"] == 5
+    fn = GI._compiled(f, cfg, 1, SHAPE, 10, False)
+    first = lambda t: jax.tree_util.tree_map(lambda a: a[:1], t)
+    one = GI._planned(fn, first(params), first(targets), labels[:1], keys[:1])
+    five = GI._planned(fn, params, targets, labels, keys)
+    per = (five - one) / 4
+    # Free memory whose 80 % holds the fixed part and 2.5 victims: calls of 2, 2, 1 (+1 pad).
+    free = int(((one - per) + 2.5 * per) / GI.memory.HEADROOM)
+    monkeypatch.setattr(GI.memory, "available_bytes", lambda: free)
+    apart = GI.invert_victims(f, cfg, params, targets, labels, keys, **kw)
+    assert apart["victims_per_call"] == 2
+    np.testing.assert_allclose(apart["x"], together["x"], atol=1e-5)
+    np.testing.assert_array_equal(apart["labels"], together["labels"])
+    np.testing.assert_allclose(apart["restart_losses"], together["restart_losses"],
+                               rtol=1e-4, atol=4 * np.finfo(np.float32).eps)
+    monkeypatch.setattr(GI.memory, "available_bytes", lambda: int(0.9 * one))
+    with pytest.raises(GI.AttackMemoryError, match="the attack on one victim plans"):
+        GI.invert_victims(f, cfg, params, targets, labels, keys, **kw)
+    monkeypatch.setenv("FEDSIM_MEMORY_CHECK", "0")  # off: one call, as asked
+    assert GI.invert_victims(f, cfg, params, targets, labels, keys, **kw)["victims_per_call"] == 5
+
+
+def test_the_attacks_plan_is_the_executable_it_runs(mlp, caplog):
+    import logging
+    f, (params, targets, labels, keys), kw = _five_victims(mlp)
+    cfg = GI.InversionConfig(iterations=7, restarts=1)  # a program no other test compiled
+    fn = GI._compiled(f, cfg, 1, SHAPE, 10, False)
+    GI._planned(fn, params, targets, labels, keys)
+    caplog.set_level(logging.WARNING)
+    with jax.log_compiles(True):
+        GI.invert_victims(f, cfg, params, targets, labels, keys, **kw)
+    compiled = [r.getMessage() for r in caplog.records if "XLA compilation" in r.getMessage()]
+    assert not [m for m in compiled if "traced" in m], compiled
