@@ -74,21 +74,28 @@ def worker(strategy: str, clients: int) -> dict:
 
 
 def _measured_round(sim, state, round_idx: int):
-    """(state, seconds, resident-memory growth in bytes) of one round.
+    """(state, seconds, resident-memory growth in bytes) of one round."""
+    (state, _), seconds, grown = resident_growth(lambda: sim.run_round(state, round_idx))
+    return state, seconds, grown
 
-    glibc's ``malloc_trim(0)`` first hands freed heap back to the kernel: without
-    it, round 1 reused pages round 0 had freed, and its growth depended on
-    whether they had been returned (vmap at 256 clients: 1.52 GB in one run,
-    0.16 GB in the next).
+
+def resident_growth(call):
+    """(call's result, seconds, growth of resident memory in bytes while it ran).
+
+    The peak (``VmHWM``) is reset through ``/proc/self/clear_refs`` first, and
+    glibc's ``malloc_trim(0)`` hands freed heap back to the kernel: without it,
+    round 1 reused pages round 0 had freed, and its growth depended on whether
+    they had been returned (vmap at 256 clients: 1.42 GiB in one run, 0.15 GiB
+    in the next; ``cohort_step_memory_round1_untrimmed.md``).
     """
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak resident set (VmHWM) to the current one
     start = _status_kib("VmRSS")
     t0 = time.perf_counter()
-    state, _ = sim.run_round(state, round_idx)
+    out = call()
     seconds = time.perf_counter() - t0
-    return state, seconds, (_status_kib("VmHWM") - start) * 1024
+    return out, seconds, (_status_kib("VmHWM") - start) * 1024
 
 
 def run_one(strategy: str, clients: int, timeout: float) -> dict:

@@ -1,0 +1,154 @@
+"""XLA's planned memory of a vmapped gradient-inversion call against what it takes.
+
+The gradient-matching attacks split victims into calls that fit in memory
+(:func:`attacks.gradient_inversion.victims_per_call`), sized from XLA's plan for
+the call. This checks that plan on the host, as ``cohort_step_memory`` does for
+the engine's cohort step: in a fresh process per row, Inverting Gradients on
+V victims (Conv-2, 16×16×1 inputs, batch B, shared global model, 20
+iterations; the memory does not grow with the iterations, which a ``lax.scan``
+runs), then
+
+1. ``planned``: :func:`fedsim.memory.planned_bytes` of the call (compiled, not run);
+2. ``measured``: the growth of resident memory during the call
+   (:func:`benchmarks.cohort_step_memory.resident_growth`), for the first call
+   (which reuses the plan's executable) and a second one.
+
+Linux and CPU only, as ``cohort_step_memory``.
+
+Usage: ``python -m benchmarks.attack_memory [--runs 1 8 32] [--batch 8]``
+Writes ``benchmarks/results/attack_memory.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from benchmarks.provenance import ROOT, git_commit, short_commit
+from benchmarks.results_io import write_json_and_markdown
+
+DEFAULT_VICTIMS = (1, 8, 32)
+SHAPE = (16, 16, 1)
+ITERATIONS = 20
+
+
+def worker(victims: int, batch: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from attacks import gradient_inversion as GI
+    from benchmarks.cohort_step_memory import resident_growth
+    from fedsim import memory
+    from fedsim.client import masked_mean_loss
+    from fedsim.models import build_model, init_params, make_apply_fn
+
+    if jax.default_backend() != "cpu":
+        raise SystemExit("attack_memory measures host memory: run it with JAX_PLATFORMS=cpu")
+    model = build_model("conv2")
+    apply_fn = make_apply_fn(model)
+    params = init_params(model, SHAPE, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    grad = jax.jit(jax.grad(masked_mean_loss, argnums=1), static_argnums=0)
+    targets = []
+    for _ in range(victims):
+        x = jnp.asarray(rng.random((batch, *SHAPE)), jnp.float32)
+        y = jnp.asarray(rng.integers(0, 10, batch), jnp.int32)
+        targets.append(grad(apply_fn, params, x, y, jnp.ones(batch)))
+    targets = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *targets)
+    labels = jnp.zeros((victims, batch), jnp.int32)
+    keys = jax.random.split(jax.random.key(1), victims)
+    cfg = GI.InversionConfig(iterations=ITERATIONS, restarts=1)
+    fn = GI._compiled(apply_fn, cfg, batch, SHAPE, 10, True)
+    planned = memory.planned_bytes(fn, params, targets, labels, keys)
+    kw = dict(batch_size=batch, input_shape=SHAPE, num_classes=10, shared_params=True)
+    call = lambda: GI.invert_victims(apply_fn, cfg, params, targets, labels, keys, **kw)
+    out, seconds0, grown0 = resident_growth(call)
+    _, seconds1, grown1 = resident_growth(call)
+    return {"victims": victims, "batch": batch, "planned_bytes": planned,
+            "available_bytes": memory.available_bytes(),
+            "victims_per_call": out["victims_per_call"],
+            "measured_bytes": grown0, "seconds": seconds0,
+            "measured_second_bytes": grown1, "second_seconds": seconds1}
+
+
+def run_one(victims: int, batch: int, timeout: float) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    cmd = [sys.executable, "-m", "benchmarks.attack_memory", "--worker", str(victims),
+           "--batch", str(batch)]
+    row = {"victims": victims, "batch": batch}
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+        line = [l for l in p.stdout.splitlines() if l.startswith("ROW ")]
+        if p.returncode != 0 or not line:
+            row["error"] = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        else:
+            row.update(json.loads(line[-1][4:]))
+    except subprocess.TimeoutExpired:
+        row["error"] = f"timed out after {timeout:.0f} s"
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def markdown(result: dict) -> str:
+    gib = lambda b: f"{b / 2**30:.3f}"
+    lines = [
+        "# Attack memory: XLA's plan vs a vmapped inversion call's resident-memory growth",
+        "",
+        f"Commit {short_commit(result['commit'])}; {result['device']}; "
+        "`python -m benchmarks.attack_memory`. Inverting Gradients, Conv-2, 16×16×1, "
+        f"shared global model, {ITERATIONS} iterations, 1 restart; each row a fresh process.",
+        "",
+        "planned: `fedsim.memory.planned_bytes` of the call (temporaries + outputs); "
+        "measured: peak resident memory during the call less the resident memory at its "
+        "start (after `malloc_trim(0)`); the first call reuses the plan's executable. "
+        f"Victims are split into calls where the plan exceeds {result['headroom']:.0%} "
+        "of the free memory.",
+        "",
+        "| victims | B | planned GiB | first call GiB | ÷ plan | second call GiB | ÷ plan | "
+        "victims per call | second call s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['victims']} | {r['batch']} | error: {r['error']} |" + " |" * 6)
+            continue
+        ratio = lambda b: f"{b / r['planned_bytes']:.2f}" if r["planned_bytes"] else "–"
+        lines.append(f"| {r['victims']} | {r['batch']} | {gib(r['planned_bytes'])} | "
+                     f"{gib(r['measured_bytes'])} | {ratio(r['measured_bytes'])} | "
+                     f"{gib(r['measured_second_bytes'])} | {ratio(r['measured_second_bytes'])} | "
+                     f"{r['victims_per_call']} | {r['second_seconds']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", type=positive, help=argparse.SUPPRESS)
+    ap.add_argument("--runs", nargs="+", type=positive, default=list(DEFAULT_VICTIMS),
+                    help="victim counts, each measured in a fresh process")
+    ap.add_argument("--batch", type=positive, default=8, help="the victims' batch size B")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args(argv)
+    if args.worker:
+        print("ROW " + json.dumps(worker(args.worker, args.batch)), flush=True)
+        return
+    from benchmarks.engine_throughput import device_description
+    from fedsim.memory import HEADROOM
+
+    result = {"commit": git_commit(), "device": device_description(), "headroom": HEADROOM,
+              "rows": [run_one(v, args.batch, args.timeout) for v in args.runs]}
+    write_json_and_markdown(args.out, "attack_memory", result, markdown(result))
+
+
+if __name__ == "__main__":
+    main()
