@@ -15,7 +15,12 @@ runs), then
 
 Linux and CPU only, as ``cohort_step_memory``.
 
-Usage: ``python -m benchmarks.attack_memory [--runs 1 8 32] [--batch 8]``
+With ``--pretend-free-gib G`` an extra row attacks the last count of victims
+with the attack told that only G GiB are free, so that it splits them into
+calls: its growth shows what a split call really takes against G.
+
+Usage: ``python -m benchmarks.attack_memory [--runs 1 8 32] [--batch 8]
+[--pretend-free-gib 0.6]``
 Writes ``benchmarks/results/attack_memory.{json,md}``.
 """
 
@@ -35,7 +40,7 @@ SHAPE = (16, 16, 1)
 ITERATIONS = 20
 
 
-def worker(victims: int, batch: int) -> dict:
+def worker(victims: int, batch: int, pretend_free_gib: float | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -61,6 +66,8 @@ def worker(victims: int, batch: int) -> dict:
     targets = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *targets)
     labels = jnp.zeros((victims, batch), jnp.int32)
     keys = jax.random.split(jax.random.key(1), victims)
+    if pretend_free_gib is not None:  # as if only this much were free: forces a split
+        memory.available_bytes = lambda: int(pretend_free_gib * 2**30)
     cfg = GI.InversionConfig(iterations=ITERATIONS, restarts=1)
     fn = GI._compiled(apply_fn, cfg, batch, SHAPE, 10, True)
     planned = memory.planned_bytes(fn, params, targets, labels, keys)
@@ -69,16 +76,20 @@ def worker(victims: int, batch: int) -> dict:
     out, seconds0, grown0 = resident_growth(call)
     _, seconds1, grown1 = resident_growth(call)
     return {"victims": victims, "batch": batch, "planned_bytes": planned,
+            "pretend_free_bytes": (None if pretend_free_gib is None
+                                   else int(pretend_free_gib * 2**30)),
             "available_bytes": memory.available_bytes(),
             "victims_per_call": out["victims_per_call"],
             "measured_bytes": grown0, "seconds": seconds0,
             "measured_second_bytes": grown1, "second_seconds": seconds1}
 
 
-def run_one(victims: int, batch: int, timeout: float) -> dict:
+def run_one(victims: int, batch: int, timeout: float,
+            pretend_free_gib: float | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     cmd = [sys.executable, "-m", "benchmarks.attack_memory", "--worker", str(victims),
-           "--batch", str(batch)]
+           "--batch", str(batch)] + ([] if pretend_free_gib is None
+                                     else ["--pretend-free-gib", str(pretend_free_gib)])
     row = {"victims": victims, "batch": batch}
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
@@ -105,19 +116,23 @@ def markdown(result: dict) -> str:
         "planned: `fedsim.memory.planned_bytes` of the call (temporaries + outputs); "
         "measured: peak resident memory during the call less the resident memory at its "
         "start (after `malloc_trim(0)`); the first call reuses the plan's executable. "
-        f"Victims are split into calls where the plan exceeds {result['headroom']:.0%} "
-        "of the free memory.",
+        "Victims are split into calls where the plan times the measured margin "
+        f"({result.get('plan_margin', '–')}) exceeds {result['headroom']:.0%} of the free "
+        "memory. A row with \"free (pretended)\" told the attack only that much was free, "
+        "to make it split; its planned GiB is the whole call's.",
         "",
-        "| victims | B | planned GiB | first call GiB | ÷ plan | second call GiB | ÷ plan | "
-        "victims per call | second call s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| victims | B | free (pretended) GiB | planned GiB | first call GiB | ÷ plan | "
+        "second call GiB | ÷ plan | victims per call | second call s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['victims']} | {r['batch']} | error: {r['error']} |" + " |" * 6)
+            lines.append(f"| {r['victims']} | {r['batch']} | error: {r['error']} |" + " |" * 7)
             continue
         ratio = lambda b: f"{b / r['planned_bytes']:.2f}" if r["planned_bytes"] else "–"
-        lines.append(f"| {r['victims']} | {r['batch']} | {gib(r['planned_bytes'])} | "
+        pretend = r.get("pretend_free_bytes")
+        lines.append(f"| {r['victims']} | {r['batch']} | "
+                     f"{'–' if pretend is None else gib(pretend)} | {gib(r['planned_bytes'])} | "
                      f"{gib(r['measured_bytes'])} | {ratio(r['measured_bytes'])} | "
                      f"{gib(r['measured_second_bytes'])} | {ratio(r['measured_second_bytes'])} | "
                      f"{r['victims_per_call']} | {r['second_seconds']:.2f} |")
@@ -136,17 +151,28 @@ def main(argv=None) -> None:
     ap.add_argument("--runs", nargs="+", type=positive, default=list(DEFAULT_VICTIMS),
                     help="victim counts, each measured in a fresh process")
     ap.add_argument("--batch", type=positive, default=8, help="the victims' batch size B")
+    ap.add_argument("--pretend-free-gib", type=float, default=None,
+                    help="an extra row: the last --runs count with the attack told only "
+                         "this much memory is free, so that it splits the victims")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
+    if args.pretend_free_gib is not None and not args.pretend_free_gib > 0:
+        ap.error(f"--pretend-free-gib must be > 0, got {args.pretend_free_gib}")
     if args.worker:
-        print("ROW " + json.dumps(worker(args.worker, args.batch)), flush=True)
+        print("ROW " + json.dumps(worker(args.worker, args.batch, args.pretend_free_gib)),
+              flush=True)
         return
     from benchmarks.engine_throughput import device_description
+    from attacks.gradient_inversion import PLAN_MARGIN
     from fedsim.memory import HEADROOM
 
     result = {"commit": git_commit(), "device": device_description(), "headroom": HEADROOM,
+              "plan_margin": PLAN_MARGIN,
               "rows": [run_one(v, args.batch, args.timeout) for v in args.runs]}
+    if args.pretend_free_gib is not None:
+        result["rows"].append(run_one(args.runs[-1], args.batch, args.timeout,
+                                      args.pretend_free_gib))
     write_json_and_markdown(args.out, "attack_memory", result, markdown(result))
 
 
