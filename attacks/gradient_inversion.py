@@ -365,7 +365,7 @@ _PLANS: dict = {}
 
 #: What a vmapped inversion call really takes, as a multiple of XLA's plan for it.
 #: On the 2-core XLA:CPU, Inverting Gradients on Conv-2 grew the resident memory
-#: by 1.55–2.06× the plan at 8 and 32 victims, first and second call alike
+#: by 1.51–2.08× the plan at 8 and 32 victims, first and second call alike
 #: (``benchmarks/results/attack_memory.md``), against 0.99–1.14× for the engine's
 #: cohort step (``cohort_step_memory.md``). The extra did not change with the
 #: iterations (5, 20, 40) nor with XLA:CPU's Eigen threading or thunk-runtime

@@ -40,7 +40,8 @@ SHAPE = (16, 16, 1)
 ITERATIONS = 20
 
 
-def worker(victims: int, batch: int, pretend_free_gib: float | None = None) -> dict:
+def worker(victims: int, batch: int, pretend_free_gib: float | None = None,
+           iterations: int = ITERATIONS) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -68,7 +69,7 @@ def worker(victims: int, batch: int, pretend_free_gib: float | None = None) -> d
     keys = jax.random.split(jax.random.key(1), victims)
     if pretend_free_gib is not None:  # as if only this much were free: forces a split
         memory.available_bytes = lambda: int(pretend_free_gib * 2**30)
-    cfg = GI.InversionConfig(iterations=ITERATIONS, restarts=1)
+    cfg = GI.InversionConfig(iterations=iterations, restarts=1)
     fn = GI._compiled(apply_fn, cfg, batch, SHAPE, 10, True)
     planned = memory.planned_bytes(fn, params, targets, labels, keys)
     kw = dict(batch_size=batch, input_shape=SHAPE, num_classes=10, shared_params=True)
@@ -85,10 +86,10 @@ def worker(victims: int, batch: int, pretend_free_gib: float | None = None) -> d
 
 
 def run_one(victims: int, batch: int, timeout: float,
-            pretend_free_gib: float | None = None) -> dict:
+            pretend_free_gib: float | None = None, iterations: int = ITERATIONS) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     cmd = [sys.executable, "-m", "benchmarks.attack_memory", "--worker", str(victims),
-           "--batch", str(batch)] + ([] if pretend_free_gib is None
+           "--batch", str(batch), "--iterations", str(iterations)] + ([] if pretend_free_gib is None
                                      else ["--pretend-free-gib", str(pretend_free_gib)])
     row = {"victims": victims, "batch": batch}
     try:
@@ -111,7 +112,8 @@ def markdown(result: dict) -> str:
         "",
         f"Commit {short_commit(result['commit'])}; {result['device']}; "
         "`python -m benchmarks.attack_memory`. Inverting Gradients, Conv-2, 16×16×1, "
-        f"shared global model, {ITERATIONS} iterations, 1 restart; each row a fresh process.",
+        f"shared global model, {result.get('iterations', ITERATIONS)} iterations, 1 restart; "
+        f"XLA_FLAGS `{result.get('xla_flags') or '(none)'}`; each row a fresh process.",
         "",
         "planned: `fedsim.memory.planned_bytes` of the call (temporaries + outputs); "
         "measured: peak resident memory during the call less the resident memory at its "
@@ -151,6 +153,9 @@ def main(argv=None) -> None:
     ap.add_argument("--runs", nargs="+", type=positive, default=list(DEFAULT_VICTIMS),
                     help="victim counts, each measured in a fresh process")
     ap.add_argument("--batch", type=positive, default=8, help="the victims' batch size B")
+    ap.add_argument("--iterations", type=positive, default=ITERATIONS,
+                    help="attack iterations (the scan's length)")
+    ap.add_argument("--name", default="attack_memory", help="output file name (no suffix)")
     ap.add_argument("--pretend-free-gib", type=float, default=None,
                     help="an extra row: the last --runs count with the attack told only "
                          "this much memory is free, so that it splits the victims")
@@ -160,20 +165,22 @@ def main(argv=None) -> None:
     if args.pretend_free_gib is not None and not args.pretend_free_gib > 0:
         ap.error(f"--pretend-free-gib must be > 0, got {args.pretend_free_gib}")
     if args.worker:
-        print("ROW " + json.dumps(worker(args.worker, args.batch, args.pretend_free_gib)),
-              flush=True)
+        print("ROW " + json.dumps(worker(args.worker, args.batch, args.pretend_free_gib,
+                                         args.iterations)), flush=True)
         return
     from benchmarks.engine_throughput import device_description
     from attacks.gradient_inversion import PLAN_MARGIN
     from fedsim.memory import HEADROOM
 
     result = {"commit": git_commit(), "device": device_description(), "headroom": HEADROOM,
-              "plan_margin": PLAN_MARGIN,
-              "rows": [run_one(v, args.batch, args.timeout) for v in args.runs]}
+              "plan_margin": PLAN_MARGIN, "iterations": args.iterations,
+              "xla_flags": os.environ.get("XLA_FLAGS", ""),
+              "rows": [run_one(v, args.batch, args.timeout, iterations=args.iterations)
+                       for v in args.runs]}
     if args.pretend_free_gib is not None:
         result["rows"].append(run_one(args.runs[-1], args.batch, args.timeout,
-                                      args.pretend_free_gib))
-    write_json_and_markdown(args.out, "attack_memory", result, markdown(result))
+                                      args.pretend_free_gib, args.iterations))
+    write_json_and_markdown(args.out, args.name, result, markdown(result))
 
 
 if __name__ == "__main__":
