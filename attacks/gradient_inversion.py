@@ -367,10 +367,11 @@ _PLANS: dict = {}
 #: On the 2-core XLA:CPU, Inverting Gradients on Conv-2 grew the resident memory
 #: by 1.51–2.08× the plan at 8 and 32 victims, first and second call alike
 #: (``benchmarks/results/attack_memory.md``), against 0.99–1.14× for the engine's
-#: cohort step (``cohort_step_memory.md``). The extra did not change with the
-#: iterations (5, 20, 40) nor with XLA:CPU's Eigen threading or thunk-runtime
-#: flags; where it comes from is not established. So calls are sized for 2.1×
-#: the plan. Not measured on a GPU.
+#: cohort step (``cohort_step_memory.md``). At 8 victims it stayed 2.06–2.07×
+#: (first call) and 1.76–1.86× (second) with 5 or 40 iterations, single-threaded
+#: Eigen or without XLA:CPU's thunk runtime (``attack_memory_{it5,it40,
+#: eigen_single_thread,no_thunk_runtime}.md``); where it comes from is not
+#: established. So calls are sized for 2.1× the plan. Not measured on a GPU.
 PLAN_MARGIN = 2.1
 
 
