@@ -31,6 +31,9 @@ those of its choice in a fresh process (stop 37's ``engine_throughput.md``),
 and in one process chunked's 4 rounds took a median 1.21× as long after vmap
 had been timed on 1,000 clients as before it (1.08× after vmap on 256 clients,
 1.06× after the loop on 1,000; ``benchmarks/results/auto_after_calibration.md``).
+Four later runs of that measurement gave 1.05, 1.28, 1.04 and 0.78 after vmap
+on 1,000 clients, inside the machine's drift (docs/scale.md), so the slowdown
+is not established; the cap stands for the memory alone.
 That stage also times more calls per contender (:data:`COHORT_REPEATS`), since it
 has to separate strategies within ~10 % of each other. Whether 256 clients rank
 the strategies as the whole cohort does is checked for the CPU and the H200 in
