@@ -32,6 +32,11 @@ from fedsim.config import ConfigError
 COHORT_STEP_STRATEGIES = ("vmap", "map", "chunked")
 #: Set to ``0`` to skip :func:`check_cohort_step` before a fixed strategy's first round.
 CHECK_ENV = "FEDSIM_MEMORY_CHECK"
+#: A cap on what fedsim counts as free, e.g. ``8G`` on a machine shared with others
+#: (bytes, or with a K/M/G/T suffix, powers of 1024): :func:`available_bytes` reports
+#: at most this.
+LIMIT_ENV = "FEDSIM_MEMORY_LIMIT"
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 #: Share of the free memory a cohort step may plan to use: XLA's estimate covers
 #: its own buffers, not the allocator's fragmentation or the host's other users.
@@ -91,13 +96,41 @@ def available_bytes(device=None) -> int | None:
     (``Device.memory_stats``). CPU: the smaller of the kernel's ``MemAvailable``
     and the headroom under the process's cgroup limit (v2 ``memory.max``, v1
     ``memory.limit_in_bytes``), since a container's limit is not in
-    ``/proc/meminfo``. None where neither is known.
+    ``/proc/meminfo``. Either capped by ``$FEDSIM_MEMORY_LIMIT``
+    (:func:`memory_limit`). None where nothing is known.
     """
     device = device or jax.devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_limit" in stats:
-        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
-    return host_available_bytes()
+        free = int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    else:
+        free = host_available_bytes()
+    cap = memory_limit()
+    if cap is None:
+        return free
+    return cap if free is None else min(free, cap)
+
+
+def memory_limit() -> int | None:
+    """``$FEDSIM_MEMORY_LIMIT`` in bytes (None where unset).
+
+    Raises:
+      ValueError: the value is not a positive size such as ``8G`` or ``500M``.
+    """
+    text = os.environ.get(LIMIT_ENV, "").strip()
+    if not text:
+        return None
+    number, unit = text.upper().rstrip("IB") or "", ""
+    if number and number[-1] in _UNITS:
+        number, unit = number[:-1], number[-1]
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ValueError(f"environment variable {LIMIT_ENV} must be a positive size such as "
+                         f"8G or 500M, got {text!r}")
+    return int(value)
 
 
 def host_available_bytes(root: str = "/") -> int | None:
@@ -144,11 +177,13 @@ def check_enabled() -> bool:
     """Whether ``$FEDSIM_MEMORY_CHECK`` (default ``1``) asks for :func:`check_cohort_step`.
 
     Raises:
-      ValueError: the variable is neither ``0`` nor ``1``.
+      ValueError: the variable is neither ``0`` nor ``1``, or ``$FEDSIM_MEMORY_LIMIT``
+        is not a size.
     """
     flag = os.environ.get(CHECK_ENV, "1").strip()
     if flag not in ("0", "1"):
         raise ValueError(f"environment variable {CHECK_ENV} must be 0 or 1, got {flag!r}")
+    memory_limit()  # named here too, before anything runs
     return flag == "1"
 
 

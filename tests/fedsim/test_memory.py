@@ -105,3 +105,50 @@ def test_the_check_can_be_turned_off_and_skips_the_loop(monkeypatch):
     monkeypatch.delenv(memory.CHECK_ENV)
     loop = _vmap_sim(**{"training.client_parallelism": "loop"})
     loop.run_round(loop.init_state(), 0)  # the loop's step does not grow: nothing planned
+
+
+@pytest.mark.parametrize("text, expected", [("8G", 8 * 2**30), ("8GiB", 8 * 2**30),
+                                            ("500m", 500 * 2**20), ("1024", 1024),
+                                            ("1.5G", int(1.5 * 2**30))])
+def test_memory_limit_reads_sizes(monkeypatch, text, expected):
+    monkeypatch.setenv(memory.LIMIT_ENV, text)
+    assert memory.memory_limit() == expected
+
+
+@pytest.mark.parametrize("text", ["0", "abc", "-1G", "G", "inf", "nan"])
+def test_a_bad_memory_limit_is_named(monkeypatch, text):
+    monkeypatch.setenv(memory.LIMIT_ENV, text)
+    with pytest.raises(ValueError, match=f"FEDSIM_MEMORY_LIMIT must be a positive size .* {text!r}"):
+        memory.memory_limit()
+
+
+def test_the_limit_caps_what_counts_as_free(monkeypatch):
+    class Device:
+        def memory_stats(self):
+            return {"bytes_limit": 10 * 2**30, "bytes_in_use": 0}
+    monkeypatch.setenv(memory.LIMIT_ENV, "2G")
+    assert memory.available_bytes(Device()) == 2 * 2**30
+    monkeypatch.setenv(memory.LIMIT_ENV, "20G")  # a cap above what is free changes nothing
+    assert memory.available_bytes(Device()) == 10 * 2**30
+
+
+def test_the_cli_refuses_a_cohort_step_that_cannot_fit(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    args = [sys.executable, "-m", "fedsim", "run", str(root / "configs" / "quickstart.yaml"),
+            "--quiet", "--set", "dataset=synthetic", "--set", "model.name=mlp",
+            "--set", "image_size=16", "--set", "num_clients=8", "--set", "clients_per_round=8",
+            "--set", "rounds=1", "--set", "client_parallelism=vmap",
+            "--set", f"output.dir={tmp_path / 'run'}"]
+    env = dict(os.environ, FEDSIM_MEMORY_LIMIT="1K", FEDSIM_CACHE_DIR=str(tmp_path / "cache"))
+    p = subprocess.run(args, capture_output=True, text=True, cwd=root, timeout=300, env=env)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert ("fedsim: config error: training.client_parallelism=vmap: one round's cohort step "
+            "for training.clients_per_round=8 plans") in p.stderr
+    env["FEDSIM_MEMORY_LIMIT"] = "lots"
+    p = subprocess.run(args, capture_output=True, text=True, cwd=root, timeout=300, env=env)
+    assert p.returncode == 2
+    assert "fedsim: error: environment variable FEDSIM_MEMORY_LIMIT must be" in p.stderr
