@@ -29,11 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 from benchmarks.provenance import ROOT, git_commit, short_commit
 from benchmarks.results_io import write_json_and_markdown
+from benchmarks.worker_rows import run_worker
 
 DEFAULT_VICTIMS = (1, 8, 32)
 SHAPE = (16, 16, 1)
@@ -92,15 +92,7 @@ def run_one(victims: int, batch: int, timeout: float,
            "--batch", str(batch), "--iterations", str(iterations)] + ([] if pretend_free_gib is None
                                      else ["--pretend-free-gib", str(pretend_free_gib)])
     row = {"victims": victims, "batch": batch}
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-        line = [l for l in p.stdout.splitlines() if l.startswith("ROW ")]
-        if p.returncode != 0 or not line:
-            row["error"] = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        else:
-            row.update(json.loads(line[-1][4:]))
-    except subprocess.TimeoutExpired:
-        row["error"] = f"timed out after {timeout:.0f} s"
+    run_worker(cmd, row, timeout, env)
     print(json.dumps(row), flush=True)
     return row
 

@@ -29,12 +29,12 @@ import argparse
 import ctypes
 import json
 import os
-import subprocess
 import sys
 import time
 
 from benchmarks.provenance import ROOT, git_commit, short_commit
 from benchmarks.results_io import write_json_and_markdown
+from benchmarks.worker_rows import run_worker
 
 DEFAULT_RUNS = ("vmap:16", "vmap:256", "vmap:1000", "chunked:1000", "map:1000", "vmap:5000")
 STRATEGIES = ("vmap", "chunked", "map")
@@ -103,15 +103,7 @@ def run_one(strategy: str, clients: int, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.cohort_step_memory", "--worker",
            f"{strategy}:{clients}"]
     row = {"strategy": strategy, "clients": clients}
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-        line = [l for l in p.stdout.splitlines() if l.startswith("ROW ")]
-        if p.returncode != 0 or not line:
-            row["error"] = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        else:
-            row.update(json.loads(line[-1][4:]))
-    except subprocess.TimeoutExpired:
-        row["error"] = f"timed out after {timeout:.0f} s"
+    run_worker(cmd, row, timeout, env)
     print(json.dumps(row), flush=True)
     return row
 

@@ -48,7 +48,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +56,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's fedsim, not an installed one
 from benchmarks.provenance import git_commit, short_commit  # noqa: E402
+from benchmarks.worker_rows import run_worker  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 EXAMPLES, BATCH, LR, IMAGE = 64, 32, 0.05, 32
@@ -211,15 +211,7 @@ def run_one(impl: str, clients: int, repeats: int, threads: int, cache_dir: str,
            "--torch-device", torch_device] + (["--precision", precision] if precision else [])
     load = os.getloadavg()[0]
     row = {"impl": impl, "clients": clients, "loadavg_1min_before": load}
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-        line = [l for l in p.stdout.splitlines() if l.startswith("ROW ")]
-        if p.returncode != 0 or not line:
-            row["error"] = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        else:
-            row.update(json.loads(line[-1][4:]))
-    except subprocess.TimeoutExpired:
-        row["error"] = f"timed out after {timeout:.0f} s"
+    run_worker(cmd, row, timeout, env)
     row.setdefault("seconds_per_round", None)
     row.setdefault("peak_rss_mb", None)
     print(json.dumps({k: row[k] for k in ("impl", "clients", "seconds_per_round", "peak_rss_mb")}

@@ -126,6 +126,17 @@ def _gpu_like_measure(calls):
     return fake
 
 
+def _forty_clients_capped_at_24(monkeypatch):
+    """GPU-like timings, a 40-client cohort and a second stage capped at 24 clients:
+    returns (config, the measure calls made)."""
+    calls = []
+    monkeypatch.setattr(calibrate, "measure", _gpu_like_measure(calls))
+    monkeypatch.setattr(calibrate, "COHORT_CALIBRATION_CLIENTS", 24)
+    cfg = small_config(**{"training.client_parallelism": "auto", "data.num_clients": 40,
+                          "training.clients_per_round": 40})
+    return cfg, calls
+
+
 def test_close_contenders_are_timed_again_on_the_real_cohort(cache_dir, monkeypatch):
     calls = []
     monkeypatch.setattr(calibrate, "measure", _gpu_like_measure(calls))
@@ -147,11 +158,7 @@ def test_close_contenders_are_timed_again_on_the_real_cohort(cache_dir, monkeypa
 
 def test_the_second_stage_times_at_most_cohort_calibration_clients(cache_dir, monkeypatch):
     # Timing vmap on a whole large cohort took 7 GB and slowed the next rounds.
-    calls = []
-    monkeypatch.setattr(calibrate, "measure", _gpu_like_measure(calls))
-    monkeypatch.setattr(calibrate, "COHORT_CALIBRATION_CLIENTS", 24)
-    cfg = small_config(**{"training.client_parallelism": "auto", "data.num_clients": 40,
-                          "training.clients_per_round": 40})
+    cfg, calls = _forty_clients_capped_at_24(monkeypatch)
     sim = Simulation(cfg, dataset=small_dataset(n=1200))
     assert sim.strategy == "vmap"
     assert calls == [(calibrate.CANDIDATES, None), (("map", "chunked", "loop", "vmap"), 24)]
@@ -273,9 +280,7 @@ def test_measure_drops_clear_losers_and_failures(monkeypatch, capsys):
 
 def test_auto_skips_a_winner_that_does_not_fit_the_real_cohort(cache_dir, monkeypatch):
     # vmap wins the 24-client second stage but the 40-client cohort would not fit.
-    calls = []
-    monkeypatch.setattr(calibrate, "measure", _gpu_like_measure(calls))
-    monkeypatch.setattr(calibrate, "COHORT_CALIBRATION_CLIENTS", 24)
+    cfg, calls = _forty_clients_capped_at_24(monkeypatch)
     planned = []
     need = {"vmap": 9 * 2**30, "chunked": 2**30, "map": 2**20}
 
@@ -285,8 +290,6 @@ def test_auto_skips_a_winner_that_does_not_fit_the_real_cohort(cache_dir, monkey
 
     monkeypatch.setattr(calibrate.memory, "cohort_step_bytes", fake_bytes)
     monkeypatch.setattr(calibrate.memory, "available_bytes", lambda: 4 * 2**30)
-    cfg = small_config(**{"training.client_parallelism": "auto", "data.num_clients": 40,
-                          "training.clients_per_round": 40})
     sim = Simulation(cfg, dataset=small_dataset(n=1200))
     assert sim.strategy == "chunked" and planned == [("vmap", 40), ("chunked", 40)]
     assert "fastest measured that fits in memory" in sim.strategy_reason
@@ -321,11 +324,7 @@ def test_a_strategy_run_on_the_whole_cohort_or_the_loop_is_not_checked(cache_dir
 
 
 def test_the_real_memory_check_compiles_the_real_cohort(cache_dir, monkeypatch, caplog):
-    calls = []
-    monkeypatch.setattr(calibrate, "measure", _gpu_like_measure(calls))
-    monkeypatch.setattr(calibrate, "COHORT_CALIBRATION_CLIENTS", 24)
-    cfg = small_config(**{"training.client_parallelism": "auto", "data.num_clients": 40,
-                          "training.clients_per_round": 40})
+    cfg, _ = _forty_clients_capped_at_24(monkeypatch)
     sim = Simulation(cfg, dataset=small_dataset(n=1200))
     assert sim.strategy == "vmap"
     assert "vmap's step on the 40-client cohort plans" in sim.strategy_reason
