@@ -126,6 +126,9 @@ def fedsim_worker(impl: str, clients: int, repeats: int, precision: str | None =
     return {"seconds_per_round": statistics.median(times), "round_seconds": times,
             "first_round_seconds": first, "strategy": sim.strategy,
             "device_peak_mb": jax_device_peak_mb(),
+            # XLA's plan for the cohort step, where a memory check made one
+            # (fedsim.memory): to set beside the measured peaks.
+            "memory_plan": getattr(sim, "memory_plan", None),
             "strategy_reason": sim.strategy_reason,
             "matmul_precision": cfg.training.matmul_precision,
             "calibration_seconds": calibration if strategy == "auto" else None,

@@ -296,6 +296,7 @@ def _first_that_fits(sim, ranked: list[str], timed_on: dict[str, int],
                          f"({type(e).__name__}: {e})")
             continue
         free = memory.available_bytes()
+        memory.record_plan(sim, cohort, need, free)
         if need is None or free is None:
             notes.append(f"{name}'s memory on the {cohort}-client cohort not checked "
                          f"(the backend reports no {'estimate' if need is None else 'free memory'})")

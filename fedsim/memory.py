@@ -173,6 +173,13 @@ class InsufficientMemoryError(ConfigError):
     """A cohort step plans more memory than is free: the round would run out."""
 
 
+def record_plan(sim, clients: int, planned: int | None, free: int | None) -> None:
+    """Keep what a check planned on ``sim.memory_plan`` (strategy, clients, planned
+    and free bytes), so that benchmarks can report it beside measured peaks."""
+    sim.memory_plan = {"strategy": sim.strategy, "clients": clients,
+                       "planned_bytes": planned, "free_bytes": free}
+
+
 def check_enabled() -> bool:
     """Whether ``$FEDSIM_MEMORY_CHECK`` (default ``1``) asks for :func:`check_cohort_step`.
 
@@ -204,6 +211,7 @@ def check_cohort_step(sim) -> None:
         return
     cohort = sim.cfg.training.clients_per_round
     need, free = cohort_step_bytes(sim, cohort), available_bytes()
+    record_plan(sim, cohort, need, free)
     if need is None or free is None:
         return
     what = (f"training.client_parallelism={sim.strategy}: one round's cohort step for "

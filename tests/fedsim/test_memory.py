@@ -152,3 +152,11 @@ def test_the_cli_refuses_a_cohort_step_that_cannot_fit(tmp_path):
     p = subprocess.run(args, capture_output=True, text=True, cwd=root, timeout=300, env=env)
     assert p.returncode == 2
     assert "fedsim: error: environment variable FEDSIM_MEMORY_LIMIT must be" in p.stderr
+
+
+def test_a_check_leaves_its_plan_on_the_simulation():
+    sim = _vmap_sim()
+    sim.run_round(sim.init_state(), 0)
+    plan = sim.memory_plan
+    assert plan["strategy"] == "vmap" and plan["clients"] == 8
+    assert plan["planned_bytes"] == memory.cohort_step_bytes(sim, 8) and plan["free_bytes"] > 0
