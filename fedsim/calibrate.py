@@ -140,6 +140,9 @@ def measure(sim, candidates=CANDIDATES, clients: int | None = None,
     docs/scale.md). A candidate more than 3× slower than the best median so
     far is dropped after its first timed call.
 
+    A vmap, map or chunked step whose memory plan does not fit the free memory
+    is not run and counts as failed (:func:`_too_big_to_time`).
+
     Mutates ``sim.strategy`` while measuring; the caller sets the final one.
     Uses round 0's cohort (truncated) and fresh initial states, so the real
     run's state and randomness are untouched.
@@ -167,6 +170,10 @@ def measure(sim, candidates=CANDIDATES, clients: int | None = None,
 
     runs: dict[str, list[float]] = {}
     for name in candidates:
+        too_big = _too_big_to_time(sim, name, C)
+        if too_big:  # on a CPU, running it could get the process killed
+            failed(name, MemoryError(too_big))
+            continue
         try:
             call(name)  # compile + warm-up
             runs[name] = []
@@ -185,6 +192,29 @@ def measure(sim, candidates=CANDIDATES, clients: int | None = None,
                 timings[name] = statistics.median(runs.pop(name))
     timings.update({name: statistics.median(r) for name, r in runs.items()})
     return {name: timings[name] for name in candidates}
+
+
+def _too_big_to_time(sim, name: str, clients: int) -> str | None:
+    """Why ``name``'s step on ``clients`` clients must not be timed, or None.
+
+    Plans the step first (:mod:`fedsim.memory`; the warm-up call reuses the
+    compile). A plan above :data:`fedsim.memory.HEADROOM` of the free memory is
+    not run: out of host memory, the kernel kills the process without an error
+    for ``measure`` to catch. Where the plan cannot be made, the warm-up call
+    decides, as before.
+    """
+    if name not in memory.COHORT_STEP_STRATEGIES or not memory.check_enabled():
+        return None
+    sim.strategy = name
+    try:
+        need = memory.cohort_step_bytes(sim, clients)
+    except Exception:  # no plan: the warm-up call will say what is wrong
+        return None
+    free = memory.available_bytes()
+    if memory.fits(need, free):
+        return None
+    return (f"its {clients}-client step plans {memory.gib(need)}, more than "
+            f"{memory.HEADROOM:.0%} of the {memory.gib(free)} free; not run")
 
 
 def contenders(timings: dict[str, float], factor: float | None = None) -> list[str]:

@@ -335,3 +335,18 @@ def test_the_real_memory_check_compiles_the_real_cohort(cache_dir, monkeypatch, 
     assert np.isfinite(res.train_loss)
     compiled = [r.getMessage() for r in caplog.records if "XLA compilation" in r.getMessage()]
     assert not [m for m in compiled if "cohort_step" in m], compiled
+
+
+def test_a_step_planned_beyond_the_free_memory_is_not_timed(cache_dir, monkeypatch, capsys):
+    # Out of host memory the kernel kills the process: calibration must not try.
+    sim = Simulation(small_config(), dataset=small_dataset())
+    ran, train = [], sim._train_cohort
+    sim._train_cohort = lambda *a, **k: ran.append(sim.strategy) or train(*a, **k)
+    monkeypatch.setattr(calibrate.memory, "available_bytes", lambda: 1024)
+    timings = calibrate.measure(sim, clients=2, repeats=1)
+    assert timings["loop"] < float("inf")  # the loop's step does not grow: not planned
+    assert set(ran) == {"loop"}  # the others were planned, never run
+    for name in ("vmap", "map", "chunked"):
+        assert timings[name] == float("inf")
+    out = capsys.readouterr().out
+    assert "vmap failed (MemoryError: its 2-client step plans" in out and "not run" in out
