@@ -154,6 +154,8 @@ def main(argv=None) -> None:
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
+    if not args.timeout > 0:
+        ap.error(f"--timeout must be > 0 seconds, got {args.timeout}")
     if args.pretend_free_gib is not None and not args.pretend_free_gib > 0:
         ap.error(f"--pretend-free-gib must be > 0, got {args.pretend_free_gib}")
     if args.worker:

@@ -165,6 +165,8 @@ def main(argv=None) -> None:
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
+    if not args.timeout > 0:
+        ap.error(f"--timeout must be > 0 seconds, got {args.timeout}")
     if args.worker:
         print("ROW " + json.dumps(worker(*args.worker)), flush=True)
         return

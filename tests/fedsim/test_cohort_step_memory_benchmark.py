@@ -26,3 +26,10 @@ def test_a_small_vmap_cohort_is_planned_and_measured(tmp_path):
     (row,) = json.loads((tmp_path / "cohort_step_memory.json").read_text())["rows"]
     assert "error" not in row and row["planned_bytes"] > 0 and row["measured_bytes"] >= 0
     assert "| vmap | 4 |" in (tmp_path / "cohort_step_memory.md").read_text()
+
+
+@pytest.mark.parametrize("module", ["benchmarks.cohort_step_memory", "benchmarks.attack_memory"])
+def test_a_non_positive_timeout_is_named(module):
+    p = subprocess.run([sys.executable, "-m", module, "--timeout", "0"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode != 0 and "--timeout must be > 0 seconds, got 0.0" in p.stderr
