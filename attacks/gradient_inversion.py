@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -313,11 +314,15 @@ def _compiled(apply_fn, cfg, batch_size, input_shape, num_classes, shared_params
 def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Params,
                    labels: jax.Array, keys: jax.Array, *, batch_size: int,
                    input_shape: tuple[int, ...], num_classes: int,
-                   shared_params: bool = False) -> dict[str, np.ndarray]:
+                   shared_params: bool = False,
+                   victims_per_call: int | None = None) -> dict[str, np.ndarray]:
     """Run the attack on V victims at once (vmap over victims × restarts).
 
     Where all V at once would not fit in memory, in calls of as many as fit
-    (:func:`victims_per_call`).
+    (:func:`choose_victims_per_call`), with a ``RuntimeWarning``: how many fit
+    depends on the free memory, and split calls equal one call's results only up
+    to float rounding, which signed Adam can amplify. Pass ``victims_per_call``
+    to fix the split, and with it the numbers, across runs.
 
     Args:
       params, targets: pytrees with a leading victim axis [V, ...] (``params``
@@ -325,6 +330,8 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
         global model).
       labels: int32 [V, B] (ignored in joint label mode).
       keys: [V] typed keys, one per victim.
+      victims_per_call: attack the victims in calls of this many (the last one
+        padded); ``None`` sizes the calls from the free memory.
 
     Returns:
       dict with ``x`` [V, B, ...] best restart, ``labels`` [V, B], ``loss`` [V],
@@ -332,12 +339,25 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
 
     Raises:
       FloatingPointError: if every restart of some victim ended non-finite.
-      AttackMemoryError: not even one victim's attack fits in memory.
+      AttackMemoryError: not even one victim's attack fits in memory, or the
+        given ``victims_per_call`` does not.
+      AttackConfigError: ``victims_per_call`` is not a positive integer.
     """
     fn = _compiled(apply_fn, cfg, int(batch_size), tuple(input_shape), int(num_classes),
                    bool(shared_params))
     V = int(labels.shape[0])
-    k = victims_per_call(fn, params, targets, labels, keys, shared_params)
+    if victims_per_call is None:
+        k = choose_victims_per_call(fn, params, targets, labels, keys, shared_params)
+        if k < V:
+            warnings.warn(
+                f"attacking {V} victims in calls of {k}: all at once would not fit in the "
+                f"free memory. Split calls equal one call's results only up to float "
+                f"rounding, and the split follows the free memory: set "
+                f"attack.victims_per_call: {k} to get the same numbers on every run",
+                RuntimeWarning, stacklevel=2)
+    else:
+        k = check_victims_per_call(victims_per_call, fn, params, targets, labels, keys,
+                                   shared_params)
     parts = []
     if k == V:  # the common case: one call, on the arrays as given
         parts.append([np.asarray(a) for a in jax.block_until_ready(
@@ -391,7 +411,38 @@ class AttackMemoryError(MemoryError):
     """Not even one victim's attack fits in the free memory."""
 
 
-def victims_per_call(fn, params, targets, labels, keys, shared_params: bool) -> int:
+def _first(tree, k: int):
+    return jax.tree_util.tree_map(lambda a: a[:k], tree)
+
+
+def check_victims_per_call(k, fn, params, targets, labels, keys, shared_params: bool) -> int:
+    """A caller's ``victims_per_call``, validated and checked against the free memory.
+
+    Returns:
+      ``min(k, V)``.
+
+    Raises:
+      AttackConfigError: ``k`` is not a positive integer.
+      AttackMemoryError: a call of ``k`` victims plans more than fits (with the
+        measured :data:`PLAN_MARGIN`); not checked with ``$FEDSIM_MEMORY_CHECK=0``.
+    """
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+        raise AttackConfigError(f"attack.victims_per_call: must be a positive integer, got {k!r}")
+    k = min(int(k), int(labels.shape[0]))
+    if memory.check_enabled():
+        free = memory.available_bytes()
+        planned = _planned(fn, params if shared_params else _first(params, k),
+                           _first(targets, k), labels[:k], keys[:k])
+        need = None if planned is None else planned * PLAN_MARGIN
+        if not memory.fits(need, free):
+            raise AttackMemoryError(
+                f"attack.victims_per_call: a call of {k} victims plans {memory.gib(planned)} "
+                f"(× {PLAN_MARGIN} measured overhead), more than {memory.HEADROOM:.0%} of the "
+                f"{memory.gib(free)} free: give fewer victims per call")
+    return k
+
+
+def choose_victims_per_call(fn, params, targets, labels, keys, shared_params: bool) -> int:
     """How many victims one call of the vmapped attack ``fn`` may take.
 
     All of them where XLA's plan for the whole call
@@ -418,8 +469,7 @@ def victims_per_call(fn, params, targets, labels, keys, shared_params: bool) -> 
         return V
 
     def plan(k: int) -> int | None:  # the first k victims' call; the run reuses its compile
-        first = lambda tree: jax.tree_util.tree_map(lambda a: a[:k], tree)
-        return _planned(fn, params if shared_params else first(params), first(targets),
+        return _planned(fn, params if shared_params else _first(params, k), _first(targets, k),
                         labels[:k], keys[:k])
 
     one = plan(1)
@@ -499,12 +549,17 @@ def inversion_config(config: Mapping[str, Any], defaults: Mapping[str, Any],
                      cfg_overrides: Mapping[str, Any] | None = None
                      ) -> tuple[InversionConfig, dict[str, Any]]:
     """``(cfg, merged)``: the :class:`InversionConfig` an attack runs with, and the
-    merged config (``cfg``'s fields plus ``batch_size`` / ``last_layer``).
+    merged config (``cfg``'s fields plus ``batch_size`` / ``last_layer`` /
+    ``victims_per_call``, which :func:`invert_victims` documents).
 
     ``label_mode = "infer"`` becomes "given" in ``cfg``: the labels are inferred
     once, before the optimisation (:func:`prepare_victims`), and then given.
     """
-    merged = parse_config(defaults, config, extra_keys=("batch_size", "last_layer"))
+    merged = parse_config(defaults, config,
+                          extra_keys=("batch_size", "last_layer", "victims_per_call"))
+    k = merged.get("victims_per_call")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        raise AttackConfigError(f"attack.victims_per_call: must be a positive integer, got {k!r}")
     fields = {f.name for f in dataclasses.fields(InversionConfig)}
     settings = {k: v for k, v in merged.items() if k in fields}
     settings.update(cfg_overrides or {})
@@ -524,7 +579,7 @@ def run_inversion(observations: Sequence[Observation], config: Mapping[str, Any]
     t0 = time.perf_counter()
     out = invert_victims(first.apply_fn, cfg, params, targets, labels, keys, batch_size=bs,
                          input_shape=tuple(first.input_shape), num_classes=first.num_classes,
-                         shared_params=shared)
+                         shared_params=shared, victims_per_call=merged.get("victims_per_call"))
     seconds = time.perf_counter() - t0
     return [Reconstruction(jnp.asarray(out["x"][i]), jnp.asarray(out["labels"][i]),
                            jnp.asarray(out["loss"][i]),

@@ -1,7 +1,7 @@
 """XLA's planned memory of a vmapped gradient-inversion call against what it takes.
 
 The gradient-matching attacks split victims into calls that fit in memory
-(:func:`attacks.gradient_inversion.victims_per_call`), sized from XLA's plan for
+(:func:`attacks.gradient_inversion.choose_victims_per_call`), sized from XLA's plan for
 the call. This checks that plan on the host, as ``cohort_step_memory`` does for
 the engine's cohort step: in a fresh process per row, Inverting Gradients on
 V victims (Conv-2, 16×16×1 inputs, batch B, shared global model, 20

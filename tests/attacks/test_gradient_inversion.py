@@ -207,7 +207,9 @@ def test_victims_that_do_not_fit_at_once_are_attacked_in_calls_that_do(mlp, monk
     # margin on XLA's plan: calls of 2, 2, 1 (+1 pad).
     free = int(((one - per) + 2.5 * per) * GI.PLAN_MARGIN / GI.memory.HEADROOM)
     monkeypatch.setattr(GI.memory, "available_bytes", lambda: free)
-    apart = GI.invert_victims(f, cfg, params, targets, labels, keys, **kw)
+    # The split follows the free memory, so it is announced with the pin that fixes it.
+    with pytest.warns(RuntimeWarning, match="attack.victims_per_call: 2"):
+        apart = GI.invert_victims(f, cfg, params, targets, labels, keys, **kw)
     assert apart["victims_per_call"] == 2
     np.testing.assert_allclose(apart["x"], together["x"], atol=1e-5)
     np.testing.assert_array_equal(apart["labels"], together["labels"])
@@ -231,3 +233,50 @@ def test_the_attacks_plan_is_the_executable_it_runs(mlp, caplog):
         GI.invert_victims(f, cfg, params, targets, labels, keys, **kw)
     compiled = [r.getMessage() for r in caplog.records if "XLA compilation" in r.getMessage()]
     assert not [m for m in compiled if "traced" in m], compiled
+
+
+def test_a_pinned_split_gives_the_same_numbers_whatever_the_free_memory(mlp, monkeypatch):
+    import warnings
+    f, (params, targets, labels, keys), kw = _five_victims(mlp)
+    # Signed Adam: where a split's rounding would show, a pinned split must not vary.
+    cfg = GI.InversionConfig(iterations=25, restarts=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a pinned split is asked for: no warning
+        ample = GI.invert_victims(f, cfg, params, targets, labels, keys, victims_per_call=2, **kw)
+        fn = GI._compiled(f, cfg, 1, SHAPE, 10, False)
+        two = GI._planned(fn, *(jax.tree_util.tree_map(lambda a: a[:2], t)
+                                for t in (params, targets, labels, keys)))
+        # Just enough for calls of 2 (with the margin), less than all 5 need.
+        monkeypatch.setattr(GI.memory, "available_bytes",
+                            lambda: int(1.01 * two * GI.PLAN_MARGIN / GI.memory.HEADROOM))
+        tight = GI.invert_victims(f, cfg, params, targets, labels, keys, victims_per_call=2, **kw)
+    assert ample["victims_per_call"] == tight["victims_per_call"] == 2
+    for name in ("x", "labels", "restart_losses"):
+        np.testing.assert_array_equal(tight[name], ample[name])
+    monkeypatch.setattr(GI.memory, "available_bytes", lambda: int(1.5 * two))
+    with pytest.raises(GI.AttackMemoryError, match="attack.victims_per_call: a call of 2 victims"):
+        GI.invert_victims(f, cfg, params, targets, labels, keys, victims_per_call=2, **kw)
+    # More than V is V: one call.
+    monkeypatch.setenv("FEDSIM_MEMORY_CHECK", "0")
+    assert GI.invert_victims(f, cfg, params, targets, labels, keys, victims_per_call=9,
+                             **kw)["victims_per_call"] == 5
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4", True])
+def test_victims_per_call_must_be_a_positive_integer(mlp, bad):
+    f, p = mlp
+    obs = _obs(f, p, 0)[0]
+    with pytest.raises(GI.AttackConfigError, match="attack.victims_per_call"):
+        run_attack("inverting_gradients", obs, {"iterations": 1, "victims_per_call": bad},
+                   jax.random.key(0))
+    f5, (params, targets, labels, keys), kw = _five_victims(mlp)
+    with pytest.raises(GI.AttackConfigError, match="attack.victims_per_call"):
+        GI.invert_victims(f5, GI.InversionConfig(iterations=1), params, targets, labels, keys,
+                          victims_per_call=bad, **kw)
+
+
+def test_the_attack_config_pins_victims_per_call(mlp):
+    f, p = mlp
+    obs = [_obs(f, p, s, batch_size=1)[0] for s in range(3)]
+    recs = IG.run_many(obs, {"iterations": 2, "victims_per_call": 2}, jax.random.key(0))
+    assert [r.extras["victims_per_call"] for r in recs] == [2, 2, 2]
