@@ -94,8 +94,8 @@ def markdown(result: dict) -> str:
         "# Splitting victims into calls: how much the attack's results change",
         "",
         f"Commit {short_commit(meta['commit'])}; {meta['device']}; "
-        "`python -m benchmarks.attack_split_determinism "
-        f"{' '.join(meta['argv'])}`. {meta['workload']}. Each attack ran its "
+        f"`{' '.join(['python -m benchmarks.attack_split_determinism', *meta['argv']])}`. "
+        f"Workload: {meta['workload']}. Each attack ran its "
         f"{meta['victims']} victims in one call twice, then with `attack.victims_per_call` "
         "pinned to each smaller size; every row is compared with the first one-call run "
         "(the reference, same key).",
