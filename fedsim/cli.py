@@ -22,6 +22,16 @@ def _add_run(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (dotted path or unique leaf name)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    g = p.add_argument_group(
+        "several processes (hosts)",
+        "run the same command in every process; the sharded strategy's mesh then spans all "
+        "their devices, and only process 0 writes the run directory (docs/scale.md)")
+    g.add_argument("--distributed", action="store_true",
+                   help="join a multi-process run; alone, JAX detects the cluster "
+                        "(SLURM, Open MPI, ...)")
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
+    g.add_argument("--num-processes", type=int, metavar="N", help="how many processes")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process, in [0, N)")
     p.set_defaults(func=_cmd_run)
 
 
@@ -29,10 +39,18 @@ def _cmd_run(args) -> int:
     from fedsim.run import run_dir_for, run_simulation
 
     cfg = load_config(args.config, args.overrides)
+    explicit = (args.coordinator, args.num_processes, args.process_id)
+    if args.distributed or any(a is not None for a in explicit):
+        from fedsim import distributed
+
+        distributed.initialize(*explicit)  # before anything touches a device
     summary = run_simulation(cfg, quiet=args.quiet)
     summary.pop("final_state", None)
-    print(json.dumps(summary, indent=2))
-    print(f"run directory: {run_dir_for(cfg)}", file=sys.stderr)
+    import jax
+
+    if jax.process_index() == 0:  # the process that wrote the run directory
+        print(json.dumps(summary, indent=2))
+        print(f"run directory: {run_dir_for(cfg)}", file=sys.stderr)
     return 0
 
 
@@ -124,8 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"fedsim: error: {e}", file=sys.stderr)
         return 2
+    from fedsim.distributed import DistributedError
+
     try:
         return int(args.func(args) or 0)
+    except DistributedError as e:  # command-line arguments or the setting across processes
+        print(f"fedsim: error: {e}", file=sys.stderr)
+        return 2
     except ConfigError as e:
         print(f"fedsim: config error: {e}", file=sys.stderr)
         return 2

@@ -60,21 +60,33 @@ def read_metrics(path) -> list[dict]:
 
 
 class MetricsLog:
-    """Append-only metrics.jsonl, one JSON object per round."""
+    """Append-only metrics.jsonl, one JSON object per round.
 
-    def __init__(self, path, keep_rounds_below: int | None = None):
+    Args:
+      path: the file.
+      keep_rounds_below: resuming: keep the file's rows of earlier rounds
+        (None: start empty).
+      write: False keeps the rows in memory only (the non-primary processes of
+        a multi-process run read the file but leave it to process 0).
+    """
+
+    def __init__(self, path, keep_rounds_below: int | None = None, write: bool = True):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.write = write
         rows = read_metrics(self.path)
         if keep_rounds_below is not None:
             rows = [r for r in rows if r.get("round", 0) < keep_rounds_below]
         else:
             rows = []
-        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+        if write:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
         self.rows = rows
 
     def append(self, row: dict) -> None:
         self.rows.append(row)
+        if not self.write:
+            return
         with open(self.path, "a") as f:
             f.write(json.dumps(row, default=_jsonable) + "\n")
             f.flush()

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from fedsim import checkpoint
+from fedsim import checkpoint, distributed
 from fedsim.config import Config, dump_config
 from fedsim.results import MetricsLog, atomic_write_text, plot_learning_curve, write_json
 from fedsim.simulation import RoundResult, Simulation
@@ -28,6 +28,10 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
                    quiet: bool = False) -> dict:
     """Run all rounds of ``cfg``; write config.yaml, metrics.jsonl, summary.json, PNG.
 
+    With several processes (:mod:`fedsim.distributed`) every process runs this;
+    only process 0 writes the run directory's files and shows progress, and all
+    of them take part in checkpoint saves.
+
     Args:
       cfg: validated config.
       sim: a prebuilt simulation (else built from cfg).
@@ -40,22 +44,27 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     """
     t_start = time.perf_counter()
     out = run_dir_for(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "config.yaml", dump_config(cfg))
+    primary = distributed.is_primary()
+    quiet = quiet or not primary
+    if primary:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "config.yaml", dump_config(cfg))
     ckpt_dir = out / "checkpoints"
     every = cfg.output.checkpoint_every
     meta = checkpoint.read_meta(ckpt_dir) if every else None
     # A resumed run keeps the strategy it started with (same numbers).
     sim = sim or Simulation(cfg, donate=True, strategy=(meta or {}).get("strategy"))
-    _log_line(out, sim.strategy_reason, quiet)
+    log_line = (lambda text: _log_line(out, text, quiet)) if primary else (lambda text: None)
+    log_line(sim.strategy_reason)
     state, start = sim.init_state(), 0
     ckpt = checkpoint.Checkpointer(ckpt_dir) if every else None
     if meta is not None:
         state, meta = ckpt.restore(state, checkpoint.config_fingerprint(cfg))
         start = int(state.round)
         checkpoint.load_callback_states(sim.round_callbacks, meta.get("callbacks"))
-        _log_line(out, f"resumed from {ckpt_dir}: {start} rounds done", quiet)
-    log = MetricsLog(out / "metrics.jsonl", keep_rounds_below=start if start else None)
+        log_line(f"resumed from {ckpt_dir}: {start} rounds done")
+    log = MetricsLog(out / "metrics.jsonl", keep_rounds_below=start if start else None,
+                     write=primary)
     rounds = cfg.training.rounds
     progress = _progress(rounds, cfg.output.progress and not quiet, desc=cfg.name)
     if progress is not None:
@@ -104,8 +113,9 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     for key in ("epsilon", "delta", "leakage_total"):
         if key in log.rows[-1]:
             summary[key] = log.rows[-1][key]
-    write_json(out / "summary.json", summary)
-    if cfg.output.plots:
+    if primary:
+        write_json(out / "summary.json", summary)
+    if primary and cfg.output.plots:
         plot_learning_curve(log.rows, out / "learning_curve.png")
     summary["final_state"] = state
     return summary

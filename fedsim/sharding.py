@@ -18,10 +18,11 @@ is per-device, gradients stay local, and the only cross-device communication
 is the explicit ``psum`` of the weighted sums (checked against the
 single-device ``map`` strategy in tests/fedsim/test_sharding.py).
 
-Multi-host: call ``jax.distributed.initialize()`` in every process before
-building the :class:`~fedsim.simulation.Simulation`; ``jax.devices()`` then
-lists the devices of all hosts and :func:`client_mesh` spans them (see
-docs/scale.md).
+Multi-host: call :func:`fedsim.distributed.initialize` (``fedsim run
+--coordinator ...``) in every process before building the
+:class:`~fedsim.simulation.Simulation`; ``jax.devices()`` then lists the devices
+of all hosts and :func:`client_mesh` spans them (see :mod:`fedsim.distributed`
+and docs/scale.md, "Several processes").
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedsim import memory, models
+from fedsim import distributed, memory, models
 from fedsim import partition as partition_lib
 from fedsim.client import LocalTraining, init_client_state, make_client_update
 from fedsim.config import Config, ConfigError
@@ -168,6 +168,12 @@ class Simulation:
         self.client_update = factory(self.apply_fn, self.client_tx, self.settings, self.defenses)
         self.strategy = strategy or t.client_parallelism
         self.strategy_reason = f"client_parallelism={self.strategy} (fixed by config)"
+        across = distributed.check_strategy(self.strategy)
+        if across is not None and self.strategy == "auto":
+            self.strategy = across
+            self.strategy_reason = (f"client_parallelism=auto: sharded, the one strategy that "
+                                    f"spreads a cohort over {distributed.process_count()} "
+                                    "processes (not timed)")
         self.mesh = None
         # Device-resident data; the engine gathers client slices inside jit.
         self._x = jnp.asarray(ds.x_train)

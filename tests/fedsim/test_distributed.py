@@ -1,0 +1,152 @@
+"""Several processes running one simulation (fedsim.distributed, `fedsim run --coordinator`).
+
+Two processes on this machine, two CPU devices each, joined by
+``jax.distributed`` (gloo collectives): the ``sharded`` strategy's mesh spans
+all four devices. Checked against a one-process run of the same config.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedsim import distributed
+from fedsim.cli import main
+from fedsim.config import load_config
+from fedsim.run import run_simulation
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = """\
+name: multiprocess
+seed: 0
+data: {dataset: synthetic, num_clients: 6, partition: dirichlet, alpha: 1.0}
+model: {name: mlp}
+training: {rounds: 2, clients_per_round: 5, batch_size: 16, lr: 0.5, client_parallelism: auto}
+eval: {every: 1}
+output: {progress: false, plots: false, checkpoint_every: 1}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _run_processes(config: Path, out: Path, *overrides: str, n: int = 2) -> list[dict]:
+    """``fedsim run`` in n processes of 2 CPU devices each; their return codes and output."""
+    port = _free_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    sets = [a for o in (f"output.dir={out}", *overrides) for a in ("--set", o)]
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "fedsim", "run", str(config), *sets, "--coordinator",
+         f"localhost:{port}", "--num-processes", str(n), "--process-id", str(i)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(n)]
+    results = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=300)
+            results.append({"rc": p.returncode, "stdout": stdout, "stderr": stderr})
+    finally:
+        for p in procs:
+            p.kill()
+    return results
+
+
+def _reference_rows(config: Path, out: Path, rounds: int) -> list[dict]:
+    cfg = load_config(str(config), [f"output.dir={out}", f"training.rounds={rounds}",
+                                    "training.client_parallelism=map",
+                                    "output.checkpoint_every=0"])
+    run_simulation(cfg, quiet=True)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _assert_same_rows(rows, ref):
+    assert [r["round"] for r in rows] == [r["round"] for r in ref]
+    for key in ("train_loss", "test_accuracy", "test_loss"):
+        np.testing.assert_allclose([r[key] for r in rows], [r[key] for r in ref], rtol=1e-6,
+                                   err_msg=key)
+
+
+@pytest.fixture
+def config(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG)
+    return path
+
+
+def test_two_processes_run_one_simulation_that_process_0_writes(config, tmp_path):
+    out = tmp_path / "run"
+    procs = _run_processes(config, out)
+    for i, p in enumerate(procs):
+        assert p["rc"] == 0, (i, p["stderr"][-3000:])
+    # One set of files: before, every process appended its own copy of each row.
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    log = (out / "run.log").read_text().splitlines()
+    assert len(log) == 1 and "sharded, the one strategy that spreads a cohort over 2 processes" \
+        in log[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["client_parallelism"] == "sharded"
+    # Gloo prints its "[Gloo] Rank i is connected ..." lines to stdout itself.
+    reported = lambda p: "".join(l for l in p["stdout"].splitlines(True)
+                                 if not l.startswith("[Gloo]"))
+    assert json.loads(reported(procs[0]))["final_train_loss"] == summary["final_train_loss"]
+    assert reported(procs[1]) == ""  # only process 0 reports
+    assert sorted(os.listdir(out / "checkpoints")) == ["1", "2"]
+    # The four devices of two processes train the cohort as one process does.
+    _assert_same_rows(rows, _reference_rows(config, tmp_path / "ref", 2))
+
+
+@pytest.mark.slow  # two more 2-process runs
+def test_a_multi_process_run_resumes_from_its_checkpoint(config, tmp_path):
+    out = tmp_path / "run"
+    assert all(p["rc"] == 0 for p in _run_processes(config, out))
+    procs = _run_processes(config, out, "training.rounds=3")
+    for i, p in enumerate(procs):
+        assert p["rc"] == 0, (i, p["stderr"][-3000:])
+    assert "resumed from" in (out / "run.log").read_text()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    _assert_same_rows(rows, _reference_rows(config, tmp_path / "ref", 3))
+
+
+def test_a_strategy_that_cannot_span_processes_is_refused_in_each(config, tmp_path):
+    procs = _run_processes(config, tmp_path / "run", "training.client_parallelism=vmap")
+    for p in procs:
+        assert p["rc"] == 2
+        assert "training.client_parallelism=vmap trains the whole cohort in each of the 2 " \
+               "processes" in p["stderr"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--num-processes", "2"], "go together"),
+    (["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"],
+     "expected HOST:PORT"),
+    (["--coordinator", "localhost:1234", "--num-processes", "0", "--process-id", "0"],
+     "at least 1"),
+    (["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "2"],
+     r"must lie in \[0, 2\)"),
+])
+def test_bad_process_arguments_are_named_before_jax_is_joined(config, argv, message, capsys):
+    assert main(["run", str(config), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedsim: error: ")
+    import re
+    assert re.search(message, err), err
+
+
+def test_auto_becomes_sharded_and_other_strategies_are_refused(monkeypatch):
+    assert distributed.check_strategy("vmap") is None  # one process: anything goes
+    monkeypatch.setattr(distributed.jax, "process_count", lambda: 3)
+    assert distributed.check_strategy("auto") == "sharded"
+    assert distributed.check_strategy("sharded") == "sharded"
+    for strategy in ("vmap", "map", "chunked", "loop"):
+        with pytest.raises(distributed.DistributedError, match=f"={strategy} trains"):
+            distributed.check_strategy(strategy)
