@@ -103,6 +103,9 @@ def attack_uploads(uploads: list[ObservedUpload], section: dict, key) -> list[di
             s = score_batch(x_rec, u.x, np.asarray(r.labels), u.y).as_dict()
             results.append({"client": u.observation.client_id, "round": rnd, **s,
                             "loss": float(r.loss), "seconds": seconds,
+                            # the split of this round's victims into calls: pin it with
+                            # attack.config.victims_per_call to repeat the numbers exactly
+                            "victims_per_call": (r.extras or {}).get("victims_per_call"),
                             "labels_true": u.y.tolist(), "labels_rec": np.asarray(r.labels).tolist(),
                             "_x": u.x, "_rec": np.clip(x_rec, 0, 1)})
     return results

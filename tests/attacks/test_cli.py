@@ -24,6 +24,7 @@ def test_cli_writes_summary_and_grid(tmp_path):
     assert len(summary["victims"]) == 2
     assert set(summary["mean"]) == {"mse", "psnr", "ssim", "label_acc"}
     assert summary["mean"]["label_acc"] == 1.0  # iDLG on batch 1
+    assert [v["victims_per_call"] for v in summary["victims"]] == [2, 2]  # one call
     assert (tmp_path / "attack_grid.png").stat().st_size > 0
 
 
