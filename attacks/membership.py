@@ -32,6 +32,7 @@ import optax
 from scipy.stats import rankdata
 
 from attacks.labels import last_layer
+from fedsim import models
 from fedsim.client import cross_entropy
 
 
@@ -48,13 +49,60 @@ def auc(scores_members, scores_nonmembers) -> float:
     return float(u / (a.size * b.size))
 
 
+#: Examples per call in :func:`loss_scores`, :func:`gradient_norm_scores` and
+#: :func:`features`. Their memory (a chunk's forward pass and per-example
+#: gradients) then stays that of this many examples however large the set:
+#: all at once, the forward pass of 10,000 CIFAR-10 images through VGG-11
+#: alone would hold gigabytes of activations.
+BATCH_SIZE = 256
+
+
+def _check_examples(x, y, batch_size) -> tuple[jax.Array, jax.Array]:
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    if y.ndim != 1 or x.ndim < 2 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"membership: x {tuple(x.shape)} and y {tuple(y.shape)} must hold the "
+                         "same number of examples (x [n, ...], y [n] integer labels)")
+    if x.shape[0] == 0:
+        raise ValueError("membership: no examples to score")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+            or batch_size < 1:
+        raise ValueError(f"membership: batch_size must be an integer >= 1, got {batch_size!r}")
+    return x, y
+
+
+def _in_batches(fn, x, y, batch_size: int):
+    """``fn(x, y)`` over chunks of ``batch_size`` examples (``lax.map``), concatenated.
+
+    A set of at most ``batch_size`` examples is one chunk of its own size (no
+    padding); a larger one is padded with repeats of its last example to whole
+    chunks, and the padding is dropped.
+    """
+    n = x.shape[0]
+    if n <= batch_size:
+        return fn(x, y)
+    pad = (-n) % batch_size
+    chunks = [jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)])
+              .reshape((-1, batch_size) + a.shape[1:]) for a in (x, y)]
+    out = jax.lax.map(lambda c: fn(*c), tuple(chunks))
+    return jax.tree_util.tree_map(lambda o: o.reshape((-1,) + o.shape[2:])[:n], out)
+
+
 def per_example_losses(apply_fn, params, x, y) -> jax.Array:
     return cross_entropy(apply_fn(params, x), y)
 
 
-def loss_scores(apply_fn, params, x, y) -> np.ndarray:
-    """Membership score −loss (Yeom et al. 2018)."""
-    return -np.asarray(per_example_losses(apply_fn, params, x, jnp.asarray(y)))
+# ``settings`` (:func:`fedsim.models.trace_settings`) is in each jit's key so that a
+# call inside ``models.im2col_max_batch`` / ``conv_implementation`` traces again.
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _losses(apply_fn, params, x, y, batch_size, settings):
+    return _in_batches(lambda xb, yb: per_example_losses(apply_fn, params, xb, yb), x, y,
+                       batch_size)
+
+
+def loss_scores(apply_fn, params, x, y, *, batch_size: int = BATCH_SIZE) -> np.ndarray:
+    """Membership score −loss (Yeom et al. 2018), in chunks of ``batch_size`` examples."""
+    x, y = _check_examples(x, y, batch_size)
+    return -np.asarray(_losses(apply_fn, params, x, y, int(batch_size), models.trace_settings()))
 
 
 def _last_layer_grads(apply_fn, params, x, y, num_classes):
@@ -65,9 +113,20 @@ def _last_layer_grads(apply_fn, params, x, y, num_classes):
     return jax.vmap(one)(x, jnp.asarray(y))
 
 
-def gradient_norm_scores(apply_fn, params, x, y, num_classes: int) -> np.ndarray:
-    """Membership score −‖∇_{W_last} ℓ(x, y)‖₂ (small gradients: seen in training)."""
-    return -np.linalg.norm(np.asarray(_last_layer_grads(apply_fn, params, x, y, num_classes)), axis=1)
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
+def _grads(apply_fn, params, x, y, num_classes, batch_size, settings):
+    return _in_batches(lambda xb, yb: _last_layer_grads(apply_fn, params, xb, yb, num_classes),
+                       x, y, batch_size)
+
+
+def gradient_norm_scores(apply_fn, params, x, y, num_classes: int, *,
+                         batch_size: int = BATCH_SIZE) -> np.ndarray:
+    """Membership score −‖∇_{W_last} ℓ(x, y)‖₂ (small gradients: seen in training),
+    in chunks of ``batch_size`` examples."""
+    x, y = _check_examples(x, y, batch_size)
+    grads = _grads(apply_fn, params, x, y, int(num_classes), int(batch_size),
+                   models.trace_settings())
+    return -np.linalg.norm(np.asarray(grads), axis=1)
 
 
 class MIAFeatures(NamedTuple):
@@ -79,13 +138,26 @@ class MIAFeatures(NamedTuple):
     label_onehot: jax.Array       # [n, K]
 
 
-def features(apply_fn, params, x, y, num_classes: int) -> MIAFeatures:
-    y = jnp.asarray(y)
+def _chunk_features(apply_fn, params, x, y, num_classes) -> MIAFeatures:
     logits = apply_fn(params, x)
     post = -jnp.sort(-jax.nn.softmax(logits, -1), axis=-1)
     loss = cross_entropy(logits, y)[:, None]
     grads = _last_layer_grads(apply_fn, params, x, y, num_classes)
     return MIAFeatures(post, loss, grads, jax.nn.one_hot(y, num_classes))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
+def _features(apply_fn, params, x, y, num_classes, batch_size, settings):
+    return _in_batches(lambda xb, yb: _chunk_features(apply_fn, params, xb, yb, num_classes),
+                       x, y, batch_size)
+
+
+def features(apply_fn, params, x, y, num_classes: int, *,
+             batch_size: int = BATCH_SIZE) -> MIAFeatures:
+    """The white-box features of every example, in chunks of ``batch_size``."""
+    x, y = _check_examples(x, y, batch_size)
+    return _features(apply_fn, params, x, y, int(num_classes), int(batch_size),
+                     models.trace_settings())
 
 
 class AttackNet(nn.Module):

@@ -205,6 +205,19 @@ def vmapped_instances() -> ContextManager[None]:
     return _module_setting("_VMAPPED_DEPTH", _VMAPPED_DEPTH + 1)
 
 
+def trace_settings() -> tuple:
+    """What :class:`Conv` reads when traced: :data:`CONV_IMPLEMENTATION`,
+    :data:`IM2COL_MAX_BATCH`, :data:`VMAPPED_IM2COL_MAX_BATCH` and the
+    :func:`vmapped_instances` depth.
+
+    A function jitted once per model (a module-level ``jax.jit`` with a static
+    ``apply_fn``) takes this as a static argument too, so that inside
+    :func:`im2col_max_batch` or :func:`conv_implementation` it traces again
+    instead of reusing the other implementation's executable.
+    """
+    return (CONV_IMPLEMENTATION, IM2COL_MAX_BATCH, VMAPPED_IM2COL_MAX_BATCH, _VMAPPED_DEPTH)
+
+
 def conv_implementation(name: str) -> ContextManager[None]:
     """Make :class:`Conv` trace ``name`` ("auto", "xla" or "im2col") inside the block.
 

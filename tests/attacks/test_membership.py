@@ -7,6 +7,7 @@ import pytest
 
 from attacks import membership as MIA
 from fedsim.data import synthetic_dataset
+from fedsim import models
 from fedsim.models import build_model, init_params, make_apply_fn
 from tests.attacks.helpers import train_full_batch
 
@@ -83,3 +84,84 @@ def test_learned_attack_refuses_non_finite_features():
     mem = mem._replace(loss=mem.loss.at[3, 0].set(jnp.nan))
     with pytest.raises(ValueError, match="NaN or inf"):
         MIA.train_learned_attack(mem, non, jax.random.key(0))
+
+
+def _model(name):
+    model = build_model(name)
+    f = make_apply_fn(model)
+    return f, init_params(model, (16, 16, 1), jax.random.key(0))
+
+
+def _examples(n, seed=1):
+    x = jax.random.uniform(jax.random.key(seed), (n, 16, 16, 1))
+    return x, jnp.arange(n, dtype=jnp.int32) % 10
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet5"])
+def test_features_in_chunks_equal_one_call(name):
+    f, p = _model(name)
+    x, y = _examples(23)  # 23 = 4 chunks of 5 + 3, padded
+    whole = MIA.features(f, p, x, y, 10, batch_size=64)
+    chunked = MIA.features(f, p, x, y, 10, batch_size=5)
+    for a, b in zip(chunked, whole):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(MIA.gradient_norm_scores(f, p, x, y, 10, batch_size=5),
+                               -np.linalg.norm(np.asarray(whole.last_layer_grad), axis=1),
+                               rtol=1e-5)
+
+
+def test_loss_scores_equal_one_example_at_a_time():
+    f, p = _model("lenet5")
+    x, y = _examples(11)
+    logits = np.stack([np.asarray(f(p, x[i:i + 1]))[0] for i in range(11)]).astype(np.float64)
+    logz = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    expected = -(logz - logits[np.arange(11), np.asarray(y)])  # −cross-entropy, by hand
+    np.testing.assert_allclose(MIA.loss_scores(f, p, x, y, batch_size=4), expected, rtol=1e-5)
+
+
+def test_chunked_features_plan_the_memory_of_a_chunk_not_of_the_set():
+    from fedsim import memory
+    f, p = _model("conv2")
+    plan = lambda n, bs: memory.planned_bytes(MIA._features, f, p, *_examples(n), 10, bs,
+                                              models.trace_settings())
+    small, large = plan(256, 256), plan(2048, 256)
+    if small is None:
+        pytest.skip("this backend gives no memory analysis")
+    # What the set's size must add: the features themselves (4 outputs per example).
+    per_example = sum(int(np.prod(a.shape[1:])) for a in
+                      MIA.features(f, p, *_examples(2), 10)) * 4
+    assert large - small <= 1.5 * (2048 - 256) * per_example
+    assert plan(2048, 4096) > 3 * large  # all at once: the activations of 2,048 examples
+
+
+@pytest.mark.parametrize("x_shape,y_shape,batch_size,match", [
+    ((5, 16, 16, 1), (4,), 8, "same number of examples"),
+    ((5, 16, 16, 1), (5, 1), 8, "same number of examples"),
+    ((0, 16, 16, 1), (0,), 8, "no examples"),
+    ((5, 16, 16, 1), (5,), 0, "batch_size"),
+    ((5, 16, 16, 1), (5,), 2.5, "batch_size"),
+])
+def test_bad_example_sets_are_named(x_shape, y_shape, batch_size, match):
+    f, p = _model("mlp")
+    x, y = jnp.zeros(x_shape), jnp.zeros(y_shape, jnp.int32)
+    for call in (lambda: MIA.loss_scores(f, p, x, y, batch_size=batch_size),
+                 lambda: MIA.gradient_norm_scores(f, p, x, y, 10, batch_size=batch_size),
+                 lambda: MIA.features(f, p, x, y, 10, batch_size=batch_size)):
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+def test_features_trace_again_inside_a_conv_implementation_block():
+    # Jitted once per model, they must not reuse the other implementation's
+    # executable (benchmarks/diagnose_mia_im2col.py compares the two).
+    f, p = _model("conv2")
+    x, y = _examples(6)
+    before = MIA._features._cache_size()
+    default = MIA.features(f, p, x, y, 10)
+    with models.conv_implementation("xla"):
+        xla = MIA.features(f, p, x, y, 10)
+    assert MIA._features._cache_size() == before + 2
+    # One example at a time, the gradient feature is an im2col GEMM by default
+    # (IM2COL_MAX_BATCH), XLA's convolution inside the block: they round differently.
+    assert not np.array_equal(default.last_layer_grad, xla.last_layer_grad)
