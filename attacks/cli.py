@@ -34,6 +34,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from fedsim import distributed
 from fedsim.config import Config, ConfigError, load_config
 from fedsim.observer import GRANTS, ObservedUpload, restrict
 
@@ -162,19 +163,25 @@ def run_attack_experiment(cfg: Config, quiet: bool = False) -> dict:
         results = attack_uploads(uploads, section, key)
     seconds = time.perf_counter() - t0
     out = run_dir_for(cfg)
-    save_grid(results, out / "attack_grid.png")
+    primary = distributed.is_primary()  # several processes: process 0 writes, as fedsim run
+    if primary:
+        save_grid(results, out / "attack_grid.png")
     victims = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
     mean = {k: float(np.nanmean([v[k] for v in victims])) if not all(
         np.isnan(v[k]) for v in victims) else float("nan") for k in ("mse", "psnr", "ssim", "label_acc")}
     summary = {"attack": section["name"], "grants": section["grants"], "config": section["config"],
                "victims": victims, "mean": mean, "seconds": seconds}
-    write_json(out / "attack_summary.json", summary)
+    if primary:
+        write_json(out / "attack_summary.json", summary)
     return summary
 
 
 def _cmd_attack(args) -> int:
     cfg = load_config(args.config, args.overrides)
+    distributed.initialize_from_args(args)  # before anything touches a device
     summary = run_attack_experiment(cfg, quiet=args.quiet)
+    if not distributed.is_primary():
+        return 0
     m = summary["mean"]
     for v in summary["victims"]:
         print(f"client {v['client']:4d} round {v['round']:3d}: PSNR {v['psnr']:6.2f} dB  SSIM "
@@ -193,6 +200,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (e.g. attack.config.iterations=200)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    distributed.add_arguments(p)
     p.set_defaults(func=_cmd_attack)
 
 

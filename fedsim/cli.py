@@ -22,16 +22,9 @@ def _add_run(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (dotted path or unique leaf name)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    g = p.add_argument_group(
-        "several processes (hosts)",
-        "run the same command in every process; the sharded strategy's mesh then spans all "
-        "their devices, and only process 0 writes the run directory (docs/scale.md)")
-    g.add_argument("--distributed", action="store_true",
-                   help="join a multi-process run; alone, JAX detects the cluster "
-                        "(SLURM, Open MPI, ...)")
-    g.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
-    g.add_argument("--num-processes", type=int, metavar="N", help="how many processes")
-    g.add_argument("--process-id", type=int, metavar="I", help="this process, in [0, N)")
+    from fedsim import distributed
+
+    distributed.add_arguments(p)
     p.set_defaults(func=_cmd_run)
 
 
@@ -39,16 +32,12 @@ def _cmd_run(args) -> int:
     from fedsim.run import run_dir_for, run_simulation
 
     cfg = load_config(args.config, args.overrides)
-    explicit = (args.coordinator, args.num_processes, args.process_id)
-    if args.distributed or any(a is not None for a in explicit):
-        from fedsim import distributed
+    from fedsim import distributed
 
-        distributed.initialize(*explicit)  # before anything touches a device
+    distributed.initialize_from_args(args)  # before anything touches a device
     summary = run_simulation(cfg, quiet=args.quiet)
     summary.pop("final_state", None)
-    import jax
-
-    if jax.process_index() == 0:  # the process that wrote the run directory
+    if distributed.is_primary():  # the process that wrote the run directory
         print(json.dumps(summary, indent=2))
         print(f"run directory: {run_dir_for(cfg)}", file=sys.stderr)
     return 0

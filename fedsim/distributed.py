@@ -21,6 +21,8 @@ collectives that never come).
 
 from __future__ import annotations
 
+import argparse
+
 import jax
 
 from fedsim.config import ConfigError
@@ -94,3 +96,24 @@ def check_strategy(strategy: str) -> str | None:
         f"training.client_parallelism={strategy} trains the whole cohort in each of the {n} "
         "processes: use sharded (or auto, which picks it), whose mesh spans every process's "
         "devices")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command-line flags that join a multi-process run (``fedsim run``, ``fedsim attack``)."""
+    g = parser.add_argument_group(
+        "several processes (hosts)",
+        "run the same command in every process; the sharded strategy's mesh then spans all "
+        "their devices, and only process 0 writes the run directory (docs/scale.md)")
+    g.add_argument("--distributed", action="store_true",
+                   help="join a multi-process run; alone, JAX detects the cluster "
+                        "(SLURM, Open MPI, ...)")
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
+    g.add_argument("--num-processes", type=int, metavar="N", help="how many processes")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process, in [0, N)")
+
+
+def initialize_from_args(args: argparse.Namespace) -> None:
+    """:func:`initialize` where :func:`add_arguments`' flags ask for it (else nothing)."""
+    explicit = (args.coordinator, args.num_processes, args.process_id)
+    if args.distributed or any(a is not None for a in explicit):
+        initialize(*explicit)

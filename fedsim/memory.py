@@ -90,7 +90,9 @@ def planned_bytes(jitted, *args) -> int | None:
 
 
 def available_bytes(device=None) -> int | None:
-    """Memory free for a new computation on ``device`` (default: the first device).
+    """Memory free for a new computation on ``device`` (default: this process's
+    first device; with several processes, ``jax.devices()[0]`` may be another
+    process's, whose memory JAX does not report here).
 
     Accelerators: the allocator's limit less what is in use
     (``Device.memory_stats``). CPU: the smaller of the kernel's ``MemAvailable``
@@ -99,7 +101,7 @@ def available_bytes(device=None) -> int | None:
     ``/proc/meminfo``. Either capped by ``$FEDSIM_MEMORY_LIMIT``
     (:func:`memory_limit`). None where nothing is known.
     """
-    device = device or jax.devices()[0]
+    device = device or jax.local_devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_limit" in stats:
         free = int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))

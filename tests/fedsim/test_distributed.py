@@ -38,14 +38,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_processes(config: Path, out: Path, *overrides: str, n: int = 2) -> list[dict]:
-    """``fedsim run`` in n processes of 2 CPU devices each; their return codes and output."""
+def _run_processes(config: Path, out: Path, *overrides: str, n: int = 2,
+                   command: str = "run") -> list[dict]:
+    """``fedsim COMMAND`` in n processes of 2 CPU devices each; their return codes and output."""
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
     sets = [a for o in (f"output.dir={out}", *overrides) for a in ("--set", o)]
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "fedsim", "run", str(config), *sets, "--coordinator",
+        [sys.executable, "-m", "fedsim", command, str(config), *sets, "--coordinator",
          f"localhost:{port}", "--num-processes", str(n), "--process-id", str(i)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(n)]
@@ -58,6 +59,11 @@ def _run_processes(config: Path, out: Path, *overrides: str, n: int = 2) -> list
         for p in procs:
             p.kill()
     return results
+
+
+def _reported(p: dict) -> str:
+    """A process's stdout without the "[Gloo] Rank i is connected ..." lines Gloo prints itself."""
+    return "".join(l for l in p["stdout"].splitlines(True) if not l.startswith("[Gloo]"))
 
 
 def _reference_rows(config: Path, out: Path, rounds: int) -> list[dict]:
@@ -95,11 +101,8 @@ def test_two_processes_run_one_simulation_that_process_0_writes(config, tmp_path
         in log[0]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["client_parallelism"] == "sharded"
-    # Gloo prints its "[Gloo] Rank i is connected ..." lines to stdout itself.
-    reported = lambda p: "".join(l for l in p["stdout"].splitlines(True)
-                                 if not l.startswith("[Gloo]"))
-    assert json.loads(reported(procs[0]))["final_train_loss"] == summary["final_train_loss"]
-    assert reported(procs[1]) == ""  # only process 0 reports
+    assert json.loads(_reported(procs[0]))["final_train_loss"] == summary["final_train_loss"]
+    assert _reported(procs[1]) == ""  # only process 0 reports
     assert sorted(os.listdir(out / "checkpoints")) == ["1", "2"]
     # The four devices of two processes train the cohort as one process does.
     _assert_same_rows(rows, _reference_rows(config, tmp_path / "ref", 2))
