@@ -66,10 +66,10 @@ def _reported(p: dict) -> str:
     return "".join(l for l in p["stdout"].splitlines(True) if not l.startswith("[Gloo]"))
 
 
-def _reference_rows(config: Path, out: Path, rounds: int) -> list[dict]:
+def _reference_rows(config: Path, out: Path, rounds: int, *overrides: str) -> list[dict]:
     cfg = load_config(str(config), [f"output.dir={out}", f"training.rounds={rounds}",
                                     "training.client_parallelism=map",
-                                    "output.checkpoint_every=0"])
+                                    "output.checkpoint_every=0", *overrides])
     run_simulation(cfg, quiet=True)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -110,14 +110,17 @@ def test_two_processes_run_one_simulation_that_process_0_writes(config, tmp_path
 
 @pytest.mark.slow  # two more 2-process runs
 def test_a_multi_process_run_resumes_from_its_checkpoint(config, tmp_path):
+    # Pseudo-Pruning keeps per-client state (the withheld weights), which the
+    # checkpoint must carry across processes too.
+    pseudo = "defenses=[{name: prune_largest, p: 0.3, pseudo: true}]"
     out = tmp_path / "run"
-    assert all(p["rc"] == 0 for p in _run_processes(config, out))
-    procs = _run_processes(config, out, "training.rounds=3")
+    assert all(p["rc"] == 0 for p in _run_processes(config, out, pseudo))
+    procs = _run_processes(config, out, pseudo, "training.rounds=3")
     for i, p in enumerate(procs):
         assert p["rc"] == 0, (i, p["stderr"][-3000:])
     assert "resumed from" in (out / "run.log").read_text()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    _assert_same_rows(rows, _reference_rows(config, tmp_path / "ref", 3))
+    _assert_same_rows(rows, _reference_rows(config, tmp_path / "ref", 3, pseudo))
 
 
 def test_a_strategy_that_cannot_span_processes_is_refused_in_each(config, tmp_path):
