@@ -22,8 +22,11 @@ collectives that never come).
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 
 import jax
+import numpy as np
 
 from fedsim.config import ConfigError
 
@@ -96,6 +99,37 @@ def check_strategy(strategy: str) -> str | None:
         f"training.client_parallelism={strategy} trains the whole cohort in each of the {n} "
         "processes: use sharded (or auto, which picks it), whose mesh spans every process's "
         "devices")
+
+
+def config_digest(cfg) -> str:
+    """A hash of everything in ``cfg`` but ``output.*`` (where and how to write)."""
+    d = cfg.to_dict()
+    d.pop("output", None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def check_same_config(cfg) -> None:
+    """Stop every process if their configs differ (outside ``output.*``).
+
+    Processes launched with different configs (another seed, another
+    ``--set``) would each train their own cohort and still sum their updates,
+    or wait on each other's collectives forever. Every process gathers every
+    process's :func:`config_digest`, so all of them raise together.
+
+    Raises:
+      DistributedError: naming the processes whose config differs from process 0's.
+    """
+    if process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    mine = np.frombuffer(bytes.fromhex(config_digest(cfg)), np.uint8)
+    every = np.asarray(multihost_utils.process_allgather(mine))  # [processes, 32]
+    differ = [i for i in range(len(every)) if not np.array_equal(every[i], every[0])]
+    if differ:
+        raise DistributedError(
+            f"process(es) {differ} run a config that differs from process 0's (outside "
+            "output.*): start every process with the same config file and --set overrides")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

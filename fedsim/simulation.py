@@ -168,6 +168,7 @@ class Simulation:
         self.client_update = factory(self.apply_fn, self.client_tx, self.settings, self.defenses)
         self.strategy = strategy or t.client_parallelism
         self.strategy_reason = f"client_parallelism={self.strategy} (fixed by config)"
+        distributed.check_same_config(cfg)
         across = distributed.check_strategy(self.strategy)
         if across is not None and self.strategy == "auto":
             self.strategy = across

@@ -39,14 +39,18 @@ def _free_port() -> int:
 
 
 def _run_processes(config: Path, out: Path, *overrides: str, n: int = 2,
-                   command: str = "run") -> list[dict]:
-    """``fedsim COMMAND`` in n processes of 2 CPU devices each; their return codes and output."""
+                   command: str = "run", only: dict | None = None) -> list[dict]:
+    """``fedsim COMMAND`` in n processes of 2 CPU devices each; their return codes and output.
+
+    ``only`` maps a process id to overrides for that process alone.
+    """
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    sets = [a for o in (f"output.dir={out}", *overrides) for a in ("--set", o)]
+    sets = lambda i: [a for o in (f"output.dir={out}", *overrides, *(only or {}).get(i, ()))
+                      for a in ("--set", o)]
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "fedsim", command, str(config), *sets, "--coordinator",
+        [sys.executable, "-m", "fedsim", command, str(config), *sets(i), "--coordinator",
          f"localhost:{port}", "--num-processes", str(n), "--process-id", str(i)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(n)]
@@ -129,6 +133,17 @@ def test_a_strategy_that_cannot_span_processes_is_refused_in_each(config, tmp_pa
         assert p["rc"] == 2
         assert "training.client_parallelism=vmap trains the whole cohort in each of the 2 " \
                "processes" in p["stderr"]
+
+
+def test_processes_started_with_different_configs_all_stop(config, tmp_path):
+    # Another seed in process 1: each would train its own cohort and still sum them.
+    procs = _run_processes(config, tmp_path / "run", only={1: ["seed=1"]})
+    for p in procs:
+        assert p["rc"] == 2
+        assert "process(es) [1] run a config that differs from process 0's" in p["stderr"]
+    # output.* may differ: where and how each process writes is not the simulation.
+    procs = _run_processes(config, tmp_path / "run2", only={1: ["output.plots=true"]})
+    assert [p["rc"] for p in procs] == [0, 0], procs[1]["stderr"][-2000:]
 
 
 @pytest.mark.parametrize("argv,message", [
