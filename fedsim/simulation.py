@@ -130,6 +130,13 @@ class Simulation:
       client_update_factory: replaces :func:`fedsim.client.make_client_update`
         (same signature) for local training that the stage hooks cannot
         express, e.g. PriPrune's joint steps on weights and mask parameters.
+
+    With several processes (:mod:`fedsim.distributed`), ``auto`` becomes
+    ``sharded``.
+
+    Raises:
+      fedsim.distributed.DistributedError: with several processes, their
+        configs differ, or the strategy cannot spread a cohort over them.
     """
 
     def __init__(self, cfg: Config, dataset: Dataset | None = None,
