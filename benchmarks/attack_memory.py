@@ -13,14 +13,18 @@ runs), then
    (:func:`benchmarks.cohort_step_memory.resident_growth`), for the first call
    (which reuses the plan's executable) and a second one.
 
-Linux and CPU only, as ``cohort_step_memory``.
+On the CPU (default) the growth is of resident memory, Linux only, as in
+``cohort_step_memory``. With ``--device gpu`` it is the accelerator's: its
+``peak_bytes_in_use`` after the call less its ``bytes_in_use`` before
+(:func:`device_growth`). That peak cannot be reset, so only the first call of a
+fresh process is measured there; the second call's columns stay empty.
 
 With ``--pretend-free-gib G`` an extra row attacks the last count of victims
 with the attack told that only G GiB are free, so that it splits them into
 calls: its growth shows what a split call really takes against G.
 
 Usage: ``python -m benchmarks.attack_memory [--runs 1 8 32] [--batch 8]
-[--pretend-free-gib 0.6]``
+[--pretend-free-gib 0.6] [--device gpu]``
 Writes ``benchmarks/results/attack_memory.{json,md}``.
 """
 
@@ -30,6 +34,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from benchmarks.provenance import ROOT, git_commit, short_commit
 from benchmarks.results_io import write_json_and_markdown
@@ -38,6 +43,29 @@ from benchmarks.worker_rows import run_worker
 DEFAULT_VICTIMS = (1, 8, 32)
 SHAPE = (16, 16, 1)
 ITERATIONS = 20
+PLATFORMS = {"cpu": "cpu", "gpu": "cuda"}  # --device -> JAX_PLATFORMS
+
+
+def device_growth(call, device):
+    """(call's result, seconds, growth of ``device``'s allocated bytes while it ran).
+
+    The growth is the allocator's peak after the call less what was allocated
+    before it. The peak counts from the process's start, so a call that does
+    not raise it cannot be measured: the growth is then None.
+
+    Raises:
+      SystemExit: the device reports no ``peak_bytes_in_use``.
+    """
+    stats = device.memory_stats() or {}
+    if "peak_bytes_in_use" not in stats:
+        raise SystemExit(f"{device} reports no peak_bytes_in_use: measure the CPU with "
+                         "--device cpu")
+    before, peak_before = stats["bytes_in_use"], stats["peak_bytes_in_use"]
+    t0 = time.perf_counter()
+    out = call()
+    seconds = time.perf_counter() - t0
+    peak = device.memory_stats()["peak_bytes_in_use"]
+    return out, seconds, (peak - before if peak > peak_before else None)
 
 
 def worker(victims: int, batch: int, pretend_free_gib: float | None = None,
@@ -48,12 +76,12 @@ def worker(victims: int, batch: int, pretend_free_gib: float | None = None,
 
     from attacks import gradient_inversion as GI
     from benchmarks.cohort_step_memory import resident_growth
+    from benchmarks.engine_throughput import device_description
     from fedsim import memory
     from fedsim.client import masked_mean_loss
     from fedsim.models import build_model, init_params, make_apply_fn
 
-    if jax.default_backend() != "cpu":
-        raise SystemExit("attack_memory measures host memory: run it with JAX_PLATFORMS=cpu")
+    on_cpu = jax.default_backend() == "cpu"
     model = build_model("conv2")
     apply_fn = make_apply_fn(model)
     params = init_params(model, SHAPE, jax.random.key(0))
@@ -74,20 +102,28 @@ def worker(victims: int, batch: int, pretend_free_gib: float | None = None,
     planned = memory.planned_bytes(fn, params, targets, labels, keys)
     kw = dict(batch_size=batch, input_shape=SHAPE, num_classes=10, shared_params=True)
     call = lambda: GI.invert_victims(apply_fn, cfg, params, targets, labels, keys, **kw)
-    out, seconds0, grown0 = resident_growth(call)
-    _, seconds1, grown1 = resident_growth(call)
+    if on_cpu:
+        out, seconds0, grown0 = resident_growth(call)
+        _, seconds1, grown1 = resident_growth(call)
+    else:  # the device's peak cannot be reset: the first call only
+        out, seconds0, grown0 = device_growth(call, jax.local_devices()[0])
+        t0 = time.perf_counter()
+        call()
+        seconds1, grown1 = time.perf_counter() - t0, None
     return {"victims": victims, "batch": batch, "planned_bytes": planned,
             "pretend_free_bytes": (None if pretend_free_gib is None
                                    else int(pretend_free_gib * 2**30)),
             "available_bytes": memory.available_bytes(),
             "victims_per_call": out["victims_per_call"],
+            "device": device_description(),
             "measured_bytes": grown0, "seconds": seconds0,
             "measured_second_bytes": grown1, "second_seconds": seconds1}
 
 
 def run_one(victims: int, batch: int, timeout: float,
-            pretend_free_gib: float | None = None, iterations: int = ITERATIONS) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+            pretend_free_gib: float | None = None, iterations: int = ITERATIONS,
+            device: str = "cpu") -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS=PLATFORMS[device])
     cmd = [sys.executable, "-m", "benchmarks.attack_memory", "--worker", str(victims),
            "--batch", str(batch), "--iterations", str(iterations)] + ([] if pretend_free_gib is None
                                      else ["--pretend-free-gib", str(pretend_free_gib)])
@@ -98,9 +134,17 @@ def run_one(victims: int, batch: int, timeout: float,
 
 
 def markdown(result: dict) -> str:
-    gib = lambda b: f"{b / 2**30:.3f}"
+    gib = lambda b: "–" if b is None else f"{b / 2**30:.3f}"
+    on_gpu = result.get("measured_on") == "gpu"
+    measured = ("measured: the accelerator's peak allocated bytes after the call less "
+                "those allocated before it (JAX's `memory_stats`); that peak cannot be "
+                "reset, so the second call is timed, not measured; "
+                if on_gpu else
+                "measured: peak resident memory during the call less the resident memory at "
+                "its start (after `malloc_trim(0)`); ")
     lines = [
-        "# Attack memory: XLA's plan vs a vmapped inversion call's resident-memory growth",
+        "# Attack memory: XLA's plan vs a vmapped inversion call's "
+        + ("accelerator-memory growth" if on_gpu else "resident-memory growth"),
         "",
         f"Commit {short_commit(result['commit'])}; {result['device']}; "
         "`python -m benchmarks.attack_memory`. Inverting Gradients, Conv-2, 16×16×1, "
@@ -108,8 +152,7 @@ def markdown(result: dict) -> str:
         f"XLA_FLAGS `{result.get('xla_flags') or '(none)'}`; each row a fresh process.",
         "",
         "planned: `fedsim.memory.planned_bytes` of the call (temporaries + outputs); "
-        "measured: peak resident memory during the call less the resident memory at its "
-        "start (after `malloc_trim(0)`); the first call reuses the plan's executable. "
+        + measured + "the first call reuses the plan's executable. "
         "Victims are split into calls where the plan times the measured margin "
         f"({result.get('plan_margin', '–')}) exceeds {result['headroom']:.0%} of the free "
         "memory. A row with \"free (pretended)\" told the attack only that much was free, "
@@ -123,7 +166,7 @@ def markdown(result: dict) -> str:
         if "error" in r:
             lines.append(f"| {r['victims']} | {r['batch']} | error: {r['error']} |" + " |" * 7)
             continue
-        ratio = lambda b: f"{b / r['planned_bytes']:.2f}" if r["planned_bytes"] else "–"
+        ratio = lambda b: f"{b / r['planned_bytes']:.2f}" if r["planned_bytes"] and b is not None else "–"
         pretend = r.get("pretend_free_bytes")
         lines.append(f"| {r['victims']} | {r['batch']} | "
                      f"{'–' if pretend is None else gib(pretend)} | {gib(r['planned_bytes'])} | "
@@ -152,6 +195,8 @@ def main(argv=None) -> None:
                     help="an extra row: the last --runs count with the attack told only "
                          "this much memory is free, so that it splits the victims")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
+    ap.add_argument("--device", choices=tuple(PLATFORMS), default="cpu",
+                    help="measure host memory (cpu) or the accelerator's (gpu)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     if not args.timeout > 0:
@@ -162,18 +207,21 @@ def main(argv=None) -> None:
         print("ROW " + json.dumps(worker(args.worker, args.batch, args.pretend_free_gib,
                                          args.iterations)), flush=True)
         return
-    from benchmarks.engine_throughput import device_description
     from attacks.gradient_inversion import PLAN_MARGIN
     from fedsim.memory import HEADROOM
 
-    result = {"commit": git_commit(), "device": device_description(), "headroom": HEADROOM,
+    # This process never touches a device: on a GPU it would hold memory the
+    # workers then lack. The workers name the device.
+    result = {"commit": git_commit(), "headroom": HEADROOM, "measured_on": args.device,
               "plan_margin": PLAN_MARGIN, "iterations": args.iterations,
               "xla_flags": os.environ.get("XLA_FLAGS", ""),
-              "rows": [run_one(v, args.batch, args.timeout, iterations=args.iterations)
-                       for v in args.runs]}
+              "rows": [run_one(v, args.batch, args.timeout, iterations=args.iterations,
+                               device=args.device) for v in args.runs]}
     if args.pretend_free_gib is not None:
         result["rows"].append(run_one(args.runs[-1], args.batch, args.timeout,
-                                      args.pretend_free_gib, args.iterations))
+                                      args.pretend_free_gib, args.iterations, args.device))
+    result["device"] = next((r["device"] for r in result["rows"] if "device" in r),
+                            f"{args.device} (no worker row)")
     write_json_and_markdown(args.out, args.name, result, markdown(result))
 
 
