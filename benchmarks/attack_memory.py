@@ -38,7 +38,7 @@ import time
 
 from benchmarks.provenance import ROOT, git_commit, short_commit
 from benchmarks.results_io import write_json_and_markdown
-from benchmarks.worker_rows import run_worker
+from benchmarks.worker_rows import run_worker, worker_env
 
 DEFAULT_VICTIMS = (1, 8, 32)
 SHAPE = (16, 16, 1)
@@ -123,7 +123,7 @@ def worker(victims: int, batch: int, pretend_free_gib: float | None = None,
 def run_one(victims: int, batch: int, timeout: float,
             pretend_free_gib: float | None = None, iterations: int = ITERATIONS,
             device: str = "cpu") -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS=PLATFORMS[device])
+    env = worker_env(JAX_PLATFORMS=PLATFORMS[device])
     cmd = [sys.executable, "-m", "benchmarks.attack_memory", "--worker", str(victims),
            "--batch", str(batch), "--iterations", str(iterations)] + ([] if pretend_free_gib is None
                                      else ["--pretend-free-gib", str(pretend_free_gib)])

@@ -237,19 +237,6 @@ def main(argv=None) -> int:
              (args.image_size or 32, args.image_size or 32, args.channels or 3))
     victims = sorted(set(args.victims))
     kw = dict(model_name=args.model, shape=shape)
-    rows = []
-    for shared in (True, False):
-        for v in victims:
-            rows.append(time_jax(v, iters, reps, shared, **kw))
-            print(rows[-1]["impl"], v, f"{rows[-1]['iters_per_s']:.0f} it/s", flush=True)
-    rows.append(time_jax_loop(8, iters, reps, **kw))
-    print(rows[-1]["impl"], 8, f"{rows[-1]['iters_per_s']:.0f} it/s", flush=True)
-    for v in (v for v in victims if v <= (args.torch_max_victims or v)):
-        r = time_torch(v, iters, reps if v < ONE_REPEAT_FROM else 1, device=args.torch_device,
-                       threads=args.torch_threads, **kw)
-        if r is not None:
-            rows.append(r)
-            print(r["impl"], v, f"{r['iters_per_s']:.0f} it/s", flush=True)
     n_params = count_params(init_params(build_model(args.model), shape, jax.random.key(0)))
     what = ("MLP" if args.model == "mlp" else "DLG LeNet") + f" {n_params:,} params"
     meta = {"mode": "quick" if args.quick else "full", "iterations": iters, "repeats": reps,
@@ -260,8 +247,24 @@ def main(argv=None) -> int:
             "commit": commit}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    (out / f"{args.name}.md").write_text(markdown(meta, rows, victims))
+    rows = []
+
+    def add(row: dict | None) -> None:
+        # Written after every row, so a run cut short keeps what it measured.
+        if row is None:
+            return
+        rows.append(row)
+        print(row["impl"], row["victims"], f"{row['iters_per_s']:.0f} it/s", flush=True)
+        (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        (out / f"{args.name}.md").write_text(markdown(meta, rows, victims))
+
+    for shared in (True, False):
+        for v in victims:
+            add(time_jax(v, iters, reps, shared, **kw))
+    add(time_jax_loop(8, iters, reps, **kw))
+    for v in (v for v in victims if v <= (args.torch_max_victims or v)):
+        add(time_torch(v, iters, reps if v < ONE_REPEAT_FROM else 1, device=args.torch_device,
+                       threads=args.torch_threads, **kw))
     return 0
 
 

@@ -28,13 +28,12 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
 import sys
 import time
 
 from benchmarks.provenance import ROOT, git_commit, short_commit
 from benchmarks.results_io import write_json_and_markdown
-from benchmarks.worker_rows import run_worker
+from benchmarks.worker_rows import run_worker, worker_env
 
 DEFAULT_RUNS = ("vmap:16", "vmap:256", "vmap:1000", "chunked:1000", "map:1000", "vmap:5000")
 STRATEGIES = ("vmap", "chunked", "map")
@@ -99,7 +98,7 @@ def resident_growth(call):
 
 
 def run_one(strategy: str, clients: int, timeout: float) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    env = worker_env(JAX_PLATFORMS="cpu")
     cmd = [sys.executable, "-m", "benchmarks.cohort_step_memory", "--worker",
            f"{strategy}:{clients}"]
     row = {"strategy": strategy, "clients": clients}

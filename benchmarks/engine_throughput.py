@@ -56,7 +56,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's fedsim, not an installed one
 from benchmarks.provenance import git_commit, short_commit  # noqa: E402
-from benchmarks.worker_rows import run_worker  # noqa: E402
+from benchmarks.worker_rows import run_worker, worker_env  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 EXAMPLES, BATCH, LR, IMAGE = 64, 32, 0.05, 32
@@ -204,9 +204,8 @@ def run_one(impl: str, clients: int, repeats: int, threads: int, cache_dir: str,
             timeout: float, torch_device: str = "cpu", precision: str | None = None) -> dict:
     # XLA_PYTHON_CLIENT_PREALLOCATE=false: on a GPU, JAX takes what it uses
     # rather than 75 % of the card, so its peak memory is its own.
-    env = dict(os.environ, FEDSIM_CACHE_DIR=cache_dir, PYTHONPATH=str(ROOT),
-               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", ""),
-               XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env = worker_env(FEDSIM_CACHE_DIR=cache_dir, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", ""),
+                     XLA_PYTHON_CLIENT_PREALLOCATE="false")
     if not env["JAX_PLATFORMS"]:
         env.pop("JAX_PLATFORMS")
     cmd = [sys.executable, __file__, "--worker", impl, "--clients", str(clients),

@@ -10,9 +10,18 @@ timeout), and prints the row as it comes.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 from benchmarks.provenance import ROOT
+
+
+def worker_env(**extra: str) -> dict:
+    """This process's environment for a worker, with the repository first on
+    ``PYTHONPATH`` and what was there kept (packages installed with
+    ``--target``, as on the GPU machine), plus ``extra``."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
 
 
 def run_worker(cmd: list[str], row: dict, timeout: float, env: dict) -> dict:
