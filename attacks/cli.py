@@ -107,6 +107,8 @@ def attack_uploads(uploads: list[ObservedUpload], section: dict, key) -> list[di
                             # the split of this round's victims into calls: pin it with
                             # attack.config.victims_per_call to repeat the numbers exactly
                             "victims_per_call": (r.extras or {}).get("victims_per_call"),
+                            # devices each call's victims were split over (attack.shard_victims)
+                            "victim_devices": (r.extras or {}).get("victim_devices"),
                             "labels_true": u.y.tolist(), "labels_rec": np.asarray(r.labels).tolist(),
                             "_x": u.x, "_rec": np.clip(x_rec, 0, 1)})
     return results

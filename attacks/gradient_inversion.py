@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from attacks.api import Reconstruction
 from attacks.labels import infer_labels, observed_gradient
@@ -293,12 +295,36 @@ def make_inverter(apply_fn, cfg: InversionConfig, batch_size: int,
     return invert
 
 
+#: The mesh axis victims are split over when an attack shards them.
+VICTIMS = "victims"
+
+
+def victim_mesh(shard_victims: bool) -> Mesh | None:
+    """The 1-D mesh over every device (of every process) named :data:`VICTIMS`,
+    or None where the victims stay on one device: not asked for, or one device."""
+    devices = jax.devices()
+    return Mesh(np.array(devices), (VICTIMS,)) if shard_victims and len(devices) > 1 else None
+
+
 @functools.lru_cache(maxsize=32)
-def _compiled(apply_fn, cfg, batch_size, input_shape, num_classes, shared_params=False):
+def _compiled(apply_fn, cfg, batch_size, input_shape, num_classes, shared_params=False,
+              mesh: Mesh | None = None):
     invert = make_inverter(apply_fn, cfg, batch_size, input_shape, num_classes)
     # Shared params (victims of one round) stay unbatched: a [V]-batched weight
     # turns every matmul into a batched one, measured slower on CPU.
     victims = jax.vmap(invert, in_axes=(None if shared_params else 0, 0, 0, 0))
+    if mesh is not None:
+        # Each device attacks its block of victims; the inputs come in whole
+        # (every process holds them all) and the results go back whole to every
+        # device (one all-gather), so that every process reads them. Victims
+        # never interact, so nothing else crosses devices. check_vma=False for
+        # the reason fedsim.sharding gives: the objective differentiates
+        # through the replicated weights, which must not sum across devices.
+        specs = (P() if shared_params else P(VICTIMS), P(VICTIMS), P(VICTIMS), P(VICTIMS))
+        local = jax.shard_map(victims, mesh=mesh, in_specs=specs, out_specs=P(VICTIMS),
+                              check_vma=False)
+        victims = lambda *args: jax.lax.with_sharding_constraint(  # noqa: E731
+            local(*args), NamedSharding(mesh, P()))
 
     def traced(*args):
         # Victims and restarts are vmapped and the objective differentiates with
@@ -315,7 +341,8 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
                    labels: jax.Array, keys: jax.Array, *, batch_size: int,
                    input_shape: tuple[int, ...], num_classes: int,
                    shared_params: bool = False,
-                   victims_per_call: int | None = None) -> dict[str, np.ndarray]:
+                   victims_per_call: int | None = None,
+                   shard_victims: bool = False) -> dict[str, np.ndarray]:
     """Run the attack on V victims at once (vmap over victims × restarts).
 
     Where all V at once would not fit in memory, in calls of as many as fit
@@ -324,6 +351,15 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
     to float rounding, which signed Adam can amplify. Pass ``victims_per_call``
     to fix the split, and with it the numbers, across runs.
 
+    With ``shard_victims`` and more than one device, each call's victims are
+    split evenly over every device of every process (:func:`victim_mesh`,
+    ``jax.shard_map``), the call padded to a multiple of the device count.
+    Each device then plans and runs the attack on its block alone, so the
+    memory check sizes a device's block. Across processes, each process
+    attacks only its devices' blocks and every process gets all results. A
+    victim's numbers then equal the unsharded ones up to float rounding, as
+    for a split.
+
     Args:
       params, targets: pytrees with a leading victim axis [V, ...] (``params``
         without it when ``shared_params``: every victim started from the same
@@ -331,24 +367,37 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
       labels: int32 [V, B] (ignored in joint label mode).
       keys: [V] typed keys, one per victim.
       victims_per_call: attack the victims in calls of this many (the last one
-        padded); ``None`` sizes the calls from the free memory.
+        padded); ``None`` sizes the calls from the free memory. When sharding,
+        a multiple of the device count.
+      shard_victims: split each call's victims over all devices.
 
     Returns:
       dict with ``x`` [V, B, ...] best restart, ``labels`` [V, B], ``loss`` [V],
-      ``restart_losses`` [V, R], ``victims_per_call``.
+      ``restart_losses`` [V, R], ``victims_per_call``, ``devices`` (how many
+      devices each call's victims were split over).
 
     Raises:
       FloatingPointError: if every restart of some victim ended non-finite.
       AttackMemoryError: not even one victim's attack fits in memory, or the
         given ``victims_per_call`` does not.
-      AttackConfigError: ``victims_per_call`` is not a positive integer.
+      AttackConfigError: ``victims_per_call`` is not a positive integer, or
+        not a multiple of the device count when sharding.
     """
-    fn = _compiled(apply_fn, cfg, int(batch_size), tuple(input_shape), int(num_classes),
-                   bool(shared_params))
+    static = (apply_fn, cfg, int(batch_size), tuple(input_shape), int(num_classes),
+              bool(shared_params))
+    fn = _compiled(*static)  # what one device runs on its victims: the plans' subject
+    mesh = victim_mesh(shard_victims)
+    n = 1 if mesh is None else mesh.size
     V = int(labels.shape[0])
+    block = -(-V // n)  # a device's share of all V victims in one call
+    args = ((params, targets, labels, keys) if block == V else
+            (params if shared_params else _first(params, block), _first(targets, block),
+             labels[:block], keys[:block]))
+    if victims_per_call is not None:
+        _check_positive(victims_per_call)
     if victims_per_call is None:
-        k = choose_victims_per_call(fn, params, targets, labels, keys, shared_params)
-        if k < V:
+        k = choose_victims_per_call(fn, *args, shared_params) * n
+        if k < block * n:
             warnings.warn(
                 f"attacking {V} victims in calls of {k}: all at once would not fit in the "
                 f"free memory. Split calls equal one call's results only up to float "
@@ -356,15 +405,21 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
                 f"attack.victims_per_call: {k} to get the same numbers on every run",
                 RuntimeWarning, stacklevel=2)
     else:
-        k = check_victims_per_call(victims_per_call, fn, params, targets, labels, keys,
-                                   shared_params)
+        if victims_per_call % n:
+            raise AttackConfigError(
+                f"attack.victims_per_call: {victims_per_call} is not a multiple of the {n} "
+                "devices the victims are sharded over (attack.shard_victims)")
+        k = check_victims_per_call(victims_per_call // n, fn, *args, shared_params,
+                                   devices=n) * n
+    if mesh is not None:
+        fn = _compiled(*static, mesh)
     parts = []
     if k == V:  # the common case: one call, on the arrays as given
         parts.append([np.asarray(a) for a in jax.block_until_ready(
             fn(params, targets, labels, keys))])
-    for start in range(0, V if k < V else 0, k):
-        # The last call is padded with repeats of the last victim, so every call
-        # has k victims and reuses one executable; the padding is dropped.
+    for start in range(0, V if k != V else 0, k):
+        # Every call has k victims, the last one padded with repeats of the
+        # last victim (so one executable serves all calls); the padding is dropped.
         idx = jnp.asarray(np.minimum(np.arange(start, start + k), V - 1))
         take = lambda tree: jax.tree_util.tree_map(lambda a: a[idx], tree)
         args = (params if shared_params else take(params), take(targets), labels[idx], keys[idx])
@@ -378,7 +433,7 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
     best = np.argmin(losses, axis=1)
     v = np.arange(len(best))
     return {"x": x_all[v, best], "labels": y_all[v, best], "loss": losses[v, best],
-            "restart_losses": losses, "victims_per_call": k}
+            "restart_losses": losses, "victims_per_call": k, "devices": n}
 
 
 _PLANS: dict = {}
@@ -415,8 +470,17 @@ def _first(tree, k: int):
     return jax.tree_util.tree_map(lambda a: a[:k], tree)
 
 
-def check_victims_per_call(k, fn, params, targets, labels, keys, shared_params: bool) -> int:
+def _check_positive(k) -> None:
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+        raise AttackConfigError(f"attack.victims_per_call: must be a positive integer, got {k!r}")
+
+
+def check_victims_per_call(k, fn, params, targets, labels, keys, shared_params: bool,
+                           devices: int = 1) -> int:
     """A caller's ``victims_per_call``, validated and checked against the free memory.
+
+    With the victims sharded over ``devices`` devices, ``k`` and the arrays are
+    one device's share (the error message names the whole call).
 
     Returns:
       ``min(k, V)``.
@@ -426,8 +490,7 @@ def check_victims_per_call(k, fn, params, targets, labels, keys, shared_params: 
       AttackMemoryError: a call of ``k`` victims plans more than fits (with the
         measured :data:`PLAN_MARGIN`); not checked with ``$FEDSIM_MEMORY_CHECK=0``.
     """
-    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
-        raise AttackConfigError(f"attack.victims_per_call: must be a positive integer, got {k!r}")
+    _check_positive(k)
     k = min(int(k), int(labels.shape[0]))
     if memory.check_enabled():
         free = memory.available_bytes()
@@ -435,8 +498,10 @@ def check_victims_per_call(k, fn, params, targets, labels, keys, shared_params: 
                            _first(targets, k), labels[:k], keys[:k])
         need = None if planned is None else planned * PLAN_MARGIN
         if not memory.fits(need, free):
+            each = f" ({k} on each of {devices} devices)" if devices > 1 else ""
             raise AttackMemoryError(
-                f"attack.victims_per_call: a call of {k} victims plans {memory.gib(planned)} "
+                f"attack.victims_per_call: a call of {k * devices} victims{each} plans "
+                f"{memory.gib(planned)}{' per device' if devices > 1 else ''} "
                 f"(× {PLAN_MARGIN} measured overhead), more than {memory.HEADROOM:.0%} of the "
                 f"{memory.gib(free)} free: give fewer victims per call")
     return k
@@ -550,16 +615,21 @@ def inversion_config(config: Mapping[str, Any], defaults: Mapping[str, Any],
                      ) -> tuple[InversionConfig, dict[str, Any]]:
     """``(cfg, merged)``: the :class:`InversionConfig` an attack runs with, and the
     merged config (``cfg``'s fields plus ``batch_size`` / ``last_layer`` /
-    ``victims_per_call``, which :func:`invert_victims` documents).
+    ``victims_per_call`` / ``shard_victims``, which :func:`invert_victims`
+    documents).
 
     ``label_mode = "infer"`` becomes "given" in ``cfg``: the labels are inferred
     once, before the optimisation (:func:`prepare_victims`), and then given.
     """
     merged = parse_config(defaults, config,
-                          extra_keys=("batch_size", "last_layer", "victims_per_call"))
+                          extra_keys=("batch_size", "last_layer", "victims_per_call",
+                                      "shard_victims"))
     k = merged.get("victims_per_call")
-    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
-        raise AttackConfigError(f"attack.victims_per_call: must be a positive integer, got {k!r}")
+    if k is not None:
+        _check_positive(k)
+    if not isinstance(merged.get("shard_victims", False), bool):
+        raise AttackConfigError("attack.shard_victims: must be true or false, got "
+                                f"{merged['shard_victims']!r}")
     fields = {f.name for f in dataclasses.fields(InversionConfig)}
     settings = {k: v for k, v in merged.items() if k in fields}
     settings.update(cfg_overrides or {})
@@ -579,11 +649,13 @@ def run_inversion(observations: Sequence[Observation], config: Mapping[str, Any]
     t0 = time.perf_counter()
     out = invert_victims(first.apply_fn, cfg, params, targets, labels, keys, batch_size=bs,
                          input_shape=tuple(first.input_shape), num_classes=first.num_classes,
-                         shared_params=shared, victims_per_call=merged.get("victims_per_call"))
+                         shared_params=shared, victims_per_call=merged.get("victims_per_call"),
+                         shard_victims=merged.get("shard_victims", False))
     seconds = time.perf_counter() - t0
     return [Reconstruction(jnp.asarray(out["x"][i]), jnp.asarray(out["labels"][i]),
                            jnp.asarray(out["loss"][i]),
                            {"restart_losses": out["restart_losses"][i], "labels_inferred": inferred,
                             "seconds_all_victims": seconds,
-                            "victims_per_call": out["victims_per_call"]})
+                            "victims_per_call": out["victims_per_call"],
+                            "victim_devices": out["devices"]})
             for i in range(len(observations))]

@@ -38,3 +38,25 @@ def test_two_processes_attack_one_simulation_and_process_0_writes_the_summary(tm
                                 quiet=True)
     np.testing.assert_allclose([v["psnr"] for v in summary["victims"]],
                                [v["psnr"] for v in one["victims"]], rtol=1e-4)
+
+
+def test_two_processes_split_the_victims_with_shard_victims(tmp_path):
+    config = tmp_path / "attack.yaml"
+    # Four victims over the 2 × 2 devices, one each; plain Adam, so that float
+    # rounding between layouts stays rounding (signed Adam can flip a sign).
+    config.write_text(ATTACK.replace("clients: [0, 1]", "clients: [0, 1, 2, 3]").replace(
+        "config: {iterations: 20}", "config: {iterations: 20, signed: false, shard_victims: true}"))
+    out = tmp_path / "run"
+    procs = _run_processes(config, out, command="attack")
+    for i, p in enumerate(procs):
+        assert p["rc"] == 0, (i, p["stderr"][-3000:])
+    summary = json.loads((out / "attack_summary.json").read_text())
+    assert [v["client"] for v in summary["victims"]] == [0, 1, 2, 3]
+    assert {v["victim_devices"] for v in summary["victims"]} == {4}
+    from attacks.cli import run_attack_experiment
+    one = run_attack_experiment(load_config(str(config), [
+        f"output.dir={tmp_path / 'one'}", "training.client_parallelism=map",
+        "attack.config.shard_victims=false"]), quiet=True)
+    assert {v["victim_devices"] for v in one["victims"]} == {1}
+    np.testing.assert_allclose([v["psnr"] for v in summary["victims"]],
+                               [v["psnr"] for v in one["victims"]], rtol=1e-4)
