@@ -446,7 +446,9 @@ _PLANS: dict = {}
 #: (first call) and 1.76–1.86× (second) with 5 or 40 iterations, single-threaded
 #: Eigen or without XLA:CPU's thunk runtime (``attack_memory_{it5,it40,
 #: eigen_single_thread,no_thunk_runtime}.md``); where it comes from is not
-#: established. So calls are sized for 2.1× the plan. Not measured on a GPU.
+#: established. So calls are sized for 2.1× the plan. Unverified on a GPU: on an
+#: H100 the compile had already set the allocator's peak, so the call's own was
+#: not seen (``benchmarks/results/gpu_session_h100_attacks/``).
 PLAN_MARGIN = 2.1
 
 
