@@ -79,18 +79,24 @@ def _add_sweep(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override applied to every cell")
     p.add_argument("--out", default=None, help="sweep directory (default sweeps/<config name>)")
+    from fedsim import distributed
+
+    distributed.add_arguments(p)
     p.set_defaults(func=_cmd_sweep)
 
 
 def _cmd_sweep(args) -> int:
     from pathlib import Path
 
+    from fedsim import distributed
     from fedsim.sweep import run_sweep
 
     out = args.out or f"sweeps/{Path(args.config).stem}"
+    distributed.initialize_from_args(args)  # before anything touches a device
     rows = run_sweep(args.config, args.grid, out, args.overrides,
                      log=lambda m: print(m, file=sys.stderr))
-    print(f"results: {out}/results.md", file=sys.stderr)
+    if distributed.is_primary():
+        print(f"results: {out}/results.md", file=sys.stderr)
     return 0 if all(r["status"].startswith("done") for r in rows) else 1
 
 

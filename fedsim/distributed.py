@@ -81,6 +81,20 @@ def is_primary() -> bool:
     return jax.process_index() == 0
 
 
+def agree(flag: bool) -> bool:
+    """Process 0's ``flag``, in every process (``flag`` itself in a single process).
+
+    For decisions every process must make alike although each reads them from
+    its own view, such as whether a sweep cell is already done: a process that
+    saw another file system state would otherwise skip a run the others train.
+    """
+    if process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.asarray(bool(flag))))
+
+
 def check_strategy(strategy: str) -> str | None:
     """The strategy to use across processes, or None in a single process.
 
@@ -133,7 +147,8 @@ def check_same_config(cfg) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The command-line flags that join a multi-process run (``fedsim run``, ``fedsim attack``)."""
+    """The command-line flags that join a multi-process run (``fedsim run``, ``fedsim attack``,
+    ``fedsim sweep``)."""
     g = parser.add_argument_group(
         "several processes (hosts)",
         "run the same command in every process; the sharded strategy's mesh then spans all "

@@ -99,10 +99,16 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
       out_dir: the sweep directory.
       overrides: ``--set`` overrides applied to every cell.
       run_fn: ``run_fn(cfg) -> summary`` (default :func:`fedsim.run.run_simulation`).
+
+    In a multi-process run (:mod:`fedsim.distributed`) every process runs every
+    cell, process 0 decides which cells are done, and only it logs and writes
+    the table.
     """
+    from fedsim import distributed
     from fedsim.run import run_simulation
 
     run_fn = run_fn or (lambda cfg: run_simulation(cfg, quiet=True))
+    primary = distributed.is_primary()
     raw = apply_overrides(read_raw_config(config_path), overrides or [])
     grid = parse_grid(grid_items)
     keys = [k for k, _ in grid]
@@ -115,8 +121,11 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
     for i, (assignment, name, cfg) in enumerate(built):
         summary_path = Path(cfg.output.dir) / "summary.json"
         row = {"cell": name, **assignment}
-        if summary_path.exists():
-            status, summary = "done (skipped)", json.loads(summary_path.read_text())
+        # Across processes, process 0's view decides, so that no process skips a
+        # cell the others train (and waits on their collectives forever).
+        if distributed.agree(summary_path.exists()):
+            status = "done (skipped)"
+            summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         else:
             try:
                 summary = run_fn(cfg)
@@ -127,8 +136,9 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
         row["status"] = status
         row.update({k: summary[k] for k in TABLE_FIELDS if k in summary})
         rows.append(row)
-        log(f"[{i + 1}/{len(built)}] {name}: {status}")
-        write_table(out_dir, keys, rows)
+        if primary:  # the process that writes the cells' run directories
+            log(f"[{i + 1}/{len(built)}] {name}: {status}")
+            write_table(out_dir, keys, rows)
     return rows
 
 

@@ -39,10 +39,12 @@ def _free_port() -> int:
 
 
 def _run_processes(config: Path, out: Path, *overrides: str, n: int = 2,
-                   command: str = "run", only: dict | None = None) -> list[dict]:
+                   command: str = "run", only: dict | None = None,
+                   args: tuple[str, ...] = ()) -> list[dict]:
     """``fedsim COMMAND`` in n processes of 2 CPU devices each; their return codes and output.
 
-    ``only`` maps a process id to overrides for that process alone.
+    ``only`` maps a process id to overrides for that process alone; ``args`` are
+    more command-line arguments for every process.
     """
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
@@ -50,7 +52,7 @@ def _run_processes(config: Path, out: Path, *overrides: str, n: int = 2,
     sets = lambda i: [a for o in (f"output.dir={out}", *overrides, *(only or {}).get(i, ()))
                       for a in ("--set", o)]
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "fedsim", command, str(config), *sets(i), "--coordinator",
+        [sys.executable, "-m", "fedsim", command, str(config), *sets(i), *args, "--coordinator",
          f"localhost:{port}", "--num-processes", str(n), "--process-id", str(i)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(n)]
@@ -66,8 +68,11 @@ def _run_processes(config: Path, out: Path, *overrides: str, n: int = 2,
 
 
 def _reported(p: dict) -> str:
-    """A process's stdout without the "[Gloo] Rank i is connected ..." lines Gloo prints itself."""
-    return "".join(l for l in p["stdout"].splitlines(True) if not l.startswith("[Gloo]"))
+    """A process's stdout without the "[Gloo] Rank i is connected to k peer ranks. Expected
+    number of connected peer ranks is : k" lines Gloo prints itself (from its own threads,
+    so two of them can interleave and break a line in two)."""
+    gloo = lambda line: line.startswith("[Gloo]") or "connected peer ranks" in line
+    return "".join(l for l in p["stdout"].splitlines(True) if not gloo(l))
 
 
 def _reference_rows(config: Path, out: Path, rounds: int, *overrides: str) -> list[dict]:
@@ -110,6 +115,33 @@ def test_two_processes_run_one_simulation_that_process_0_writes(config, tmp_path
     assert sorted(os.listdir(out / "checkpoints")) == ["1", "2"]
     # The four devices of two processes train the cohort as one process does.
     _assert_same_rows(rows, _reference_rows(config, tmp_path / "ref", 2))
+
+
+def test_two_processes_run_a_sweep_that_process_0_writes_and_both_skip_on_rerun(config, tmp_path):
+    out = tmp_path / "sweep"
+    sweep = ("--grid", "training.lr=0.25,0.5", "--out", str(out))
+    procs = _run_processes(config, tmp_path / "unused", command="sweep", args=sweep)
+    for i, p in enumerate(procs):
+        assert p["rc"] == 0, (i, p["stderr"][-3000:])
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [(r["training.lr"], r["status"]) for r in rows] == [(0.25, "done"), (0.5, "done")]
+    # Only process 0 logs the cells; process 1 says nothing but JAX's own lines.
+    assert "[2/2] training.lr=0.5: done" in procs[0]["stderr"]
+    assert "[1/2]" not in procs[1]["stderr"] and _reported(procs[1]) == ""
+    for r in rows:  # every cell trained as one process trains it
+        cell = [json.loads(line) for line in
+                (out / "cells" / r["cell"] / "metrics.jsonl").read_text().splitlines()]
+        _assert_same_rows(cell, _reference_rows(config, tmp_path / f"ref{r['training.lr']}", 2,
+                                                f"training.lr={r['training.lr']}"))
+    procs = _run_processes(config, tmp_path / "unused", command="sweep", args=sweep)
+    for i, p in enumerate(procs):
+        assert p["rc"] == 0, (i, p["stderr"][-3000:])
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["done (skipped)"] * 2
+
+
+def test_agree_is_the_flag_itself_in_one_process():
+    assert distributed.agree(True) is True and distributed.agree(False) is False
 
 
 @pytest.mark.slow  # two more 2-process runs
