@@ -393,8 +393,6 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
     args = ((params, targets, labels, keys) if block == V else
             (params if shared_params else _first(params, block), _first(targets, block),
              labels[:block], keys[:block]))
-    if victims_per_call is not None:
-        _check_positive(victims_per_call)
     if victims_per_call is None:
         k = choose_victims_per_call(fn, *args, shared_params) * n
         if k < block * n:
@@ -405,6 +403,7 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
                 f"attack.victims_per_call: {k} to get the same numbers on every run",
                 RuntimeWarning, stacklevel=2)
     else:
+        _check_positive(victims_per_call)  # before the modulo below
         if victims_per_call % n:
             raise AttackConfigError(
                 f"attack.victims_per_call: {victims_per_call} is not a multiple of the {n} "
