@@ -464,7 +464,18 @@ class Simulation:
         """
         observed: list[ObservedUpload] = []
         stop = self.cfg.training.on_nonfinite == "stop"
-        if self.strategy == "loop" or observed_ids:
+        if self.strategy != "loop":
+            # The observed clients' uploads, computed again on their own before the
+            # cohort step (which may donate the state). The cohort then trains on
+            # the strategy's own path, so observing a round leaves its numbers as
+            # they are unobserved; the observed upload equals the one aggregated
+            # up to float rounding between a client alone and under vmap.
+            for cid in (int(c) for c in ids if int(c) in observed_ids):
+                cs = jax.tree_util.tree_map(lambda s: s[cid], state.client_states)
+                out, _ = self._run_client(state.params, self._x, self._y, self._idx,
+                                          jnp.int32(cid), cs, ckey)
+                observed.append(self._observation(out, state.params, cid, round_idx))
+        if self.strategy == "loop":
             wsum = jax.tree_util.tree_map(jnp.zeros_like, state.params)
             wtot = zero_total(state.params, self.cfg.training.aggregation)
             losses, weights, finite, new_cs = [], [], [], []
@@ -530,6 +541,8 @@ class Simulation:
         x, y = self.dataset.x_train[sel], self.dataset.y_train[sel]
         B = n if t.algorithm == "fedsgd" else min(t.batch_size, n)
         steps = (1 if t.algorithm == "fedsgd" else t.local_epochs) * -(-n // B)
+        if self.donate:  # the round step is about to take the server state's buffers
+            params = jax.tree_util.tree_map(jnp.copy, params)
         obs = Observation(
             update=out.update, params=params, apply_fn=self.apply_fn, algorithm=t.algorithm,
             lr=t.lr, local_steps=steps, batch_size=B, num_examples=n, labels=jnp.asarray(y),
