@@ -101,6 +101,12 @@ def sharded_cohort_step(run_client: Callable, finish: Callable, mesh: Mesh,
         )(state.params, x_all, y_all, idx_all, ids_p, valid, cstates, ckey)
         outs = jax.tree_util.tree_map(lambda a: a[:C], outs)
         new_state = finish(state, wsum, wtot, ids, outs.client_state)
-        return new_state, outs.loss, outs.num_examples, fin[:C]
+        # Everything returned is replicated. Where the cohort divides evenly over
+        # the devices, the per-client outputs would otherwise keep the clients
+        # sharding, and across processes no process could read them (the host
+        # reads losses and finiteness every round).
+        everywhere = NamedSharding(mesh, P())
+        return jax.lax.with_sharding_constraint(
+            (new_state, outs.loss, outs.num_examples, fin[:C]), everywhere)
 
     return step

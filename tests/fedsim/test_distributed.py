@@ -117,6 +117,18 @@ def test_two_processes_run_one_simulation_that_process_0_writes(config, tmp_path
     _assert_same_rows(rows, _reference_rows(config, tmp_path / "ref", 2))
 
 
+def test_a_cohort_that_divides_over_the_devices_is_read_back_in_every_process(config, tmp_path):
+    # 4 clients on 2 × 2 devices: the per-client losses kept the clients sharding,
+    # and no process could fetch them ("spans non-addressable devices").
+    out = tmp_path / "run"
+    procs = _run_processes(config, out, "training.clients_per_round=4")
+    for i, p in enumerate(procs):
+        assert p["rc"] == 0, (i, p["stderr"][-3000:])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    _assert_same_rows(rows, _reference_rows(config, tmp_path / "ref", 2,
+                                            "training.clients_per_round=4"))
+
+
 def test_two_processes_run_a_sweep_that_process_0_writes_and_both_skip_on_rerun(config, tmp_path):
     out = tmp_path / "sweep"
     sweep = ("--grid", "training.lr=0.25,0.5", "--out", str(out))
