@@ -52,7 +52,7 @@ def _run_on_devices(body: str, devices: int = 4) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def test_sharded_victims_match_one_device_and_really_spread():
+def test_sharded_victims_match_one_device_and_really_spread_and_a_bad_pin_is_named():
     r = _run_on_devices("""
         import json
         from attacks import gradient_inversion as GI
@@ -66,13 +66,20 @@ def test_sharded_victims_match_one_device_and_really_spread():
         four = lambda t: jax.tree_util.tree_map(lambda a: a[:4], t)
         hlo = GI._compiled(f, cfg, 2, (16, 16, 1), 10, True, mesh).lower(
             p, four(g), y[:4], keys[:4]).compile().as_text()
+        try:  # 6 victims per call do not divide over 4 devices
+            invert_victims(f, cfg, p, g, y, keys, shared_params=True, shard_victims=True,
+                           victims_per_call=6, **kw)
+            error = None
+        except GI.AttackConfigError as e:
+            error = str(e)
         diff = lambda o: float(np.abs(o["x"] - one["x"]).max())
         print(json.dumps({"devices": [one["devices"], split["devices"]],
                           "per_call": [one["victims_per_call"], split["victims_per_call"],
                                        pinned["victims_per_call"], per["victims_per_call"]],
                           "diff": [diff(split), diff(pinned), diff(per)],
                           "labels": bool((split["labels"] == one["labels"]).all()),
-                          "all_gather": "all-gather" in hlo, "mesh": mesh.size}))
+                          "all_gather": "all-gather" in hlo, "mesh": mesh.size,
+                          "error": error}))
     """)
     assert r["devices"] == [1, 4] and r["mesh"] == 4
     # 6 victims on 4 devices: one call padded to 8; pinned at 4: two calls.
@@ -80,19 +87,6 @@ def test_sharded_victims_match_one_device_and_really_spread():
     assert max(r["diff"]) < 1e-4 and r["labels"]
     # The sharded executable gathers each device's block: it did split them.
     assert r["all_gather"]
-
-
-def test_a_pinned_split_that_the_devices_do_not_divide_is_named():
-    r = _run_on_devices("""
-        import json
-        from attacks.gradient_inversion import AttackConfigError
-        try:
-            invert_victims(f, cfg, p, g, y, keys, shared_params=True, shard_victims=True,
-                           victims_per_call=6, **kw)
-            print(json.dumps({"error": None}))
-        except AttackConfigError as e:
-            print(json.dumps({"error": str(e)}))
-    """)
     assert "6 is not a multiple of the 4 devices" in r["error"]
     assert "attack.shard_victims" in r["error"]
 

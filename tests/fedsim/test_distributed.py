@@ -129,6 +129,7 @@ def test_a_cohort_that_divides_over_the_devices_is_read_back_in_every_process(co
                                             "training.clients_per_round=4"))
 
 
+@pytest.mark.slow  # four 2-process sweeps' worth of runs
 def test_two_processes_run_a_sweep_that_process_0_writes_and_both_skip_on_rerun(config, tmp_path):
     out = tmp_path / "sweep"
     sweep = ("--grid", "training.lr=0.25,0.5", "--out", str(out))
