@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from importlib import metadata
 
 from fedsim.config import ConfigError, load_config
@@ -137,11 +138,32 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"fedsim: error: {e}", file=sys.stderr)
         return 2
+    from fedsim import distributed
+
+    try:
+        code = _run_command(args)
+    except BaseException:
+        if not distributed.joined():
+            raise
+        # Several processes: the others may wait for this one in a collective,
+        # and JAX's shutdown barrier at exit would wait for them (up to five
+        # minutes) in turn. Leaving now ends their collectives at once.
+        traceback.print_exc()
+        print("fedsim: error: this process stopped with the error above; the run's other "
+              "processes stop too", file=sys.stderr)
+        distributed.leave(1)
+    if code != 0 and distributed.joined():
+        distributed.leave(code)
+    return code
+
+
+def _run_command(args) -> int:
+    """The command's exit code; known errors as one line on stderr instead of a traceback."""
     from fedsim.distributed import DistributedError
 
     try:
         return int(args.func(args) or 0)
-    except DistributedError as e:  # command-line arguments or the setting across processes
+    except DistributedError as e:  # command-line arguments, processes out of step
         print(f"fedsim: error: {e}", file=sys.stderr)
         return 2
     except ConfigError as e:
@@ -159,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fedsim: error: {e}", file=sys.stderr)
             return 1
         raise
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,6 +11,7 @@ are parsed as YAML.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import field
@@ -22,6 +23,26 @@ import yaml
 
 class ConfigError(ValueError):
     """An invalid config; the message names the key and the allowed values."""
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``1e-5`` as a number.
+
+    PyYAML follows YAML 1.1, whose floats need a dot: ``lr: 1e-5`` and
+    ``--set training.lr=1e-5`` came back as the *string* ``'1e-5'`` and failed
+    validation. YAML 1.2 (and Python's ``float``) read them as floats.
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def yaml_load(text: str):
+    """``yaml.safe_load``, but ``1e-5`` is a float (:class:`_Loader`)."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
 def _f(default, **meta):
@@ -256,7 +277,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     Raises:
       ConfigError: for a malformed override, an unknown or ambiguous key.
     """
-    raw = yaml.safe_load(yaml.safe_dump(raw)) or {}
+    raw = yaml_load(yaml.safe_dump(raw)) or {}
     leaves = _leaf_paths(Config)
     for item in overrides:
         if "=" not in item:
@@ -275,7 +296,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             else:
                 raise ConfigError(f"--set {key}: unknown config key; known keys: {', '.join(leaves)}")
         try:
-            value = yaml.safe_load(text)
+            value = yaml_load(text)
         except yaml.YAMLError:
             value = text
         node = raw
@@ -298,7 +319,7 @@ def read_raw_config(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 
 import jax
 import numpy as np
@@ -36,7 +37,7 @@ class DistributedError(ConfigError):
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> None:
+               process_id: int | None = None, heartbeat_timeout: int | None = None) -> None:
     """Join this process to a multi-process JAX run (``jax.distributed.initialize``).
 
     Call before anything touches a JAX device. With none of the arguments, JAX
@@ -46,6 +47,10 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
       coordinator: ``HOST:PORT`` of process 0, which serves the coordination.
       num_processes: how many processes run the simulation.
       process_id: this process's index, in ``[0, num_processes)``.
+      heartbeat_timeout: seconds after which JAX's coordination service takes
+        a silent process for dead and stops every other one (JAX's default,
+        100 s, where None). A process that stops while the others wait for it
+        in a collective is noticed only then.
 
     Raises:
       DistributedError: only some of the three given, or a bad value; or JAX
@@ -64,11 +69,24 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         if not 0 <= process_id < num_processes:
             raise DistributedError(f"--process-id: must lie in [0, {num_processes}), "
                                    f"got {process_id}")
+    if heartbeat_timeout is not None and heartbeat_timeout < 1:
+        raise DistributedError(f"--heartbeat-timeout: must be at least 1 s, got {heartbeat_timeout}")
+    extra = {} if heartbeat_timeout is None else {"heartbeat_timeout_seconds": heartbeat_timeout}
     try:
-        jax.distributed.initialize(coordinator, num_processes, process_id)
+        jax.distributed.initialize(coordinator, num_processes, process_id, **extra)
     except Exception as e:  # JAX's own message says what failed (address, timeout, ...)
         raise DistributedError(f"jax.distributed.initialize failed: {type(e).__name__}: "
                                f"{str(e)[:300]}") from None
+
+
+def joined() -> bool:
+    """Whether this process joined a multi-process run (:func:`initialize`).
+
+    Unlike :func:`process_count`, it starts no JAX backend.
+    """
+    from jax._src import distributed as jax_distributed  # no public query
+
+    return jax_distributed.global_state.client is not None
 
 
 def process_count() -> int:
@@ -93,6 +111,109 @@ def agree(flag: bool) -> bool:
     from jax.experimental import multihost_utils
 
     return bool(multihost_utils.broadcast_one_to_all(np.asarray(bool(flag))))
+
+
+class PeerFailure(DistributedError):
+    """The processes of one run no longer move in step: some failed where others did not.
+
+    A process that failed alone has left the step's collectives, and the others
+    may still wait in one for it; JAX's shutdown barrier would then wait (up to
+    five minutes) for processes that cannot reach it. So the command line ends
+    a joined process at once after an error (:func:`leave`).
+    """
+
+
+# How long a process that failed a step waits for the others' outcomes. A
+# failure every process shares (a NaN in the replicated model, a bad value)
+# reaches all of them within moments of each other, because they meet in a
+# collective every round; a process still silent after this is waiting in a
+# collective for the one that failed.
+PEER_WAIT_AFTER_FAILURE_S = 60.0
+# How long a process that finished a step waits for the others' outcomes
+# (process 0 may still be writing the step's files).
+PEER_WAIT_S = 600.0
+_steps = 0  # every process checks the same steps in the same order
+
+
+def _client():
+    # The coordination service's key-value store, not a collective: a process
+    # that failed a step must not join a collective that a process still inside
+    # the step would take for one of the step's own.
+    from jax._src import distributed as jax_distributed  # no public key-value API
+
+    client = jax_distributed.global_state.client
+    if client is None:
+        raise DistributedError("several processes but no jax.distributed client: "
+                               "join the run with fedsim.distributed.initialize first")
+    return client
+
+
+def check_in_step(step: str, error: str | None) -> None:
+    """Stop every process whose peers ended ``step`` otherwise than it did.
+
+    Every process publishes its outcome of ``step`` (``error`` is None for
+    success, else a one-line message) and reads every other process's. When
+    all succeeded, or all failed with the same message (a failure they share,
+    after which the next step's collectives still line up), it returns. In a
+    single process it returns at once.
+
+    Raises:
+      PeerFailure: another outcome (naming each process's), or a process that
+        did not report within :data:`PEER_WAIT_AFTER_FAILURE_S` (this one
+        failed) or :data:`PEER_WAIT_S` (this one succeeded).
+    """
+    global _steps
+    n = process_count()
+    if n == 1:
+        return
+    _steps += 1
+    client = _client()
+    me = jax.process_index()
+    prefix = f"fedsim/step{_steps}/"
+    mine = "ok" if error is None else "failed: " + error
+    try:
+        client.key_value_set(prefix + str(me), mine)
+    except Exception as e:  # the service runs in process 0, which may have left
+        raise PeerFailure(f"{step}: this process ended it with {mine!r} but could not reach "
+                          f"the coordination service ({type(e).__name__}: {str(e)[:200]}); "
+                          "process 0 has most likely stopped") from None
+    wait_ms = int(1000 * (PEER_WAIT_S if error is None else PEER_WAIT_AFTER_FAILURE_S))
+    outcomes, silent = {}, []
+    for i in range(n):
+        if i == me:
+            outcomes[i] = mine
+            continue
+        try:
+            outcomes[i] = client.blocking_key_value_get(prefix + str(i), wait_ms)
+        except Exception:  # JAX raises its own error type on a timeout
+            silent.append(i)
+    said = "; ".join(f"process {i}: {o}" for i, o in outcomes.items() if o != "ok")
+    if silent:
+        raise PeerFailure(
+            f"{step}: process(es) {silent} did not report within {wait_ms / 1000:.0f} s, "
+            f"most likely waiting in a collective for a process that failed ({said}); "
+            "stopping this process to free them")
+    if len(set(outcomes.values())) > 1:
+        # A process that failed alone left this step's collectives: the
+        # processes cannot go on together, and one of them may have left already.
+        raise PeerFailure(f"{step} ended differently in the processes ({said}); "
+                          "they can no longer go on together")
+
+
+def leave(code: int) -> None:
+    """End this process now, skipping JAX's shutdown barrier (after an error, several processes).
+
+    The barrier waits for every process (up to five minutes), and the
+    processes a failed one strands cannot reach it; a process's exit also
+    closes its connections, which ends the collectives the others wait in.
+    """
+    import logging
+    import os
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def check_strategy(strategy: str) -> str | None:
@@ -159,10 +280,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
     g.add_argument("--num-processes", type=int, metavar="N", help="how many processes")
     g.add_argument("--process-id", type=int, metavar="I", help="this process, in [0, N)")
+    g.add_argument("--heartbeat-timeout", type=int, metavar="S",
+                   help="seconds of silence after which a process counts as dead and the "
+                        "others stop (JAX's default: 100)")
 
 
 def initialize_from_args(args: argparse.Namespace) -> None:
     """:func:`initialize` where :func:`add_arguments`' flags ask for it (else nothing)."""
     explicit = (args.coordinator, args.num_processes, args.process_id)
     if args.distributed or any(a is not None for a in explicit):
-        initialize(*explicit)
+        initialize(*explicit, heartbeat_timeout=args.heartbeat_timeout)
+    elif args.heartbeat_timeout is not None:
+        raise DistributedError("--heartbeat-timeout: only for a multi-process run "
+                               "(--distributed or --coordinator)")

@@ -26,10 +26,8 @@ import json
 import re
 from pathlib import Path
 
-import yaml
-
 from fedsim.config import (Config, ConfigError, apply_overrides, from_dict, read_raw_config,
-                           validate)
+                           validate, yaml_load)
 from fedsim.results import atomic_write_text, write_json
 
 TABLE_FIELDS = ("test_accuracy", "test_loss", "final_train_loss", "epsilon", "leakage_total",
@@ -54,7 +52,7 @@ def parse_grid(items: list[str]) -> list[tuple[str, list]]:
         if key in seen:
             raise ConfigError(f"--grid: key {key!r} given twice")
         seen.add(key)
-        grid.append((key, [yaml.safe_load(v) for v in values]))
+        grid.append((key, [yaml_load(v) for v in values]))
     return grid
 
 
@@ -102,7 +100,13 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
 
     In a multi-process run (:mod:`fedsim.distributed`) every process runs every
     cell, process 0 decides which cells are done, and only it logs and writes
-    the table.
+    the table. After each cell the processes compare how it ended: a failure
+    they all share (the same message) is recorded and the sweep goes on, as in
+    one process; a cell that failed in some processes only ends the sweep.
+
+    Raises:
+      fedsim.distributed.PeerFailure: a cell ended differently in the processes
+        (recorded as failed in the table first).
     """
     from fedsim import distributed
     from fedsim.run import run_simulation
@@ -121,6 +125,7 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
     for i, (assignment, name, cfg) in enumerate(built):
         summary_path = Path(cfg.output.dir) / "summary.json"
         row = {"cell": name, **assignment}
+        error = stop = None
         # Across processes, process 0's view decides, so that no process skips a
         # cell the others train (and waits on their collectives forever).
         if distributed.agree(summary_path.exists()):
@@ -130,15 +135,21 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
             try:
                 summary = run_fn(cfg)
                 summary.pop("final_state", None)
-                status = "done"
             except Exception as e:  # one bad cell must not kill the sweep
-                status, summary = f"failed: {type(e).__name__}: {str(e)[:200]}", {}
+                error, summary = f"{type(e).__name__}: {str(e)[:200]}", {}
+            status = "done" if error is None else f"failed: {error}"
+            try:  # a cell that failed in some processes only leaves them out of step
+                distributed.check_in_step(f"sweep cell {name}", error)
+            except distributed.PeerFailure as e:
+                stop, status, summary = e, f"failed: {e}", {}
         row["status"] = status
         row.update({k: summary[k] for k in TABLE_FIELDS if k in summary})
         rows.append(row)
         if primary:  # the process that writes the cells' run directories
             log(f"[{i + 1}/{len(built)}] {name}: {status}")
             write_table(out_dir, keys, rows)
+        if stop is not None:
+            raise stop
     return rows
 
 

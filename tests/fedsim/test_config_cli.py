@@ -35,6 +35,19 @@ def test_unknown_key_in_file(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
+def test_exponent_numbers_without_a_dot_are_numbers_in_files_and_overrides(tmp_path):
+    # YAML 1.1 (PyYAML) reads 1e-3 as a string; this failed validation before.
+    p = tmp_path / "c.yaml"
+    p.write_text("training: {lr: 1e-3}\nmodel: {name: mlp}\n")
+    assert load_config(p).training.lr == 0.001
+    assert load_config(p, ["training.lr=2E-2"]).training.lr == 0.02
+    assert load_config(p, ["training.lr=+5e+1"]).training.lr == 50.0
+    # Not a number: still a string, and named as such.
+    with pytest.raises(ConfigError, match=r"'training.lr': expected a number, got '1e-3x'"):
+        load_config(p, ["training.lr=1e-3x"])
+    assert load_config(p, ["name=1e3run"]).name == "1e3run"
+
+
 def test_cli_bad_value_is_one_line_not_a_traceback(capsys):
     assert main(["run", str(QUICKSTART), "--set", "rounds=abc"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -40,11 +40,14 @@ def _free_port() -> int:
 
 def _run_processes(config: Path, out: Path, *overrides: str, n: int = 2,
                    command: str = "run", only: dict | None = None,
-                   args: tuple[str, ...] = ()) -> list[dict]:
+                   args: tuple[str, ...] = (), launcher: tuple[str, ...] = ("-m", "fedsim"),
+                   timeout: float = 300) -> list[dict]:
     """``fedsim COMMAND`` in n processes of 2 CPU devices each; their return codes and output.
 
     ``only`` maps a process id to overrides for that process alone; ``args`` are
-    more command-line arguments for every process.
+    more command-line arguments for every process; ``launcher`` what follows
+    ``python`` (a script that calls :func:`fedsim.cli.main` instead of the
+    module). A process still running after ``timeout`` seconds fails the test.
     """
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
@@ -52,14 +55,14 @@ def _run_processes(config: Path, out: Path, *overrides: str, n: int = 2,
     sets = lambda i: [a for o in (f"output.dir={out}", *overrides, *(only or {}).get(i, ()))
                       for a in ("--set", o)]
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "fedsim", command, str(config), *sets(i), *args, "--coordinator",
+        [sys.executable, *launcher, command, str(config), *sets(i), *args, "--coordinator",
          f"localhost:{port}", "--num-processes", str(n), "--process-id", str(i)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(n)]
     results = []
     try:
         for p in procs:
-            stdout, stderr = p.communicate(timeout=300)
+            stdout, stderr = p.communicate(timeout=timeout)
             results.append({"rc": p.returncode, "stdout": stdout, "stderr": stderr})
     finally:
         for p in procs:
@@ -151,6 +154,77 @@ def test_two_processes_run_a_sweep_that_process_0_writes_and_both_skip_on_rerun(
         assert p["rc"] == 0, (i, p["stderr"][-3000:])
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [r["status"] for r in rows] == ["done (skipped)"] * 2
+
+
+# fedsim's command line, with the second round failing in process 1 alone (as
+# running out of memory on one host would) where training.lr is 0.25.
+FAILING_IN_PROCESS_1 = """\
+import sys
+
+from fedsim import distributed
+from fedsim.cli import main
+from fedsim.simulation import Simulation
+
+distributed.PEER_WAIT_AFTER_FAILURE_S = 5.0
+process = int(sys.argv[sys.argv.index("--process-id") + 1])
+run_round = Simulation.run_round
+
+
+def failing(self, state, round_idx):
+    # Round 1, after round 0's collectives connected the processes.
+    if process == 1 and self.cfg.training.lr == 0.25 and round_idx == 1:
+        raise RuntimeError("injected into process 1 alone")
+    return run_round(self, state, round_idx)
+
+
+Simulation.run_round = failing
+sys.exit(main())
+"""
+
+
+def _ended_after_its_peer(p: dict) -> bool:
+    """A process stopped by JAX once its peer went silent (abort), or by its own error."""
+    return p["rc"] != 0 and ("detected fatal errors" in p["stderr"]
+                             or "fedsim: error:" in p["stderr"])
+
+
+def test_a_sweep_goes_on_after_a_shared_failure_and_stops_every_process_after_a_lone_one(
+        config, tmp_path):
+    # lr = 1e39 (inf in float32) diverges in every process alike (a NaN in the
+    # model): recorded, and the sweep goes on. lr = 0.25 fails in process 1 alone,
+    # in round 1, while process 0 waits for it in round 1's collective. Before,
+    # process 1 went on to the next cell and both waited forever. Now process 1
+    # stops after its 5 s wait for the others' outcome, and process 0 stops once
+    # JAX notices process 1 is gone (here after a 10 s heartbeat timeout).
+    driver = tmp_path / "driver.py"
+    driver.write_text(FAILING_IN_PROCESS_1)
+    out = tmp_path / "sweep"
+    procs = _run_processes(config, tmp_path / "unused", command="sweep", timeout=120,
+                           launcher=(str(driver),),
+                           args=("--grid", "training.lr=1e39,0.25,0.5", "--out", str(out),
+                                 "--heartbeat-timeout", "10"))
+    assert procs[1]["rc"] == 2, procs[1]["stderr"][-3000:]
+    assert ("sweep cell training.lr=0.25: process(es) [0] did not report within 5 s"
+            in procs[1]["stderr"]), procs[1]["stderr"][-3000:]
+    assert _ended_after_its_peer(procs[0]), (procs[0]["rc"], procs[0]["stderr"][-3000:])
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert rows[0]["training.lr"] == 1e39
+    assert rows[0]["status"].startswith("failed: NonFiniteError")
+    assert "training.lr=0.25: done" not in procs[0]["stderr"]
+    assert not (out / "cells" / "training.lr=0.5").exists()
+
+
+def test_a_run_that_fails_in_one_process_stops_every_process(config, tmp_path):
+    # Before, process 1 waited in JAX's shutdown barrier at exit, alive, while
+    # process 0 waited for it in round 1's collective.
+    driver = tmp_path / "driver.py"
+    driver.write_text(FAILING_IN_PROCESS_1)
+    procs = _run_processes(config, tmp_path / "run", "training.lr=0.25", timeout=120,
+                           launcher=(str(driver),), args=("--heartbeat-timeout", "10"))
+    assert procs[1]["rc"] == 1, procs[1]["stderr"][-3000:]
+    assert "RuntimeError: injected into process 1 alone" in procs[1]["stderr"]
+    assert "this process stopped with the error above" in procs[1]["stderr"]
+    assert _ended_after_its_peer(procs[0]), (procs[0]["rc"], procs[0]["stderr"][-3000:])
 
 
 def test_agree_is_the_flag_itself_in_one_process():

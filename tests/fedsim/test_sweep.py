@@ -3,7 +3,7 @@ import json
 import pytest
 
 from fedsim.config import ConfigError
-from fedsim.sweep import cell_name, parse_grid, run_sweep
+from fedsim.sweep import cell_config, cell_name, parse_grid, run_sweep
 
 BASE = """
 name: sw
@@ -16,11 +16,16 @@ output: {progress: false, plots: false}
 """
 
 
-def test_parse_grid_and_cell_names():
+def test_parse_grid_and_cell_names(tmp_path):
     grid = parse_grid(["seed=0,1", "model.name=mlp,lenet5", "defenses[0].kappa=0.1,0.3"])
     assert grid == [("seed", [0, 1]), ("model.name", ["mlp", "lenet5"]),
                     ("defenses[0].kappa", [0.1, 0.3])]
     assert cell_name({"seed": 0, "defenses[0].kappa": 0.1}) == "seed=0__defenses_0_.kappa=0.1"
+    # 1e-05 is a float in the grid and in the cell's config (json.dumps writes it
+    # without a dot, which YAML 1.1 would read back as a string).
+    assert parse_grid(["training.lr=1e-5,1.0e-4"]) == [("training.lr", [1e-5, 1e-4])]
+    raw = {"model": {"name": "mlp"}, "data": {"dataset": "synthetic"}}
+    assert cell_config(raw, {"training.lr": 1e-5}, tmp_path, "c").training.lr == 1e-5
     for bad in (["seed"], ["seed="], ["seed=1", "seed=2"]):
         with pytest.raises(ConfigError):
             parse_grid(bad)
