@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run_command(args) -> int:
     """The command's exit code; known errors as one line on stderr instead of a traceback."""
     from fedsim.distributed import DistributedError
+    from fedsim.preemption import Preempted
 
     try:
         return int(args.func(args) or 0)
@@ -172,6 +173,9 @@ def _run_command(args) -> int:
     except KeyboardInterrupt:
         print("fedsim: interrupted", file=sys.stderr)
         return 130
+    except Preempted as e:  # SIGTERM, at a round boundary
+        print(f"fedsim: {e}", file=sys.stderr)
+        return 143  # 128 + SIGTERM, as a process ended by the signal reports
     except Exception as e:  # a clear one-line message for known failures
         from fedsim.data import DatasetError
         from fedsim.checkpoint import CheckpointError

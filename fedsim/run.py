@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from fedsim import checkpoint, distributed
+from fedsim import checkpoint, distributed, preemption
 from fedsim.config import Config, dump_config
 from fedsim.results import MetricsLog, atomic_write_text, plot_learning_curve, write_json
 from fedsim.simulation import RoundResult, Simulation
@@ -71,26 +71,10 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
         progress.update(min(start, rounds))
     evals = [row for row in log.rows if row.get("test_accuracy") is not None]
     acc, loss = (evals[-1]["test_accuracy"], evals[-1]["test_loss"]) if evals else (None, None)
-    for r in range(start, rounds):
-        state, res = sim.run_round(state, r)
-        row = {"round": r, "train_loss": res.train_loss, "seconds": res.seconds,
-               "clients": len(res.cohort)}
-        if res.skipped_clients:
-            row["skipped_clients"] = res.skipped_clients
-        if (r + 1) % cfg.eval.every == 0 or r == rounds - 1:
-            acc, loss = sim.evaluate(state.params)
-            row["test_accuracy"], row["test_loss"] = acc, loss
-        for cb in sim.round_callbacks:
-            row.update(cb(r, row) or {})
-        log.append(row)
-        if on_round is not None:
-            on_round(res, row)
-        if ckpt is not None and ((r + 1) % every == 0 or r == rounds - 1):
-            ckpt.save(r + 1, state, checkpoint.make_meta(cfg, sim, state))
-        if progress is not None:
-            progress.set_postfix(loss=f"{res.train_loss:.3f}",
-                                 acc="-" if acc is None else f"{acc:.3f}")
-            progress.update(1)
+    watch = preemption.Watch(handle_signal=ckpt is not None)
+    with watch:
+        state, acc, loss = _run_rounds(cfg, sim, state, start, log, ckpt, watch, progress,
+                                       on_round, acc, loss, log_line)
     if progress is not None:
         progress.close()
     if ckpt is not None:
@@ -119,6 +103,47 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
         plot_learning_curve(log.rows, out / "learning_curve.png")
     summary["final_state"] = state
     return summary
+
+
+def _run_rounds(cfg, sim, state, start, log, ckpt, watch, progress, on_round, acc, loss,
+                log_line):
+    """Rounds ``start`` to the end; the final state and last evaluation.
+
+    Raises:
+      preemption.Preempted: SIGTERM asked to stop (after saving a checkpoint
+        of the rounds done, where checkpoints are on).
+    """
+    rounds, every = cfg.training.rounds, cfg.output.checkpoint_every
+    for r in range(start, rounds):
+        state, res = sim.run_round(state, r)
+        row = {"round": r, "train_loss": res.train_loss, "seconds": res.seconds,
+               "clients": len(res.cohort)}
+        if res.skipped_clients:
+            row["skipped_clients"] = res.skipped_clients
+        if (r + 1) % cfg.eval.every == 0 or r == rounds - 1:
+            acc, loss = sim.evaluate(state.params)
+            row["test_accuracy"], row["test_loss"] = acc, loss
+        for cb in sim.round_callbacks:
+            row.update(cb(r, row) or {})
+        log.append(row)
+        if on_round is not None:
+            on_round(res, row)
+        stop = r < rounds - 1 and watch.stop_after(r + 1)
+        if ckpt is not None and ((r + 1) % every == 0 or r == rounds - 1 or stop):
+            ckpt.save(r + 1, state, checkpoint.make_meta(cfg, sim, state))
+        if progress is not None:
+            progress.set_postfix(loss=f"{res.train_loss:.3f}",
+                                 acc="-" if acc is None else f"{acc:.3f}")
+            progress.update(1)
+        if stop:
+            if progress is not None:
+                progress.close()
+            if ckpt is not None:
+                ckpt.close()  # waits for the save
+            error = preemption.Preempted(r + 1, ckpt is not None)
+            log_line(f"{error}")
+            raise error
+    return state, acc, loss
 
 
 def _log_line(out: Path, text: str, quiet: bool) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from fedsim.config import (Config, ConfigError, apply_overrides, from_dict, read_raw_config,
                            validate, yaml_load)
+from fedsim.preemption import Preempted
 from fedsim.results import atomic_write_text, write_json
 
 TABLE_FIELDS = ("test_accuracy", "test_loss", "final_train_loss", "epsilon", "leakage_total",
@@ -135,6 +136,8 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
             try:
                 summary = run_fn(cfg)
                 summary.pop("final_state", None)
+            except Preempted:  # SIGTERM stops the sweep; a rerun resumes this cell
+                raise
             except Exception as e:  # one bad cell must not kill the sweep
                 error, summary = f"{type(e).__name__}: {str(e)[:200]}", {}
             status = "done" if error is None else f"failed: {error}"

@@ -38,27 +38,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_processes(config: Path, out: Path, *overrides: str, n: int = 2,
-                   command: str = "run", only: dict | None = None,
-                   args: tuple[str, ...] = (), launcher: tuple[str, ...] = ("-m", "fedsim"),
-                   timeout: float = 300) -> list[dict]:
-    """``fedsim COMMAND`` in n processes of 2 CPU devices each; their return codes and output.
+def _start_processes(config: Path, out: Path, *overrides: str, n: int = 2,
+                     command: str = "run", only: dict | None = None,
+                     args: tuple[str, ...] = (), launcher: tuple[str, ...] = ("-m", "fedsim"),
+                     ) -> list[subprocess.Popen]:
+    """``fedsim COMMAND`` started in n processes of 2 CPU devices each.
 
     ``only`` maps a process id to overrides for that process alone; ``args`` are
     more command-line arguments for every process; ``launcher`` what follows
     ``python`` (a script that calls :func:`fedsim.cli.main` instead of the
-    module). A process still running after ``timeout`` seconds fails the test.
+    module).
     """
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
     sets = lambda i: [a for o in (f"output.dir={out}", *overrides, *(only or {}).get(i, ()))
                       for a in ("--set", o)]
-    procs = [subprocess.Popen(
+    return [subprocess.Popen(
         [sys.executable, *launcher, command, str(config), *sets(i), *args, "--coordinator",
          f"localhost:{port}", "--num-processes", str(n), "--process-id", str(i)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(n)]
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float = 300) -> list[dict]:
+    """Their return codes and output; a process still running after ``timeout`` s fails."""
     results = []
     try:
         for p in procs:
@@ -68,6 +72,12 @@ def _run_processes(config: Path, out: Path, *overrides: str, n: int = 2,
         for p in procs:
             p.kill()
     return results
+
+
+def _run_processes(config: Path, out: Path, *overrides: str, timeout: float = 300,
+                   **kwargs) -> list[dict]:
+    """:func:`_start_processes`, then :func:`_wait`."""
+    return _wait(_start_processes(config, out, *overrides, **kwargs), timeout)
 
 
 def _reported(p: dict) -> str:
@@ -225,6 +235,34 @@ def test_a_run_that_fails_in_one_process_stops_every_process(config, tmp_path):
     assert "RuntimeError: injected into process 1 alone" in procs[1]["stderr"]
     assert "this process stopped with the error above" in procs[1]["stderr"]
     assert _ended_after_its_peer(procs[0]), (procs[0]["rc"], procs[0]["stderr"][-3000:])
+
+
+def test_sigterm_to_one_process_stops_every_process_after_the_same_round(config, tmp_path):
+    # JAX's preemption notifier catches SIGTERM in a joined process: before, the
+    # run went on to its end as if nothing had happened (checked by hand).
+    from tests.fedsim.test_preemption import _terminate_after_rounds
+
+    out = tmp_path / "run"
+    long = ("training.rounds=5000", "output.checkpoint_every=100000")
+    procs = _start_processes(config, out, *long)
+    _terminate_after_rounds(procs, out, signalled=[1])
+    results = _wait(procs, timeout=120)
+    for i, p in enumerate(results):
+        assert p["rc"] == 143, (i, p["rc"], p["stderr"][-3000:])
+    done = int(os.listdir(out / "checkpoints")[0])
+    assert os.listdir(out / "checkpoints") == [str(done)]
+    assert len(_rows(out)) == done
+    assert f"stopped by SIGTERM after round {done}: a checkpoint" in results[0]["stderr"]
+    # Two processes resume from it, to the one-process numbers.
+    procs = _run_processes(config, out, f"training.rounds={done + 2}")
+    for i, p in enumerate(procs):
+        assert p["rc"] == 0, (i, p["stderr"][-3000:])
+    assert f"{done} rounds done" in (out / "run.log").read_text()
+    _assert_same_rows(_rows(out), _reference_rows(config, tmp_path / "ref", done + 2))
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_agree_is_the_flag_itself_in_one_process():
