@@ -142,6 +142,40 @@ def save_grid(results: list[dict], path: Path, max_images: int = 8) -> None:
     plt.close(fig)
 
 
+def _check_no_observed_round_is_checkpointed(cfg: Config) -> None:
+    """Refuse a run whose checkpoints are past an observed round.
+
+    ``run_simulation`` resumes from the newest checkpoint and does not simulate
+    the rounds before it again, and the observed uploads are not checkpointed,
+    so a rerun (after a kill, a SIGTERM, or once finished) would attack none of
+    those rounds; it used to fail with "no upload was observed".
+
+    Raises:
+      ConfigError: naming the checkpoint, the round and what to do.
+    """
+    from fedsim.checkpoint import Checkpointer
+    from fedsim.run import run_dir_for
+
+    out = run_dir_for(cfg)
+    ckpt_dir = out / "checkpoints"
+    if not cfg.output.checkpoint_every or not cfg.observer.rounds or not ckpt_dir.is_dir():
+        return
+    ck = Checkpointer(ckpt_dir)
+    try:
+        done = ck.latest_round()
+    finally:
+        ck.close()
+    first = min(cfg.observer.rounds)
+    if done is not None and done > first:
+        finished = (f"; its attack_summary.json from the finished run is in {out}"
+                    if (out / "attack_summary.json").exists() else "")
+        raise ConfigError(
+            f"{ckpt_dir} holds a checkpoint after {done} rounds, past observed round {first} "
+            "(observer.rounds): resuming would not simulate that round again, and observed "
+            "uploads are not checkpointed. Delete the checkpoints or choose another "
+            f"output.dir to attack from the first round{finished}")
+
+
 def run_attack_experiment(cfg: Config, quiet: bool = False) -> dict:
     """Simulate ``cfg``, attack its observed uploads, write the summary and grid."""
     from fedsim.results import write_json
@@ -150,6 +184,7 @@ def run_attack_experiment(cfg: Config, quiet: bool = False) -> dict:
     section = validate_attack_section(cfg)
     from fedsim.simulation import Simulation
 
+    _check_no_observed_round_is_checkpointed(cfg)
     uploads: list[ObservedUpload] = []
     # No buffer donation: observations hold the round's global params, which a
     # donating round step would free before the attack reads them.

@@ -59,3 +59,21 @@ def test_the_attack_runs_under_the_configured_precision(tmp_path, monkeypatch, p
     with jax.default_matmul_precision("default" if precision == "highest" else "highest"):
         cli.run_attack_experiment(cfg, quiet=True)
     assert seen == [(2, precision)]
+
+
+def test_a_run_checkpointed_past_an_observed_round_is_refused_by_name(tmp_path):
+    # A rerun resumes after the observed round and would attack nothing; it
+    # failed with "no upload was observed" before.
+    from attacks.cli import _check_no_observed_round_is_checkpointed, run_attack_experiment
+    from fedsim.run import run_simulation
+
+    sets = BASE + [f"output.dir={tmp_path}", "output.checkpoint_every=1", "training.rounds=2",
+                   "observer.rounds=[1]"]
+    cfg = load_config("configs/attack_quickstart.yaml",
+                      sets + ["training.rounds=1", "observer.rounds=[0]"])
+    run_simulation(cfg, quiet=True)  # a checkpoint after round 0 (1 round done)
+    _check_no_observed_round_is_checkpointed(load_config("configs/attack_quickstart.yaml", sets))
+    late = load_config("configs/attack_quickstart.yaml", sets + ["observer.rounds=[0]"])
+    with pytest.raises(ConfigError, match=r"checkpoints holds a checkpoint after 1 rounds, past "
+                                          r"observed round 0 \(observer.rounds\)"):
+        run_attack_experiment(late)
