@@ -168,10 +168,25 @@ def build_defense(name: str, **kwargs) -> Defense:
     if name not in DEFENSE_REGISTRY:
         known = ", ".join(sorted(DEFENSE_REGISTRY)) or "(none registered)"
         raise ValueError(f"unknown defense {name!r}; known defenses: {known}")
+    factory = DEFENSE_REGISTRY[name]
     try:
-        return DEFENSE_REGISTRY[name](**kwargs)
+        return factory(**kwargs)
     except TypeError as e:
-        raise ValueError(f"defense {name!r}: bad arguments {kwargs}: {e}") from None
+        raise ValueError(f"defense {name!r}: bad arguments {kwargs}: {e}; "
+                         f"it takes {_parameters(factory)}") from None
+
+
+def _parameters(fn) -> str:
+    """``fn``'s keyword parameters with their defaults, for an error message."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature
+        return "(its parameters could not be read)"
+    shown = [p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+             for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return ", ".join(shown) or "no parameters"
 
 
 # --- simulation plugins ------------------------------------------------------
