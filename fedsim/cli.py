@@ -140,31 +140,43 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from fedsim import distributed
 
+    # Several processes: a process that stops alone may leave the others waiting
+    # for it in a collective, and JAX's shutdown barrier at its exit would wait
+    # for them (up to five minutes) in turn. Such a process leaves at once
+    # (distributed.leave), which ends their collectives.
     try:
         code = _run_command(args)
+    except distributed.PeerFailure as e:
+        print(f"fedsim: error: {e}", file=sys.stderr)
+        distributed.leave(2)
     except BaseException:
         if not distributed.joined():
             raise
-        # Several processes: the others may wait for this one in a collective,
-        # and JAX's shutdown barrier at exit would wait for them (up to five
-        # minutes) in turn. Leaving now ends their collectives at once.
         traceback.print_exc()
         print("fedsim: error: this process stopped with the error above; the run's other "
               "processes stop too", file=sys.stderr)
         distributed.leave(1)
     if code != 0 and distributed.joined():
-        distributed.leave(code)
+        # Ended alike in every process (a NaN, SIGTERM): exit through the
+        # barrier, together. Otherwise leave.
+        try:
+            distributed.check_in_step("the command", f"exit code {code}", key="exit")
+        except distributed.PeerFailure as e:
+            print(f"fedsim: error: {e}", file=sys.stderr)
+            distributed.leave(code)
     return code
 
 
 def _run_command(args) -> int:
     """The command's exit code; known errors as one line on stderr instead of a traceback."""
-    from fedsim.distributed import DistributedError
+    from fedsim.distributed import DistributedError, PeerFailure
     from fedsim.preemption import Preempted
 
     try:
         return int(args.func(args) or 0)
-    except DistributedError as e:  # command-line arguments, processes out of step
+    except PeerFailure:  # main leaves at once
+        raise
+    except DistributedError as e:  # command-line arguments, the setting across processes
         print(f"fedsim: error: {e}", file=sys.stderr)
         return 2
     except ConfigError as e:

@@ -148,7 +148,7 @@ def _client():
     return client
 
 
-def check_in_step(step: str, error: str | None) -> None:
+def check_in_step(step: str, error: str | None, key: str | None = None) -> None:
     """Stop every process whose peers ended ``step`` otherwise than it did.
 
     Every process publishes its outcome of ``step`` (``error`` is None for
@@ -156,6 +156,12 @@ def check_in_step(step: str, error: str | None) -> None:
     all succeeded, or all failed with the same message (a failure they share,
     after which the next step's collectives still line up), it returns. In a
     single process it returns at once.
+
+    Args:
+      step: what the processes did, for the messages.
+      error: None where this process succeeded, else a one-line message.
+      key: the step's key in the store; by default the steps are numbered, the
+        same in every process as long as all of them check the same steps.
 
     Raises:
       PeerFailure: another outcome (naming each process's), or a process that
@@ -166,10 +172,11 @@ def check_in_step(step: str, error: str | None) -> None:
     n = process_count()
     if n == 1:
         return
-    _steps += 1
+    if key is None:
+        _steps += 1
     client = _client()
     me = jax.process_index()
-    prefix = f"fedsim/step{_steps}/"
+    prefix = f"fedsim/{key or f'step{_steps}'}/"
     mine = "ok" if error is None else "failed: " + error
     try:
         client.key_value_set(prefix + str(me), mine)
