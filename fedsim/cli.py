@@ -198,5 +198,6 @@ def _run_command(args) -> int:
             return 1
         raise
 
+
 if __name__ == "__main__":
     sys.exit(main())

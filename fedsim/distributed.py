@@ -169,13 +169,15 @@ def check_in_step(step: str, error: str | None, key: str | None = None) -> None:
         failed) or :data:`PEER_WAIT_S` (this one succeeded).
     """
     global _steps
-    n = process_count()
+    from jax._src import distributed as jax_distributed  # starts no backend, unlike jax.*
+
+    n = jax_distributed.global_state.num_processes if joined() else 1
     if n == 1:
         return
     if key is None:
         _steps += 1
     client = _client()
-    me = jax.process_index()
+    me = jax_distributed.global_state.process_id
     prefix = f"fedsim/{key or f'step{_steps}'}/"
     mine = "ok" if error is None else "failed: " + error
     try:

@@ -313,6 +313,9 @@ def test_processes_started_with_different_configs_all_stop(config, tmp_path):
      "at least 1"),
     (["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "2"],
      r"must lie in \[0, 2\)"),
+    (["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "0",
+      "--heartbeat-timeout", "0"], "--heartbeat-timeout: must be at least 1 s, got 0"),
+    (["--heartbeat-timeout", "10"], "--heartbeat-timeout: only for a multi-process run"),
 ])
 def test_bad_process_arguments_are_named_before_jax_is_joined(config, argv, message, capsys):
     assert main(["run", str(config), *argv]) == 2
