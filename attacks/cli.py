@@ -142,54 +142,87 @@ def save_grid(results: list[dict], path: Path, max_images: int = 8) -> None:
     plt.close(fig)
 
 
-def _check_no_observed_round_is_checkpointed(cfg: Config) -> None:
-    """Refuse a run whose checkpoints are past an observed round.
+def _stored_uploads(cfg: Config, sim) -> tuple[list[ObservedUpload], list[int]]:
+    """The observed rounds a resumed run will not simulate again, read from disk.
 
-    ``run_simulation`` resumes from the newest checkpoint and does not simulate
-    the rounds before it again, and the observed uploads are not checkpointed,
-    so a rerun (after a kill, a SIGTERM, or once finished) would attack none of
-    those rounds; it used to fail with "no upload was observed".
+    ``run_simulation`` resumes from the newest checkpoint (``output.checkpoint_every``)
+    and does not simulate the rounds before it again; their observed uploads
+    were written to ``RUN_DIR/observations`` when they were simulated
+    (:mod:`fedsim.observation_store`).
+
+    Returns:
+      The stored uploads, and the rounds they come from (empty without a
+      checkpoint past an observed round).
 
     Raises:
-      ConfigError: naming the checkpoint, the round and what to do.
+      ConfigError: an observed round before the checkpoint has no readable
+        stored observations; names the checkpoint, the round and what to do.
     """
-    from fedsim.checkpoint import Checkpointer
+    from fedsim import checkpoint, observation_store
     from fedsim.run import run_dir_for
 
     out = run_dir_for(cfg)
     ckpt_dir = out / "checkpoints"
-    if not cfg.output.checkpoint_every or not cfg.observer.rounds or not ckpt_dir.is_dir():
-        return
-    ck = Checkpointer(ckpt_dir)
+    meta = checkpoint.read_meta(ckpt_dir) if cfg.output.checkpoint_every else None
+    if meta is None or meta.get("config_fingerprint") != checkpoint.config_fingerprint(cfg):
+        return [], []  # starts from round 0, or run_simulation refuses the checkpoint by name
+    ck = checkpoint.Checkpointer(ckpt_dir)
     try:
         done = ck.latest_round()
     finally:
         ck.close()
-    first = min(cfg.observer.rounds)
-    if done is not None and done > first:
-        finished = (f"; its attack_summary.json from the finished run is in {out}"
-                    if (out / "attack_summary.json").exists() else "")
-        raise ConfigError(
-            f"{ckpt_dir} holds a checkpoint after {done} rounds, past observed round {first} "
-            "(observer.rounds): resuming would not simulate that round again, and observed "
-            "uploads are not checkpointed. Delete the checkpoints or choose another "
-            f"output.dir to attack from the first round{finished}")
+    rounds = sorted(r for r in cfg.observer.rounds if r < done)
+    params_like = jax.eval_shape(sim.init_state).params
+    uploads = []
+    for r in rounds:
+        try:
+            uploads += observation_store.load_round(
+                out / "observations", r, checkpoint.config_fingerprint(cfg), params_like,
+                sim.apply_fn, sorted(cfg.observer.clients))
+        except observation_store.ObservationStoreError as e:
+            raise ConfigError(
+                f"{ckpt_dir} holds a checkpoint after {done} rounds, past observed round {r} "
+                f"(observer.rounds), and that round's stored observations cannot be read: {e}. "
+                "Resuming would not simulate the round again. Delete the checkpoints or choose "
+                "another output.dir to attack from the first round") from None
+    return uploads, rounds
 
 
 def run_attack_experiment(cfg: Config, quiet: bool = False) -> dict:
-    """Simulate ``cfg``, attack its observed uploads, write the summary and grid."""
+    """Simulate ``cfg``, attack its observed uploads, write the summary and grid.
+
+    With ``output.checkpoint_every`` the observed uploads are written to
+    ``RUN_DIR/observations`` as they are simulated, so a rerun resumes: it
+    simulates from the newest checkpoint on and reads the observed rounds
+    before it from disk. A finished run simulates nothing and attacks again,
+    with the ``attack`` section as it is now (it is not in the checkpoint's
+    config fingerprint).
+    """
+    from fedsim import checkpoint, observation_store
     from fedsim.results import write_json
     from fedsim.run import run_dir_for, run_simulation
-
-    section = validate_attack_section(cfg)
     from fedsim.simulation import Simulation
 
-    _check_no_observed_round_is_checkpointed(cfg)
-    uploads: list[ObservedUpload] = []
+    section = validate_attack_section(cfg)
+    out = run_dir_for(cfg)
+    primary = distributed.is_primary()  # several processes: process 0 writes, as fedsim run
+    every = cfg.output.checkpoint_every
+    meta = checkpoint.read_meta(out / "checkpoints") if every else None
     # No buffer donation: observations hold the round's global params, which a
-    # donating round step would free before the attack reads them.
-    run_simulation(cfg, sim=Simulation(cfg, donate=False),
-                   on_round=lambda res, row: uploads.extend(res.observed), quiet=quiet)
+    # donating round step would free before the attack reads them. A resumed
+    # run keeps its strategy, as run_simulation's own simulation does.
+    sim = Simulation(cfg, donate=False, strategy=(meta or {}).get("strategy"))
+    uploads, stored_rounds = _stored_uploads(cfg, sim)
+    fingerprint = checkpoint.config_fingerprint(cfg)
+
+    def record(res, row):
+        uploads.extend(res.observed)
+        # Written before the checkpoint after this round, so no checkpoint is
+        # ever past an observed round whose uploads are not on disk.
+        if every and primary and res.observed:
+            observation_store.save_round(out / "observations", res.observed, fingerprint)
+
+    run_simulation(cfg, sim=sim, on_round=record, quiet=quiet)
     if not uploads:
         raise ConfigError("no upload was observed: do observer.clients take part in observer.rounds?")
     t0 = time.perf_counter()
@@ -199,15 +232,15 @@ def run_attack_experiment(cfg: Config, quiet: bool = False) -> dict:
     with jax.default_matmul_precision(cfg.training.matmul_precision):
         results = attack_uploads(uploads, section, key)
     seconds = time.perf_counter() - t0
-    out = run_dir_for(cfg)
-    primary = distributed.is_primary()  # several processes: process 0 writes, as fedsim run
     if primary:
         save_grid(results, out / "attack_grid.png")
     victims = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
     mean = {k: float(np.nanmean([v[k] for v in victims])) if not all(
         np.isnan(v[k]) for v in victims) else float("nan") for k in ("mse", "psnr", "ssim", "label_acc")}
     summary = {"attack": section["name"], "grants": section["grants"], "config": section["config"],
-               "victims": victims, "mean": mean, "seconds": seconds}
+               "victims": victims, "mean": mean, "seconds": seconds,
+               # observed rounds read from RUN_DIR/observations instead of simulated again
+               "rounds_from_disk": stored_rounds}
     if primary:
         write_json(out / "attack_summary.json", summary)
     return summary
@@ -227,6 +260,9 @@ def _cmd_attack(args) -> int:
           f"MSE {m['mse']:.2e}, label acc {m['label_acc']:.2f} ({summary['seconds']:.1f} s attacking)")
     from fedsim.run import run_dir_for
 
+    if summary["rounds_from_disk"]:
+        print(f"observed rounds {summary['rounds_from_disk']} were read from "
+              f"{run_dir_for(cfg)}/observations (not simulated again)", file=sys.stderr)
     print(f"wrote {run_dir_for(cfg)}/attack_summary.json and attack_grid.png", file=sys.stderr)
     return 0
 

@@ -42,12 +42,18 @@ class CheckpointError(RuntimeError):
 def config_fingerprint(cfg) -> str:
     """Hash of everything in the config that changes the numbers of a run.
 
-    ``output.*`` (where and how often to write) and ``training.rounds`` (a
-    finished run may be extended) are left out.
+    ``output.*`` (where and how often to write), ``training.rounds`` (a
+    finished run may be extended) and ``attack`` (what ``fedsim attack`` does
+    with the observed uploads, so a finished run can be attacked again with
+    other settings) are left out.
     """
     d = cfg.to_dict()
     d.pop("output", None)
     d.get("training", {}).pop("rounds", None)
+    if d.get("attack") is not None:
+        # Only when set: a config without one keeps the fingerprint it had
+        # before attack was left out, so its existing checkpoints still resume.
+        d.pop("attack")
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -69,6 +69,17 @@ def _cmd_report(args) -> int:
               f"{r.get('seconds', 0):>8.2f}")
     if rows:
         plot_learning_curve(rows, run_dir / "learning_curve.png")
+    attack_path = run_dir / "attack_summary.json"
+    if attack_path.is_file():  # a `fedsim attack` run: its victims too
+        attack = json.loads(attack_path.read_text())
+        print(f"attack {attack.get('attack')} (grants {attack.get('grants')}):")
+        print(f"{'client':>6} {'round':>6} {'psnr':>7} {'ssim':>6} {'mse':>9} {'label_acc':>9}")
+        for v in attack.get("victims", []):
+            print(f"{v['client']:>6} {v['round']:>6} {v['psnr']:>7.2f} {v['ssim']:>6.3f} "
+                  f"{v['mse']:>9.2e} {v['label_acc']:>9.2f}")
+        m = attack.get("mean", {})
+        print(f"{'mean':>13} {m.get('psnr', float('nan')):>7.2f} {m.get('ssim', float('nan')):>6.3f} "
+              f"{m.get('mse', float('nan')):>9.2e} {m.get('label_acc', float('nan')):>9.2f}")
     return 0
 
 

@@ -61,19 +61,81 @@ def test_the_attack_runs_under_the_configured_precision(tmp_path, monkeypatch, p
     assert seen == [(2, precision)]
 
 
-def test_a_run_checkpointed_past_an_observed_round_is_refused_by_name(tmp_path):
-    # A rerun resumes after the observed round and would attack nothing; it
-    # failed with "no upload was observed" before.
-    from attacks.cli import _check_no_observed_round_is_checkpointed, run_attack_experiment
+def test_a_run_checkpointed_past_an_observed_round_it_did_not_store_is_refused_by_name(tmp_path):
+    # A plain `fedsim run` stores no observations: resuming it past the observed
+    # round would attack nothing (this failed with "no upload was observed" once).
+    from attacks.cli import run_attack_experiment
     from fedsim.run import run_simulation
 
-    sets = BASE + [f"output.dir={tmp_path}", "output.checkpoint_every=1", "training.rounds=2",
-                   "observer.rounds=[1]"]
-    cfg = load_config("configs/attack_quickstart.yaml",
-                      sets + ["training.rounds=1", "observer.rounds=[0]"])
-    run_simulation(cfg, quiet=True)  # a checkpoint after round 0 (1 round done)
-    _check_no_observed_round_is_checkpointed(load_config("configs/attack_quickstart.yaml", sets))
-    late = load_config("configs/attack_quickstart.yaml", sets + ["observer.rounds=[0]"])
+    sets = BASE + [f"output.dir={tmp_path}", "output.checkpoint_every=1"]
+    run_simulation(load_config("configs/attack_quickstart.yaml", sets), quiet=True)
+    late = load_config("configs/attack_quickstart.yaml", sets + ["training.rounds=2"])
     with pytest.raises(ConfigError, match=r"checkpoints holds a checkpoint after 1 rounds, past "
-                                          r"observed round 0 \(observer.rounds\)"):
+                                          r"observed round 0 \(observer.rounds\), and that round's "
+                                          r"stored observations cannot be read: .*round_000000\.npz "
+                                          r"does not exist"):
         run_attack_experiment(late)
+
+
+RESUMABLE = BASE + ["output.checkpoint_every=1", "training.rounds=3", "observer.rounds=[0, 2]",
+                    "attack.config={iterations: 30, restarts: 1}"]
+
+
+def _attack(directory, *extra):
+    from attacks.cli import run_attack_experiment
+
+    cfg = load_config("configs/attack_quickstart.yaml", RESUMABLE + [f"output.dir={directory}",
+                                                                      *extra])
+    return run_attack_experiment(cfg, quiet=True)
+
+
+def _numbers(summary):
+    return [(v["client"], v["round"], v["mse"], v["psnr"], v["loss"]) for v in summary["victims"]]
+
+
+def test_a_killed_attack_run_resumes_from_its_stored_observations(tmp_path, monkeypatch):
+    from fedsim.simulation import Simulation
+
+    whole = _attack(tmp_path / "whole")
+    assert whole["rounds_from_disk"] == []
+    assert sorted((tmp_path / "whole" / "observations").iterdir()) == [
+        tmp_path / "whole" / "observations" / f"round_00000{r}.npz" for r in (0, 2)]
+    run_round = Simulation.run_round
+
+    def killed_in_round_2(self, state, round_idx):
+        if round_idx == 2:
+            raise KeyboardInterrupt  # as a kill after round 1's checkpoint
+        return run_round(self, state, round_idx)
+
+    monkeypatch.setattr(Simulation, "run_round", killed_in_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        _attack(tmp_path / "killed")
+    monkeypatch.setattr(Simulation, "run_round", run_round)
+    resumed = _attack(tmp_path / "killed")
+    assert resumed["rounds_from_disk"] == [0]  # round 2 simulated again, round 0 read
+    assert _numbers(resumed) == _numbers(whole)
+    assert "resumed from" in (tmp_path / "killed" / "run.log").read_text()
+
+
+def test_a_finished_attack_run_is_attacked_again_without_simulating(tmp_path, capsys):
+    first = _attack(tmp_path / "run")
+    from fedsim.cli import main as fedsim_main
+    assert fedsim_main(["report", str(tmp_path / "run")]) == 0  # the victims' table too
+    table = capsys.readouterr().out.split("attack inverting_gradients")[1].splitlines()
+    assert [tuple(map(int, line.split()[:2])) for line in table[2:-1]] == [
+        (c, r) for r in (0, 2) for c in (0, 1)]
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    again = _attack(tmp_path / "run")
+    assert again["rounds_from_disk"] == [0, 2]
+    assert _numbers(again) == _numbers(first)
+    # Other attack settings: the same as a fresh run with them, and nothing simulated.
+    other = ["attack.config={iterations: 10, restarts: 1}"]
+    changed = _attack(tmp_path / "run", *other)
+    assert _numbers(changed) == _numbers(_attack(tmp_path / "fresh", *other))
+    assert _numbers(changed) != _numbers(first)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
+    assert (tmp_path / "run" / "run.log").read_text().count("resumed from") == 2
+    # Settings that change the simulation are refused by the checkpoint, by name.
+    from fedsim.checkpoint import CheckpointError
+    with pytest.raises(CheckpointError, match="different config"):
+        _attack(tmp_path / "run", "training.lr=0.2")

@@ -60,3 +60,20 @@ def test_two_processes_split_the_victims_with_shard_victims(tmp_path):
     assert {v["victim_devices"] for v in one["victims"]} == {1}
     np.testing.assert_allclose([v["psnr"] for v in summary["victims"]],
                                [v["psnr"] for v in one["victims"]], rtol=1e-4)
+
+
+def test_two_processes_attack_a_finished_run_again_from_its_stored_observations(tmp_path):
+    # Process 0 writes RUN_DIR/observations; on the rerun both processes read
+    # them (the run is finished: nothing is simulated again).
+    config = tmp_path / "attack.yaml"
+    config.write_text(ATTACK)
+    out = tmp_path / "run"
+    summaries = []
+    for _ in range(2):
+        procs = _run_processes(config, out, "output.checkpoint_every=1", command="attack")
+        for i, p in enumerate(procs):
+            assert p["rc"] == 0, (i, p["stderr"][-3000:])
+        summaries.append(json.loads((out / "attack_summary.json").read_text()))
+    assert [s["rounds_from_disk"] for s in summaries] == [[], [0]]
+    assert "read from" in procs[0]["stderr"]
+    assert [v["psnr"] for v in summaries[1]["victims"]] == [v["psnr"] for v in summaries[0]["victims"]]

@@ -58,3 +58,27 @@ def test_run_resumes_from_checkpoint_in_process(tmp_path):
     assert "resumed from" in (tmp_path / "b" / "run.log").read_text()
     chex.assert_trees_all_equal(a["final_state"].params, b["final_state"].params)
     assert a["test_accuracy"] == b["test_accuracy"] and a["final_train_loss"] == b["final_train_loss"]
+
+
+def test_the_attack_section_is_not_in_the_fingerprint_and_plain_configs_keep_theirs():
+    import hashlib
+    import json
+
+    from fedsim.config import load_config
+
+    base = ["model.name=mlp", "observer.clients=[0]", "observer.rounds=[0]"]
+    attacked = load_config(None, base + ["attack.name=dlg", "attack.config={iterations: 5}"])
+    # Re-attacking a finished run with other attack settings resumes it.
+    assert config_fingerprint(attacked) == config_fingerprint(
+        load_config(None, base + ["attack.name=inverting_gradients"]))
+    assert config_fingerprint(attacked) != config_fingerprint(
+        load_config(None, base + ["attack.name=dlg", "training.lr=0.5"]))
+    # A config without an attack hashes every field but output and training.rounds,
+    # attack: null included, as before the attack section was left out: its
+    # existing checkpoints still resume.
+    plain = load_config(None, base)
+    d = plain.to_dict()
+    del d["output"], d["training"]["rounds"]
+    assert d["attack"] is None
+    expected = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert config_fingerprint(plain) == expected
