@@ -17,6 +17,10 @@ true data after Hungarian matching. Writes ``RUN_DIR/attack_summary.json``
 (``{"victims": [...], "mean": {mse, psnr, ssim, label_acc}, "seconds"}``) and
 ``RUN_DIR/attack_grid.png`` (targets above reconstructions).
 
+With ``--grid KEY=V1,V2`` it runs a sweep (:mod:`fedsim.sweep`) of such runs
+and tabulates each cell's accuracy beside its attack's means
+(:func:`run_attack_sweep`).
+
 The attack key is ``fold_in(key(seed), 0xA77AC)``: a stream of its own, so
 attacking never changes the simulation's numbers. Run as
 ``python -m fedsim attack CONFIG`` (installed entry point) or
@@ -26,6 +30,7 @@ attacking never changes the simulation's numbers. Run as
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections import defaultdict
@@ -36,6 +41,7 @@ import numpy as np
 
 from fedsim import distributed
 from fedsim.config import Config, ConfigError, load_config
+from fedsim.sweep import TABLE_FIELDS
 from fedsim.observer import GRANTS, ObservedUpload, restrict
 
 ATTACK_KEYS = ("name", "grants", "config")
@@ -197,7 +203,15 @@ def run_attack_experiment(cfg: Config, quiet: bool = False) -> dict:
     before it from disk. A finished run simulates nothing and attacks again,
     with the ``attack`` section as it is now (it is not in the checkpoint's
     config fingerprint).
+
+    Returns:
+      The attack summary (also written to ``RUN_DIR/attack_summary.json``).
     """
+    return _simulate_and_attack(cfg, quiet)[1]
+
+
+def _simulate_and_attack(cfg: Config, quiet: bool) -> tuple[dict, dict]:
+    """:func:`run_attack_experiment`; the simulation's summary and the attack's."""
     from fedsim import checkpoint, observation_store
     from fedsim.results import write_json
     from fedsim.run import run_dir_for, run_simulation
@@ -222,7 +236,8 @@ def run_attack_experiment(cfg: Config, quiet: bool = False) -> dict:
         if every and primary and res.observed:
             observation_store.save_round(out / "observations", res.observed, fingerprint)
 
-    run_simulation(cfg, sim=sim, on_round=record, quiet=quiet)
+    simulated = run_simulation(cfg, sim=sim, on_round=record, quiet=quiet)
+    simulated.pop("final_state", None)
     if not uploads:
         raise ConfigError("no upload was observed: do observer.clients take part in observer.rounds?")
     t0 = time.perf_counter()
@@ -243,10 +258,50 @@ def run_attack_experiment(cfg: Config, quiet: bool = False) -> dict:
                "rounds_from_disk": stored_rounds}
     if primary:
         write_json(out / "attack_summary.json", summary)
-    return summary
+    return simulated, summary
+
+
+# A sweep's table: the simulation's columns, then the attack's means over victims.
+ATTACK_MEANS = ("psnr", "ssim", "mse", "label_acc")
+ATTACK_TABLE_FIELDS = TABLE_FIELDS + tuple(f"attack_{k}" for k in ATTACK_MEANS) + ("attack_seconds",)
+
+
+def _sweep_row(simulated: dict, attacked: dict) -> dict:
+    """One sweep cell's summary: the run's, plus ``attack_<mean>`` and ``attack_seconds``."""
+    return {**simulated, **{f"attack_{k}": attacked["mean"][k] for k in ATTACK_MEANS},
+            "attack_seconds": attacked["seconds"]}
+
+
+def run_attack_sweep(config_path, grid_items: list[str], out_dir,
+                     overrides: list[str] | None = None, log=print) -> list[dict]:
+    """``fedsim sweep`` whose cells are ``fedsim attack`` runs.
+
+    Every cell simulates, attacks and writes its ``attack_summary.json`` in
+    ``SWEEP_DIR/cells/<cell>/``; the table adds the attack's means over victims
+    to the run's columns: a privacy–utility curve over the grid (e.g. a
+    defense's noise). A cell is done once its ``attack_summary.json`` exists;
+    a cell killed while simulating resumes from its checkpoint and stored
+    observations, one killed while attacking attacks again without simulating.
+    Every cell's attack section is checked before any cell runs.
+    """
+    from fedsim.sweep import run_sweep
+
+    def read_done(cell_dir: Path) -> dict:
+        return _sweep_row(json.loads((cell_dir / "summary.json").read_text()),
+                          json.loads((cell_dir / "attack_summary.json").read_text()))
+
+    return run_sweep(config_path, grid_items, out_dir, overrides,
+                     run_fn=lambda cfg: _sweep_row(*_simulate_and_attack(cfg, quiet=True)),
+                     log=log, done_file="attack_summary.json", read_done=read_done,
+                     table_fields=ATTACK_TABLE_FIELDS, check_cell=validate_attack_section)
 
 
 def _cmd_attack(args) -> int:
+    if args.grid:
+        return _cmd_attack_sweep(args)
+    if args.out is not None:
+        raise ConfigError("--out names a sweep's directory: it takes --grid (a single run "
+                          "writes to output.dir)")
     cfg = load_config(args.config, args.overrides)
     distributed.initialize_from_args(args)  # before anything touches a device
     summary = run_attack_experiment(cfg, quiet=args.quiet)
@@ -267,11 +322,26 @@ def _cmd_attack(args) -> int:
     return 0
 
 
+def _cmd_attack_sweep(args) -> int:
+    out = args.out or f"sweeps/{Path(args.config).stem}"
+    distributed.initialize_from_args(args)  # before anything touches a device
+    rows = run_attack_sweep(args.config, args.grid, out, args.overrides,
+                            log=lambda m: print(m, file=sys.stderr))
+    if distributed.is_primary():
+        print(f"results: {out}/results.md", file=sys.stderr)
+    return 0 if all(r["status"].startswith("done") for r in rows) else 1
+
+
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML config with observer and attack sections "
                                   "(e.g. configs/attack_quickstart.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (e.g. attack.config.iterations=200)")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="run a sweep of attack runs over this grid axis (repeatable; KEY as "
+                        "for --set, or defenses[i].PARAM), as `fedsim sweep` does")
+    p.add_argument("--out", default=None,
+                   help="the sweep's directory, with --grid (default sweeps/<config name>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     distributed.add_arguments(p)
     p.set_defaults(func=_cmd_attack)

@@ -89,7 +89,8 @@ def cell_config(raw: dict, assignment: dict, out_dir: Path, name: str) -> Config
 
 
 def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] | None = None,
-              run_fn=None, log=print) -> list[dict]:
+              run_fn=None, log=print, *, done_file: str = "summary.json", read_done=None,
+              table_fields: tuple[str, ...] = TABLE_FIELDS, check_cell=None) -> list[dict]:
     """Run every cell of the grid; returns the table rows (also written to disk).
 
     Args:
@@ -98,6 +99,14 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
       out_dir: the sweep directory.
       overrides: ``--set`` overrides applied to every cell.
       run_fn: ``run_fn(cfg) -> summary`` (default :func:`fedsim.run.run_simulation`).
+      log: where the per-cell progress lines go.
+      done_file: the file in a cell's directory whose presence marks the cell
+        finished (``run_fn`` writes it last).
+      read_done: ``read_done(cell_dir) -> summary`` of a finished cell (default:
+        its ``summary.json``).
+      table_fields: the summary keys the table shows.
+      check_cell: ``check_cell(cfg)`` raises ``ConfigError`` for a cell that
+        cannot run; called on every cell before any runs.
 
     In a multi-process run (:mod:`fedsim.distributed`) every process runs every
     cell, process 0 decides which cells are done, and only it logs and writes
@@ -113,6 +122,7 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
     from fedsim.run import run_simulation
 
     run_fn = run_fn or (lambda cfg: run_simulation(cfg, quiet=True))
+    read_done = read_done or (lambda cell_dir: json.loads((cell_dir / "summary.json").read_text()))
     primary = distributed.is_primary()
     raw = apply_overrides(read_raw_config(config_path), overrides or [])
     grid = parse_grid(grid_items)
@@ -122,16 +132,19 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
     configs = [(a, cell_name(a)) for a in cells]
     # Validate every cell before running any, so a typo fails fast.
     built = [(a, n, cell_config(raw, a, out_dir, n)) for a, n in configs]
+    for _, _, cfg in built:
+        if check_cell is not None:
+            check_cell(cfg)
     rows = []
     for i, (assignment, name, cfg) in enumerate(built):
-        summary_path = Path(cfg.output.dir) / "summary.json"
+        done_path = Path(cfg.output.dir) / done_file
         row = {"cell": name, **assignment}
         error = stop = None
         # Across processes, process 0's view decides, so that no process skips a
         # cell the others train (and waits on their collectives forever).
-        if distributed.agree(summary_path.exists()):
+        if distributed.agree(done_path.exists()):
             status = "done (skipped)"
-            summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+            summary = read_done(done_path.parent) if done_path.exists() else {}
         else:
             try:
                 summary = run_fn(cfg)
@@ -146,20 +159,21 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
             except distributed.PeerFailure as e:
                 stop, status, summary = e, f"failed: {e}", {}
         row["status"] = status
-        row.update({k: summary[k] for k in TABLE_FIELDS if k in summary})
+        row.update({k: summary[k] for k in table_fields if k in summary})
         rows.append(row)
         if primary:  # the process that writes the cells' run directories
             log(f"[{i + 1}/{len(built)}] {name}: {status}")
-            write_table(out_dir, keys, rows)
+            write_table(out_dir, keys, rows, table_fields)
         if stop is not None:
             raise stop
     return rows
 
 
-def write_table(out_dir: Path, keys: list[str], rows: list[dict]) -> None:
+def write_table(out_dir: Path, keys: list[str], rows: list[dict],
+                table_fields: tuple[str, ...] = TABLE_FIELDS) -> None:
     """results.json and results.md of the sweep (atomic)."""
     write_json(out_dir / "results.json", {"grid_keys": keys, "rows": rows})
-    cols = ["cell", *keys, "status", *[f for f in TABLE_FIELDS if any(f in r for r in rows)]]
+    cols = ["cell", *keys, "status", *[f for f in table_fields if any(f in r for r in rows)]]
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
     lines = ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]

@@ -139,3 +139,42 @@ def test_a_finished_attack_run_is_attacked_again_without_simulating(tmp_path, ca
     from fedsim.checkpoint import CheckpointError
     with pytest.raises(CheckpointError, match="different config"):
         _attack(tmp_path / "run", "training.lr=0.2")
+
+
+def test_an_attack_sweep_tabulates_each_cells_attack_and_resumes_an_unattacked_cell(tmp_path):
+    from attacks.cli import run_attack_sweep
+
+    sets = BASE + ["defenses=[{name: dp_gaussian, noise_multiplier: 0.0, clip_norm: 1.0}]"]
+    grid = ["defenses[0].noise_multiplier=0.0,0.1"]
+    rows = run_attack_sweep("configs/attack_quickstart.yaml", grid, tmp_path, sets, log=lambda m: None)
+    assert [r["status"] for r in rows] == ["done", "done"]
+    cells = [tmp_path / "cells" / r["cell"] for r in rows]
+    for row, cell in zip(rows, cells):
+        attacked = json.loads((cell / "attack_summary.json").read_text())
+        assert row["attack_psnr"] == attacked["mean"]["psnr"]
+        assert row["test_accuracy"] == json.loads((cell / "summary.json").read_text())["test_accuracy"]
+    assert rows[1]["attack_psnr"] < rows[0]["attack_psnr"] - 10  # noise hides the input
+    assert rows[1]["epsilon"] > 0 and rows[0].get("epsilon") is None
+    # A cell killed while attacking (simulated, not attacked) is attacked again
+    # from its stored observations; the finished one is skipped.
+    (cells[1] / "attack_summary.json").unlink()
+    again = run_attack_sweep("configs/attack_quickstart.yaml", grid, tmp_path, sets, log=lambda m: None)
+    assert [r["status"] for r in again] == ["done (skipped)", "done"]
+    assert json.loads((cells[1] / "attack_summary.json").read_text())["rounds_from_disk"] == [0]
+    assert [r["attack_psnr"] for r in again] == [r["attack_psnr"] for r in rows]
+    table = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["attack_mse"] for r in table] == [r["attack_mse"] for r in rows]
+
+
+def test_an_attack_sweep_checks_every_cells_attack_before_running_any(tmp_path):
+    from attacks.cli import run_attack_sweep
+
+    with pytest.raises(ConfigError, match="'attack.name': 'nope' is not allowed"):
+        run_attack_sweep("configs/attack_quickstart.yaml", ["attack.name=dlg,nope"], tmp_path, BASE,
+                         log=lambda m: None)
+    assert not (tmp_path / "cells").exists()
+
+
+def test_out_without_grid_is_refused(tmp_path, capsys):
+    assert main(["configs/attack_quickstart.yaml", "--out", str(tmp_path)]) == 2
+    assert "--out names a sweep's directory: it takes --grid" in capsys.readouterr().err
