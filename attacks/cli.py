@@ -290,10 +290,45 @@ def run_attack_sweep(config_path, grid_items: list[str], out_dir,
         return _sweep_row(json.loads((cell_dir / "summary.json").read_text()),
                           json.loads((cell_dir / "attack_summary.json").read_text()))
 
-    return run_sweep(config_path, grid_items, out_dir, overrides,
+    rows = run_sweep(config_path, grid_items, out_dir, overrides,
                      run_fn=lambda cfg: _sweep_row(*_simulate_and_attack(cfg, quiet=True)),
                      log=log, done_file="attack_summary.json", read_done=read_done,
                      table_fields=ATTACK_TABLE_FIELDS, check_cell=validate_attack_section)
+    if distributed.is_primary():
+        from fedsim.sweep import parse_grid
+
+        plot_privacy_utility(rows, [k for k, _ in parse_grid(grid_items)],
+                             Path(out_dir) / "privacy_utility.png")
+    return rows
+
+
+def plot_privacy_utility(rows: list[dict], keys: list[str], path: Path) -> None:
+    """Test accuracy against the attack's PSNR, one point per finished cell.
+
+    Each point is labelled with its cell's grid values (``keys`` in order).
+
+    Lower PSNR is more privacy; a defense is worth its cost where accuracy
+    stays up as PSNR falls. Cells without both numbers are left out.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [r for r in rows if r.get("test_accuracy") is not None
+              and np.isfinite(r.get("attack_psnr", np.nan))]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter([r["attack_psnr"] for r in points], [r["test_accuracy"] for r in points])
+    for r in points:
+        ax.annotate(", ".join(str(r[k]) for k in keys), (r["attack_psnr"], r["test_accuracy"]),
+                    fontsize=7,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("attack PSNR, mean over victims (dB; lower = more private)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"privacy-utility per sweep cell ({', '.join(keys)})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _cmd_attack(args) -> int:

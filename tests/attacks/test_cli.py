@@ -164,6 +164,7 @@ def test_an_attack_sweep_tabulates_each_cells_attack_and_resumes_an_unattacked_c
     assert [r["attack_psnr"] for r in again] == [r["attack_psnr"] for r in rows]
     table = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [r["attack_mse"] for r in table] == [r["attack_mse"] for r in rows]
+    assert (tmp_path / "privacy_utility.png").stat().st_size > 0
 
 
 def test_an_attack_sweep_checks_every_cells_attack_before_running_any(tmp_path):
