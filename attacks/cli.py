@@ -14,7 +14,7 @@ Every observed upload is stripped to the granted fields
 (:func:`fedsim.observer.restrict`), attacked (all victims of one round in one
 vmapped run where the attack supports it), and scored against the client's
 true data after Hungarian matching. Writes ``RUN_DIR/attack_summary.json``
-(``{"victims": [...], "mean": {mse, psnr, ssim, label_acc}, "seconds"}``) and
+(``{"victims": [...], "mean": {mse, psnr, ssim, nmi, label_acc}, "seconds"}``) and
 ``RUN_DIR/attack_grid.png`` (targets above reconstructions).
 
 With ``--grid KEY=V1,V2`` it runs a sweep (:mod:`fedsim.sweep`) of such runs
@@ -251,7 +251,7 @@ def _simulate_and_attack(cfg: Config, quiet: bool) -> tuple[dict, dict]:
         save_grid(results, out / "attack_grid.png")
     victims = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
     mean = {k: float(np.nanmean([v[k] for v in victims])) if not all(
-        np.isnan(v[k]) for v in victims) else float("nan") for k in ("mse", "psnr", "ssim", "label_acc")}
+        np.isnan(v[k]) for v in victims) else float("nan") for k in ("mse", "psnr", "ssim", "nmi", "label_acc")}
     summary = {"attack": section["name"], "grants": section["grants"], "config": section["config"],
                "victims": victims, "mean": mean, "seconds": seconds,
                # observed rounds read from RUN_DIR/observations instead of simulated again
@@ -262,7 +262,7 @@ def _simulate_and_attack(cfg: Config, quiet: bool) -> tuple[dict, dict]:
 
 
 # A sweep's table: the simulation's columns, then the attack's means over victims.
-ATTACK_MEANS = ("psnr", "ssim", "mse", "label_acc")
+ATTACK_MEANS = ("psnr", "ssim", "nmi", "mse", "label_acc")
 ATTACK_TABLE_FIELDS = TABLE_FIELDS + tuple(f"attack_{k}" for k in ATTACK_MEANS) + ("attack_seconds",)
 
 

@@ -22,7 +22,7 @@ def test_cli_writes_summary_and_grid(tmp_path):
     assert rc == 0
     summary = json.loads((tmp_path / "attack_summary.json").read_text())
     assert len(summary["victims"]) == 2
-    assert set(summary["mean"]) == {"mse", "psnr", "ssim", "label_acc"}
+    assert set(summary["mean"]) == {"mse", "psnr", "ssim", "nmi", "label_acc"}
     assert summary["mean"]["label_acc"] == 1.0  # iDLG on batch 1
     assert [v["victims_per_call"] for v in summary["victims"]] == [2, 2]  # one call
     assert (tmp_path / "attack_grid.png").stat().st_size > 0
@@ -49,7 +49,7 @@ def test_the_attack_runs_under_the_configured_precision(tmp_path, monkeypatch, p
 
     def recording(uploads, section, key):
         seen.append((len(uploads), jax.config.jax_default_matmul_precision))
-        return [{"mse": 0.0, "psnr": 0.0, "ssim": 0.0, "label_acc": 1.0}]
+        return [{"mse": 0.0, "psnr": 0.0, "ssim": 0.0, "nmi": 0.0, "label_acc": 1.0}]
 
     monkeypatch.setattr(cli, "attack_uploads", recording)
     monkeypatch.setattr(cli, "save_grid", lambda results, path: None)
@@ -151,7 +151,7 @@ def test_an_attack_sweep_tabulates_each_cells_attack_and_resumes_an_unattacked_c
     cells = [tmp_path / "cells" / r["cell"] for r in rows]
     for row, cell in zip(rows, cells):
         attacked = json.loads((cell / "attack_summary.json").read_text())
-        assert row["attack_psnr"] == attacked["mean"]["psnr"]
+        assert [row[f"attack_{k}"] for k in ("psnr", "nmi")] == [attacked["mean"][k] for k in ("psnr", "nmi")]
         assert row["test_accuracy"] == json.loads((cell / "summary.json").read_text())["test_accuracy"]
     assert rows[1]["attack_psnr"] < rows[0]["attack_psnr"] - 10  # noise hides the input
     assert rows[1]["epsilon"] > 0 and rows[0].get("epsilon") is None
