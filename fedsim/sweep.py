@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
+import statistics
 from pathlib import Path
 
 from fedsim.config import (Config, ConfigError, apply_overrides, from_dict, read_raw_config,
@@ -169,12 +171,61 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
     return rows
 
 
+def over_seeds(keys: list[str], rows: list[dict],
+               table_fields: tuple[str, ...] = TABLE_FIELDS) -> list[dict]:
+    """Each numeric field's mean, sample standard deviation and count over the seeds.
+
+    One entry per setting of the grid's other keys (in the order the cells
+    ran), over its finished cells; empty unless ``seed`` is a grid key with
+    at least two values. A field a cell lacks, or holds as NaN/inf, is left
+    out of that cell's count.
+    """
+    if "seed" not in keys or len({r["seed"] for r in rows}) < 2:
+        return []
+    others = [k for k in keys if k != "seed"]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(json.dumps([r[k] for k in others]), []).append(r)
+    entries = []
+    for members in groups.values():
+        done = [m for m in members if m["status"].startswith("done")]
+        entry = {**{k: members[0][k] for k in others}, "cells": len(members), "done": len(done)}
+        for field in table_fields:
+            values = [m[field] for m in done if _is_number(m.get(field))]
+            if values:
+                entry[field] = {"mean": statistics.fmean(values), "n": len(values),
+                                "std": statistics.stdev(values) if len(values) > 1 else None}
+        entries.append(entry)
+    return entries
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def write_table(out_dir: Path, keys: list[str], rows: list[dict],
                 table_fields: tuple[str, ...] = TABLE_FIELDS) -> None:
-    """results.json and results.md of the sweep (atomic)."""
-    write_json(out_dir / "results.json", {"grid_keys": keys, "rows": rows})
+    """results.json and results.md of the sweep (atomic).
+
+    With a ``seed`` axis, both also summarise every other setting over its
+    seeds (:func:`over_seeds`): ``over_seeds`` in the JSON, a second table in
+    the markdown.
+    """
+    seeds = over_seeds(keys, rows, table_fields)
+    write_json(out_dir / "results.json", {"grid_keys": keys, "rows": rows,
+                                          **({"over_seeds": seeds} if seeds else {})})
     cols = ["cell", *keys, "status", *[f for f in table_fields if any(f in r for r in rows)]]
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
     lines = ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    if seeds:
+        fields = [f for f in table_fields if any(f in e for e in seeds)]
+        cols = [k for k in keys if k != "seed"] + ["done / cells", *fields]
+        stat = lambda d: ("" if d is None else f"{d['mean']:.4g}" + (
+            "" if d["std"] is None else f" ± {d['std']:.2g}") + f" ({d['n']})")
+        lines += ["", "Over seeds: mean ± sample standard deviation (finished cells counted)", "",
+                  "| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
+        lines += ["| " + " | ".join([*(fmt(e[k]) for k in keys if k != "seed"),
+                                     f"{e['done']} / {e['cells']}",
+                                     *(stat(e.get(f)) for f in fields)]) + " |" for e in seeds]
     atomic_write_text(out_dir / "results.md", "\n".join(lines) + "\n")

@@ -62,6 +62,39 @@ def test_sweep_runs_grid_skips_finished_and_records_failures(tmp_path):
     assert sum(r["status"] == "done (skipped)" for r in rows2) == 4
 
 
+def test_a_seed_axis_is_summarised_over_seeds_per_other_setting(tmp_path):
+    import numpy as np
+
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE)
+
+    def fake_run(c):
+        if c.seed == 2 and c.defenses[0]["kappa"] == 0.3:
+            raise FloatingPointError("diverged")  # a failed cell is not counted
+        return {"test_accuracy": 0.5 + 0.1 * c.seed ** 2 + c.defenses[0]["kappa"],
+                "epsilon": float("inf") if c.seed == 1 else 2.0 + c.seed, "client_parallelism": "loop"}
+
+    grid = ["seed=0,1,2", "defenses[0].kappa=0.1,0.3"]
+    run_sweep(cfg, grid, tmp_path / "out", run_fn=fake_run, log=lambda m: None)
+    seeds = json.loads((tmp_path / "out" / "results.json").read_text())["over_seeds"]
+    assert [(e["defenses[0].kappa"], e["cells"], e["done"]) for e in seeds] == [(0.1, 3, 3), (0.3, 3, 2)]
+    for entry, kappa, used in ((seeds[0], 0.1, [0, 1, 2]), (seeds[1], 0.3, [0, 1])):
+        acc = np.array([0.5 + 0.1 * s ** 2 + kappa for s in used])
+        assert entry["test_accuracy"]["n"] == len(used)
+        np.testing.assert_allclose(entry["test_accuracy"]["mean"], acc.mean(), rtol=1e-12)
+        np.testing.assert_allclose(entry["test_accuracy"]["std"], acc.std(ddof=1), rtol=1e-12)
+        assert "client_parallelism" not in entry  # not a number
+    # seed 1's infinite epsilon is left out of the count, not averaged in
+    assert seeds[0]["epsilon"] == {"mean": 3.0, "std": np.std([2.0, 4.0], ddof=1), "n": 2}
+    assert seeds[1]["epsilon"] == {"mean": 2.0, "std": None, "n": 1}
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "Over seeds" in md and "| 0.3 | 2 / 3 |" in md
+    # No seed axis, or one seed: no summary.
+    run_sweep(cfg, ["seed=0", "defenses[0].kappa=0.1,0.3"], tmp_path / "one", run_fn=fake_run,
+              log=lambda m: None)
+    assert "over_seeds" not in json.loads((tmp_path / "one" / "results.json").read_text())
+
+
 def test_sweep_bad_key_fails_before_running(tmp_path):
     cfg = tmp_path / "base.yaml"
     cfg.write_text(BASE)
