@@ -41,11 +41,12 @@ import numpy as np
 
 from fedsim import distributed
 from fedsim.config import Config, ConfigError, load_config
-from fedsim.sweep import TABLE_FIELDS
 from fedsim.observer import GRANTS, ObservedUpload, restrict
+from fedsim.sweep import TABLE_FIELDS
 
 ATTACK_KEYS = ("name", "grants", "config")
 ATTACK_STREAM = 0xA77AC
+ATTACK_MEANS = ("psnr", "ssim", "nmi", "mse", "label_acc")  # averaged over victims
 
 
 def validate_attack_section(cfg: Config) -> dict:
@@ -251,7 +252,7 @@ def _simulate_and_attack(cfg: Config, quiet: bool) -> tuple[dict, dict]:
         save_grid(results, out / "attack_grid.png")
     victims = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
     mean = {k: float(np.nanmean([v[k] for v in victims])) if not all(
-        np.isnan(v[k]) for v in victims) else float("nan") for k in ("mse", "psnr", "ssim", "nmi", "label_acc")}
+        np.isnan(v[k]) for v in victims) else float("nan") for k in ATTACK_MEANS}
     summary = {"attack": section["name"], "grants": section["grants"], "config": section["config"],
                "victims": victims, "mean": mean, "seconds": seconds,
                # observed rounds read from RUN_DIR/observations instead of simulated again
@@ -262,7 +263,6 @@ def _simulate_and_attack(cfg: Config, quiet: bool) -> tuple[dict, dict]:
 
 
 # A sweep's table: the simulation's columns, then the attack's means over victims.
-ATTACK_MEANS = ("psnr", "ssim", "nmi", "mse", "label_acc")
 ATTACK_TABLE_FIELDS = TABLE_FIELDS + tuple(f"attack_{k}" for k in ATTACK_MEANS) + ("attack_seconds",)
 
 
@@ -306,7 +306,6 @@ def plot_privacy_utility(rows: list[dict], keys: list[str], path: Path) -> None:
     """Test accuracy against the attack's PSNR, one point per finished cell.
 
     Each point is labelled with its cell's grid values (``keys`` in order).
-
     Lower PSNR is more privacy; a defense is worth its cost where accuracy
     stays up as PSNR falls. Cells without both numbers are left out.
     """
@@ -321,8 +320,7 @@ def plot_privacy_utility(rows: list[dict], keys: list[str], path: Path) -> None:
     ax.scatter([r["attack_psnr"] for r in points], [r["test_accuracy"] for r in points])
     for r in points:
         ax.annotate(", ".join(str(r[k]) for k in keys), (r["attack_psnr"], r["test_accuracy"]),
-                    fontsize=7,
-                    xytext=(3, 3), textcoords="offset points")
+                    fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("attack PSNR, mean over victims (dB; lower = more private)")
     ax.set_ylabel("test accuracy")
     ax.set_title(f"privacy-utility per sweep cell ({', '.join(keys)})", fontsize=9)

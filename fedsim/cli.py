@@ -73,13 +73,15 @@ def _cmd_report(args) -> int:
     if attack_path.is_file():  # a `fedsim attack` run: its victims too
         attack = json.loads(attack_path.read_text())
         print(f"attack {attack.get('attack')} (grants {attack.get('grants')}):")
-        print(f"{'client':>6} {'round':>6} {'psnr':>7} {'ssim':>6} {'mse':>9} {'label_acc':>9}")
+        print(f"{'client':>6} {'round':>6} {'psnr':>7} {'ssim':>6} {'nmi':>6} {'mse':>9} "
+              f"{'label_acc':>9}")
+        nan = float("nan")
         for v in attack.get("victims", []):
             print(f"{v['client']:>6} {v['round']:>6} {v['psnr']:>7.2f} {v['ssim']:>6.3f} "
-                  f"{v['mse']:>9.2e} {v['label_acc']:>9.2f}")
+                  f"{v.get('nmi', nan):>6.3f} {v['mse']:>9.2e} {v['label_acc']:>9.2f}")
         m = attack.get("mean", {})
-        print(f"{'mean':>13} {m.get('psnr', float('nan')):>7.2f} {m.get('ssim', float('nan')):>6.3f} "
-              f"{m.get('mse', float('nan')):>9.2e} {m.get('label_acc', float('nan')):>9.2f}")
+        print(f"{'mean':>13} {m.get('psnr', nan):>7.2f} {m.get('ssim', nan):>6.3f} "
+              f"{m.get('nmi', nan):>6.3f} {m.get('mse', nan):>9.2e} {m.get('label_acc', nan):>9.2f}")
     return 0
 
 
