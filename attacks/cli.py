@@ -171,7 +171,7 @@ def _stored_uploads(cfg: Config, sim) -> tuple[list[ObservedUpload], list[int]]:
     out = run_dir_for(cfg)
     ckpt_dir = out / "checkpoints"
     meta = checkpoint.read_meta(ckpt_dir) if cfg.output.checkpoint_every else None
-    if meta is None or meta.get("config_fingerprint") != checkpoint.config_fingerprint(cfg):
+    if meta is None or meta.get("config_fingerprint") not in checkpoint.accepted_fingerprints(cfg):
         return [], []  # starts from round 0, or run_simulation refuses the checkpoint by name
     ck = checkpoint.Checkpointer(ckpt_dir)
     try:
@@ -290,8 +290,18 @@ def run_attack_sweep(config_path, grid_items: list[str], out_dir,
         return _sweep_row(json.loads((cell_dir / "summary.json").read_text()),
                           json.loads((cell_dir / "attack_summary.json").read_text()))
 
-    rows = run_sweep(config_path, grid_items, out_dir, overrides,
-                     run_fn=lambda cfg: _sweep_row(*_simulate_and_attack(cfg, quiet=True)),
+    def run_cell(cfg: Config) -> dict:
+        # Across processes a copy by process 0 would race the others' resume.
+        started = None if distributed.joined() else start_from_a_sibling(cfg, Path(out_dir) / "cells")
+        if started is not None:
+            sibling, done = started
+            line = f"starts from cell {sibling.name}'s simulation ({done} rounds done)"
+            log(f"  {Path(cfg.output.dir).name}: {line}")
+            with open(Path(cfg.output.dir) / "run.log", "a") as f:
+                f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + line + "\n")
+        return _sweep_row(*_simulate_and_attack(cfg, quiet=True))
+
+    rows = run_sweep(config_path, grid_items, out_dir, overrides, run_fn=run_cell,
                      log=log, done_file="attack_summary.json", read_done=read_done,
                      table_fields=ATTACK_TABLE_FIELDS, check_cell=validate_attack_section)
     if distributed.is_primary():
@@ -300,6 +310,61 @@ def run_attack_sweep(config_path, grid_items: list[str], out_dir,
         plot_privacy_utility(rows, [k for k, _ in parse_grid(grid_items)],
                              Path(out_dir) / "privacy_utility.png")
     return rows
+
+
+# What a cell's simulation leaves that a resumed one reads (run_simulation, _stored_uploads).
+_SIMULATION_FILES = ("checkpoints", "observations", "metrics.jsonl")
+
+
+def start_from_a_sibling(cfg: Config, cells: Path) -> tuple[Path, int] | None:
+    """Give a cell that has not started the simulation another cell already ran.
+
+    Cells that differ only in ``attack`` (or in ``training.rounds``) have the
+    same config fingerprint, so one's checkpoints and stored observations are
+    a valid start for the other: it resumes from them and, once the
+    simulation is done, only attacks. The sibling with the most rounds done,
+    at most ``cfg.training.rounds``, is copied (not linked: a resumed run
+    appends to its metrics).
+
+    Returns:
+      The cell directory copied from and its rounds done, or None (the cell
+      already has checkpoints, or no sibling fits).
+    """
+    import shutil
+
+    from fedsim import checkpoint
+
+    out = Path(cfg.output.dir)
+    if (out / "checkpoints").exists() or not cells.is_dir():
+        return None
+    fingerprint, best = checkpoint.config_fingerprint(cfg), (0, None)
+    for sibling in sorted(cells.iterdir()):
+        ckpt_dir = sibling / "checkpoints"
+        if sibling == out or not ckpt_dir.is_dir():
+            continue
+        try:
+            meta = checkpoint.read_meta(ckpt_dir)
+            if meta is None or meta.get("config_fingerprint") != fingerprint:
+                continue
+            ck = checkpoint.Checkpointer(ckpt_dir)
+            try:
+                done = ck.latest_round() or 0
+            finally:
+                ck.close()
+        except checkpoint.CheckpointError:
+            continue  # an unreadable sibling is no start
+        if best[0] < done <= cfg.training.rounds:
+            best = (done, sibling)
+    if best[1] is None:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    for name in _SIMULATION_FILES:
+        src = best[1] / name
+        if src.is_dir():
+            shutil.copytree(src, out / name)
+        elif src.is_file():
+            shutil.copy2(src, out / name)
+    return best[1], best[0]
 
 
 def plot_privacy_utility(rows: list[dict], keys: list[str], path: Path) -> None:

@@ -42,18 +42,38 @@ class CheckpointError(RuntimeError):
 def config_fingerprint(cfg) -> str:
     """Hash of everything in the config that changes the numbers of a run.
 
-    ``output.*`` (where and how often to write), ``training.rounds`` (a
-    finished run may be extended) and ``attack`` (what ``fedsim attack`` does
-    with the observed uploads, so a finished run can be attacked again with
-    other settings) are left out.
+    Left out: ``output.*`` (where and how often to write), ``training.rounds``
+    (a finished run may be extended), ``name`` (a label; sweep cells that
+    differ only in what follows can share a simulation) and ``attack`` (what
+    ``fedsim attack`` does with the observed uploads, so a finished run can be
+    attacked again with other settings).
+    """
+    d = cfg.to_dict()
+    for key in ("output", "name", "attack"):
+        d.pop(key, None)
+    d.get("training", {}).pop("rounds", None)
+    return _hash(d)
+
+
+def legacy_fingerprint(cfg) -> str:
+    """The fingerprint checkpoints were written with until 2026-11-26.
+
+    It left out only ``output`` and ``training.rounds``. Checkpoints carrying
+    it still resume (:func:`accepted_fingerprints`); new saves write
+    :func:`config_fingerprint`.
     """
     d = cfg.to_dict()
     d.pop("output", None)
     d.get("training", {}).pop("rounds", None)
-    if d.get("attack") is not None:
-        # Only when set: a config without one keeps the fingerprint it had
-        # before attack was left out, so its existing checkpoints still resume.
-        d.pop("attack")
+    return _hash(d)
+
+
+def accepted_fingerprints(cfg) -> tuple[str, str]:
+    """The fingerprints a checkpoint of ``cfg`` may carry: the current one first."""
+    return config_fingerprint(cfg), legacy_fingerprint(cfg)
+
+
+def _hash(d: dict) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -92,9 +112,12 @@ class Checkpointer:
             state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave(meta)), force=True)
         self.manager.wait_until_finished()
 
-    def restore(self, template: ServerState, fingerprint: str | None = None,
+    def restore(self, template: ServerState, fingerprint: str | tuple[str, ...] | None = None,
                 rounds_done: int | None = None) -> tuple[ServerState, dict]:
         """Restore the newest (or given) checkpoint into ``template``'s structure.
+
+        ``fingerprint`` is the config's fingerprint, or the fingerprints it
+        accepts (:func:`accepted_fingerprints`), the current one first.
 
         Raises:
           CheckpointError: unreadable/corrupted files, or a checkpoint written by
@@ -112,10 +135,11 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {where} is unreadable or corrupted "
                                   f"({type(e).__name__}: {str(e)[:200]}); delete it to start over"
                                   ) from None
-        if fingerprint is not None and meta.get("config_fingerprint") != fingerprint:
+        accepted = (fingerprint,) if isinstance(fingerprint, str) else fingerprint
+        if accepted is not None and meta.get("config_fingerprint") not in accepted:
             raise CheckpointError(
                 f"checkpoint {where} was written by a different config (fingerprint "
-                f"{meta.get('config_fingerprint')} != {fingerprint}); use another output.dir "
+                f"{meta.get('config_fingerprint')} != {accepted[0]}); use another output.dir "
                 "or delete the checkpoints to start over")
         flat, treedef = jax.tree_util.tree_flatten(template)
         if meta.get("num_leaves") not in (None, len(flat)):

@@ -59,7 +59,7 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     state, start = sim.init_state(), 0
     ckpt = checkpoint.Checkpointer(ckpt_dir) if every else None
     if meta is not None:
-        state, meta = ckpt.restore(state, checkpoint.config_fingerprint(cfg))
+        state, meta = ckpt.restore(state, checkpoint.accepted_fingerprints(cfg))
         start = int(state.round)
         checkpoint.load_callback_states(sim.round_callbacks, meta.get("callbacks"))
         log_line(f"resumed from {ckpt_dir}: {start} rounds done")

@@ -179,3 +179,23 @@ def test_an_attack_sweep_checks_every_cells_attack_before_running_any(tmp_path):
 def test_out_without_grid_is_refused(tmp_path, capsys):
     assert main(["configs/attack_quickstart.yaml", "--out", str(tmp_path)]) == 2
     assert "--out names a sweep's directory: it takes --grid" in capsys.readouterr().err
+
+
+def test_an_attack_sweep_over_attack_settings_simulates_once(tmp_path):
+    from attacks.cli import run_attack_sweep
+
+    logs = []
+    sets = BASE + ["training.rounds=3", "observer.rounds=[0, 2]"]
+    rows = run_attack_sweep("configs/attack_quickstart.yaml", ["attack.config.iterations=10,20"],
+                            tmp_path, sets, log=logs.append)
+    assert [r["status"] for r in rows] == ["done", "done"]
+    assert "  attack.config.iterations=20: starts from cell attack.config.iterations=10's " \
+           "simulation (3 rounds done)" in logs
+    first, second = (tmp_path / "cells" / r["cell"] for r in rows)
+    assert json.loads((second / "attack_summary.json").read_text())["rounds_from_disk"] == [0, 2]
+    assert (second / "metrics.jsonl").read_text() == (first / "metrics.jsonl").read_text()
+    # The same numbers as a run of its own that simulates.
+    alone = _attack(tmp_path / "alone", "attack.config={iterations: 20}")
+    assert alone["rounds_from_disk"] == []
+    assert _numbers(json.loads((second / "attack_summary.json").read_text())) == _numbers(alone)
+    assert rows[1]["test_accuracy"] == rows[0]["test_accuracy"]

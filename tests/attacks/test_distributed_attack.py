@@ -23,7 +23,7 @@ def test_two_processes_attack_one_simulation_and_process_0_writes_the_summary(tm
     config = tmp_path / "attack.yaml"
     config.write_text(ATTACK)
     out = tmp_path / "run"
-    procs = _run_processes(config, out, command="attack")
+    procs = _run_processes(config, out, "output.checkpoint_every=1", command="attack")
     # Process 1 once failed here: the attack's memory check asked JAX for the
     # memory of jax.devices()[0], process 0's device.
     for i, p in enumerate(procs):
@@ -38,6 +38,14 @@ def test_two_processes_attack_one_simulation_and_process_0_writes_the_summary(tm
                                 quiet=True)
     np.testing.assert_allclose([v["psnr"] for v in summary["victims"]],
                                [v["psnr"] for v in one["victims"]], rtol=1e-4)
+    # Run again, the finished run is attacked again from the observations process
+    # 0 stored: both processes read them, nothing is simulated.
+    procs = _run_processes(config, out, "output.checkpoint_every=1", command="attack")
+    for i, p in enumerate(procs):
+        assert p["rc"] == 0, (i, p["stderr"][-3000:])
+    again = json.loads((out / "attack_summary.json").read_text())
+    assert again["rounds_from_disk"] == [0] and "read from" in procs[0]["stderr"]
+    assert [v["psnr"] for v in again["victims"]] == [v["psnr"] for v in summary["victims"]]
 
 
 def test_two_processes_split_the_victims_with_shard_victims(tmp_path):
@@ -61,19 +69,3 @@ def test_two_processes_split_the_victims_with_shard_victims(tmp_path):
     np.testing.assert_allclose([v["psnr"] for v in summary["victims"]],
                                [v["psnr"] for v in one["victims"]], rtol=1e-4)
 
-
-def test_two_processes_attack_a_finished_run_again_from_its_stored_observations(tmp_path):
-    # Process 0 writes RUN_DIR/observations; on the rerun both processes read
-    # them (the run is finished: nothing is simulated again).
-    config = tmp_path / "attack.yaml"
-    config.write_text(ATTACK)
-    out = tmp_path / "run"
-    summaries = []
-    for _ in range(2):
-        procs = _run_processes(config, out, "output.checkpoint_every=1", command="attack")
-        for i, p in enumerate(procs):
-            assert p["rc"] == 0, (i, p["stderr"][-3000:])
-        summaries.append(json.loads((out / "attack_summary.json").read_text()))
-    assert [s["rounds_from_disk"] for s in summaries] == [[], [0]]
-    assert "read from" in procs[0]["stderr"]
-    assert [v["psnr"] for v in summaries[1]["victims"]] == [v["psnr"] for v in summaries[0]["victims"]]

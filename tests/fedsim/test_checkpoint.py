@@ -60,7 +60,7 @@ def test_run_resumes_from_checkpoint_in_process(tmp_path):
     assert a["test_accuracy"] == b["test_accuracy"] and a["final_train_loss"] == b["final_train_loss"]
 
 
-def test_the_attack_section_is_not_in_the_fingerprint_and_plain_configs_keep_theirs():
+def test_the_fingerprint_leaves_out_name_and_attack_and_old_checkpoints_still_resume(tmp_path):
     import hashlib
     import json
 
@@ -68,17 +68,28 @@ def test_the_attack_section_is_not_in_the_fingerprint_and_plain_configs_keep_the
 
     base = ["model.name=mlp", "observer.clients=[0]", "observer.rounds=[0]"]
     attacked = load_config(None, base + ["attack.name=dlg", "attack.config={iterations: 5}"])
-    # Re-attacking a finished run with other attack settings resumes it.
+    # Re-attacking a finished run with other attack settings, or a sweep cell of
+    # another name, resumes the same simulation.
     assert config_fingerprint(attacked) == config_fingerprint(
-        load_config(None, base + ["attack.name=inverting_gradients"]))
+        load_config(None, base + ["attack.name=inverting_gradients", "name=other"]))
     assert config_fingerprint(attacked) != config_fingerprint(
         load_config(None, base + ["attack.name=dlg", "training.lr=0.5"]))
-    # A config without an attack hashes every field but output and training.rounds,
-    # attack: null included, as before the attack section was left out: its
-    # existing checkpoints still resume.
-    plain = load_config(None, base)
-    d = plain.to_dict()
+    # A checkpoint written with the fingerprint of before (every field but output
+    # and training.rounds, name and attack included) resumes.
+    cfg = small_config(**{"training.rounds": 1, "output.checkpoint_every": 1,
+                          "output.dir": str(tmp_path / "run")})
+    d = cfg.to_dict()
     del d["output"], d["training"]["rounds"]
-    assert d["attack"] is None
-    expected = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    assert config_fingerprint(plain) == expected
+    old = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert old != config_fingerprint(cfg)
+    sim, state = _trained_state(cfg)
+    Checkpointer(tmp_path / "run" / "checkpoints").save(
+        1, state, {**make_meta(cfg, sim, state), "config_fingerprint": old})
+    longer = small_config(**{"training.rounds": 2, "output.checkpoint_every": 1,
+                             "output.dir": str(tmp_path / "run")})
+    run_simulation(longer, sim=Simulation(longer, dataset=small_dataset()), quiet=True)
+    assert "resumed from" in (tmp_path / "run" / "run.log").read_text()
+    # ... and its next checkpoint carries the current fingerprint.
+    restored, meta = Checkpointer(tmp_path / "run" / "checkpoints").restore(sim.init_state())
+    assert int(restored.round) == 2
+    assert meta["config_fingerprint"] == config_fingerprint(cfg)
