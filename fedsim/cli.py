@@ -45,8 +45,9 @@ def _cmd_run(args) -> int:
 
 
 def _add_report(sub) -> None:
-    p = sub.add_parser("report", help="summarise a finished run directory")
-    p.add_argument("run_dir", help="a directory written by `fedsim run`")
+    p = sub.add_parser("report", help="summarise a finished run directory, or print a sweep's table")
+    p.add_argument("run_dir", help="a directory written by `fedsim run` or `fedsim attack`, or a "
+                                   "sweep's directory")
     p.set_defaults(func=_cmd_report)
 
 
@@ -57,8 +58,12 @@ def _cmd_report(args) -> int:
 
     run_dir = Path(args.run_dir)
     summary_path = run_dir / "summary.json"
+    if not summary_path.is_file() and (run_dir / "results.md").is_file():  # a sweep's directory
+        print((run_dir / "results.md").read_text(), end="")
+        return 0
     if not summary_path.is_file():
-        raise FileNotFoundError(f"{summary_path} not found: is {run_dir} a finished fedsim run?")
+        raise FileNotFoundError(f"{summary_path} not found: is {run_dir} a finished fedsim run "
+                                "or a sweep's directory?")
     summary = json.loads(summary_path.read_text())
     rows = read_metrics(run_dir / "metrics.jsonl")
     print(json.dumps(summary, indent=2))

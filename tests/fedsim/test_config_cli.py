@@ -99,6 +99,12 @@ def test_report_command(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "test_accuracy" in out and "round" in out
     assert main(["report", str(tmp_path / "missing")]) == 1
+    assert "or a sweep's directory?" in capsys.readouterr().err
+    sweep = tmp_path / "sweep"  # a sweep's directory: its table
+    sweep.mkdir()
+    (sweep / "results.md").write_text("| cell | status |\n|---|---|\n| seed=0 | done |\n")
+    assert main(["report", str(sweep)]) == 0
+    assert capsys.readouterr().out == (sweep / "results.md").read_text()
 
 
 def test_privacy_command_is_available_through_fedsim(capsys):
