@@ -54,7 +54,8 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     meta = checkpoint.read_meta(ckpt_dir) if every else None
     # A resumed run keeps the strategy it started with (same numbers).
     sim = sim or Simulation(cfg, donate=True, strategy=(meta or {}).get("strategy"))
-    log_line = (lambda text: _log_line(out, text, quiet)) if primary else (lambda text: None)
+    log_line = ((lambda text, echo=True: _log_line(out, text, quiet or not echo)) if primary
+                else (lambda text, echo=True: None))
     log_line(sim.strategy_reason)
     state, start = sim.init_state(), 0
     ckpt = checkpoint.Checkpointer(ckpt_dir) if every else None
@@ -141,7 +142,7 @@ def _run_rounds(cfg, sim, state, start, log, ckpt, watch, progress, on_round, ac
             if ckpt is not None:
                 ckpt.close()  # waits for the save
             error = preemption.Preempted(r + 1, ckpt is not None)
-            log_line(f"{error}")
+            log_line(f"{error}", echo=False)  # the command prints it as it exits
             raise error
     return state, acc, loss
 
