@@ -14,7 +14,8 @@ Every observed upload is stripped to the granted fields
 (:func:`fedsim.observer.restrict`), attacked (all victims of one round in one
 vmapped run where the attack supports it), and scored against the client's
 true data after Hungarian matching. Writes ``RUN_DIR/attack_summary.json``
-(``{"victims": [...], "mean": {mse, psnr, ssim, nmi, label_acc}, "seconds"}``) and
+(``{"victims": [...], "mean": {mse, psnr, ssim, nmi, label_acc}, "mean_by_round",
+"seconds", ...}``) and
 ``RUN_DIR/attack_grid.png`` (targets above reconstructions).
 
 With ``--grid KEY=V1,V2`` it runs a sweep (:mod:`fedsim.sweep`) of such runs
@@ -251,15 +252,23 @@ def _simulate_and_attack(cfg: Config, quiet: bool) -> tuple[dict, dict]:
     if primary:
         save_grid(results, out / "attack_grid.png")
     victims = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
-    mean = {k: float(np.nanmean([v[k] for v in victims])) if not all(
-        np.isnan(v[k]) for v in victims) else float("nan") for k in ATTACK_MEANS}
+    rounds = sorted({v["round"] for v in victims})
     summary = {"attack": section["name"], "grants": section["grants"], "config": section["config"],
-               "victims": victims, "mean": mean, "seconds": seconds,
+               "victims": victims, "mean": _means(victims), "seconds": seconds,
+               # how leakage moves with training: the means of each observed round
+               "mean_by_round": {str(r): _means([v for v in victims if v["round"] == r])
+                                 for r in rounds},
                # observed rounds read from RUN_DIR/observations instead of simulated again
                "rounds_from_disk": stored_rounds}
     if primary:
         write_json(out / "attack_summary.json", summary)
     return simulated, summary
+
+
+def _means(victims: list[dict]) -> dict:
+    """:data:`ATTACK_MEANS` over victims, NaNs left out (NaN where all are)."""
+    return {k: float(np.nanmean([v[k] for v in victims])) if not all(
+        np.isnan(v[k]) for v in victims) else float("nan") for k in ATTACK_MEANS}
 
 
 # A sweep's table: the simulation's columns, then the attack's means over victims.
@@ -409,8 +418,13 @@ def _cmd_attack(args) -> int:
     for v in summary["victims"]:
         print(f"client {v['client']:4d} round {v['round']:3d}: PSNR {v['psnr']:6.2f} dB  SSIM "
               f"{v['ssim']:.3f}  MSE {v['mse']:.2e}  label acc {v['label_acc']:.2f}")
+    if len(summary["mean_by_round"]) > 1:
+        for r, mr in summary["mean_by_round"].items():
+            print(f"round {int(r):3d} mean: PSNR {mr['psnr']:6.2f} dB  SSIM {mr['ssim']:.3f}  "
+                  f"NMI {mr['nmi']:.3f}  MSE {mr['mse']:.2e}")
     print(f"mean over {len(summary['victims'])} victims: PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}, "
-          f"MSE {m['mse']:.2e}, label acc {m['label_acc']:.2f} ({summary['seconds']:.1f} s attacking)")
+          f"NMI {m['nmi']:.3f}, MSE {m['mse']:.2e}, label acc {m['label_acc']:.2f} "
+          f"({summary['seconds']:.1f} s attacking)")
     from fedsim.run import run_dir_for
 
     if summary["rounds_from_disk"]:

@@ -98,6 +98,10 @@ def test_a_killed_attack_run_resumes_from_its_stored_observations(tmp_path, monk
 
     whole = _attack(tmp_path / "whole")
     assert whole["rounds_from_disk"] == []
+    assert list(whole["mean_by_round"]) == ["0", "2"]
+    for r, means in whole["mean_by_round"].items():
+        assert means["psnr"] == pytest.approx(
+            sum(v["psnr"] for v in whole["victims"] if v["round"] == int(r)) / 2, rel=1e-12)
     assert sorted((tmp_path / "whole" / "observations").iterdir()) == [
         tmp_path / "whole" / "observations" / f"round_00000{r}.npz" for r in (0, 2)]
     run_round = Simulation.run_round
