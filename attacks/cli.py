@@ -332,8 +332,8 @@ def start_from_a_sibling(cfg: Config, cells: Path) -> tuple[Path, int] | None:
     same config fingerprint, so one's checkpoints and stored observations are
     a valid start for the other: it resumes from them and, once the
     simulation is done, only attacks. The sibling with the most rounds done,
-    at most ``cfg.training.rounds``, is copied (not linked: a resumed run
-    appends to its metrics).
+    at most ``cfg.training.rounds``, and every observed round before them
+    stored, is copied (not linked: a resumed run appends to its metrics).
 
     Returns:
       The cell directory copied from and its rounds done, or None (the cell
@@ -341,7 +341,7 @@ def start_from_a_sibling(cfg: Config, cells: Path) -> tuple[Path, int] | None:
     """
     import shutil
 
-    from fedsim import checkpoint
+    from fedsim import checkpoint, observation_store
 
     out = Path(cfg.output.dir)
     if (out / "checkpoints").exists() or not cells.is_dir():
@@ -362,7 +362,9 @@ def start_from_a_sibling(cfg: Config, cells: Path) -> tuple[Path, int] | None:
                 ck.close()
         except checkpoint.CheckpointError:
             continue  # an unreadable sibling is no start
-        if best[0] < done <= cfg.training.rounds:
+        stored = all(observation_store.round_path(sibling / "observations", r).is_file()
+                     for r in cfg.observer.rounds if r < done)
+        if stored and best[0] < done <= cfg.training.rounds:
             best = (done, sibling)
     if best[1] is None:
         return None
@@ -370,7 +372,9 @@ def start_from_a_sibling(cfg: Config, cells: Path) -> tuple[Path, int] | None:
     for name in _SIMULATION_FILES:
         src = best[1] / name
         if src.is_dir():
-            shutil.copytree(src, out / name)
+            # dirs_exist_ok: a cell killed before its first checkpoint may
+            # have stored round 0 already; the sibling's copy is the same.
+            shutil.copytree(src, out / name, dirs_exist_ok=True)
         elif src.is_file():
             shutil.copy2(src, out / name)
     return best[1], best[0]
