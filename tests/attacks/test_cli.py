@@ -49,7 +49,8 @@ def test_the_attack_runs_under_the_configured_precision(tmp_path, monkeypatch, p
 
     def recording(uploads, section, key):
         seen.append((len(uploads), jax.config.jax_default_matmul_precision))
-        return [{"mse": 0.0, "psnr": 0.0, "ssim": 0.0, "nmi": 0.0, "label_acc": 1.0}]
+        return [{"client": 0, "round": 0, "mse": 0.0, "psnr": 0.0, "ssim": 0.0, "nmi": 0.0,
+                 "label_acc": 1.0}]
 
     monkeypatch.setattr(cli, "attack_uploads", recording)
     monkeypatch.setattr(cli, "save_grid", lambda results, path: None)
