@@ -439,13 +439,9 @@ def _cmd_attack(args) -> int:
 
 
 def _cmd_attack_sweep(args) -> int:
-    out = args.out or f"sweeps/{Path(args.config).stem}"
-    distributed.initialize_from_args(args)  # before anything touches a device
-    rows = run_attack_sweep(args.config, args.grid, out, args.overrides,
-                            log=lambda m: print(m, file=sys.stderr))
-    if distributed.is_primary():
-        print(f"results: {out}/results.md", file=sys.stderr)
-    return 0 if all(r["status"].startswith("done") for r in rows) else 1
+    from fedsim.cli import run_sweep_command
+
+    return run_sweep_command(args, run_attack_sweep)
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:

@@ -105,6 +105,20 @@ def _add_sweep(sub) -> None:
 
 
 def _cmd_sweep(args) -> int:
+    return run_sweep_command(args)
+
+
+def run_sweep_command(args, sweep=None) -> int:
+    """``fedsim sweep`` (and ``fedsim attack --grid``): run the grid, say where its table is.
+
+    Args:
+      args: parsed ``config``, ``grid``, ``overrides``, ``out`` and process flags.
+      sweep: ``sweep(config, grid, out, overrides, log=...) -> rows``
+        (default :func:`fedsim.sweep.run_sweep`).
+
+    Returns:
+      0 if every cell is done, else 1.
+    """
     from pathlib import Path
 
     from fedsim import distributed
@@ -112,8 +126,8 @@ def _cmd_sweep(args) -> int:
 
     out = args.out or f"sweeps/{Path(args.config).stem}"
     distributed.initialize_from_args(args)  # before anything touches a device
-    rows = run_sweep(args.config, args.grid, out, args.overrides,
-                     log=lambda m: print(m, file=sys.stderr))
+    rows = (sweep or run_sweep)(args.config, args.grid, out, args.overrides,
+                                log=lambda m: print(m, file=sys.stderr))
     if distributed.is_primary():
         print(f"results: {out}/results.md", file=sys.stderr)
     return 0 if all(r["status"].startswith("done") for r in rows) else 1
