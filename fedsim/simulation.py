@@ -464,6 +464,14 @@ class Simulation:
         """
         observed: list[ObservedUpload] = []
         stop = self.cfg.training.on_nonfinite == "stop"
+        if self.mesh is not None:
+            # The sharded step returns the state replicated over the mesh, while
+            # round 0's (from init_state or a checkpoint) sits on one device: a
+            # different input sharding, so round 1 compiled the step a second
+            # time. Placing the state on the mesh first (a no-op from round 1 on)
+            # gives every round the same one executable.
+            from fedsim import sharding
+            state = sharding.replicate(self.mesh, state)
         if self.strategy != "loop":
             # The observed clients' uploads, computed again on their own before the
             # cohort step (which may donate the state). The cohort then trains on

@@ -15,6 +15,10 @@ SCRIPT = textwrap.dedent("""
     from fedsim.simulation import Simulation
     ds = small_dataset()
     out = {"devices": jax.device_count()}
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, secs, **kw: compiles.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" else None)
     for strategy, aggregation in itertools.product(("map", "sharded"), ("mean", "sender_mean")):
         # 5 clients over 4 devices also exercises the padding of the cohort.
         cfg = small_config(**{"model.name": "lenet5", "training.client_parallelism": strategy,
@@ -23,12 +27,14 @@ SCRIPT = textwrap.dedent("""
         defs = {"upload": random_zeroing_upload(0.5)} if aggregation == "sender_mean" else None
         sim = Simulation(cfg, dataset=ds, donate=True, defenses=defs)
         state = sim.init_state()
-        for r in range(2):
-            state, res = sim.run_round(state, r)
+        state, res = sim.run_round(state, 0)
+        before = len(compiles)
+        state, res = sim.run_round(state, 1)
         out[strategy + "/" + aggregation] = {
             "params": [np.asarray(l).ravel().tolist()
                        for l in jax.tree_util.tree_leaves(state.params)],
             "loss": res.train_loss,
+            "compiles_in_round_1": len(compiles) - before,
             "mesh": None if sim.mesh is None else dict(sim.mesh.shape)}
     print("RESULT" + json.dumps(out))
 """)
@@ -51,3 +57,6 @@ def test_four_device_sharded_run_equals_one_device_run():
             assert np_a.shape == np_b.shape
             assert np.allclose(np_a, np_b, atol=1e-5, rtol=1e-5), aggregation
         assert abs(sharded["loss"] - single["loss"]) < 1e-5
+        # Round 1 runs round 0's executables: before, the sharded step compiled
+        # again because round 0's state was not yet on the mesh.
+        assert sharded["compiles_in_round_1"] == single["compiles_in_round_1"] == 0
