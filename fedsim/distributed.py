@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import sys
+import threading
 
 import jax
 import numpy as np
@@ -37,7 +38,8 @@ class DistributedError(ConfigError):
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, heartbeat_timeout: int | None = None) -> None:
+               process_id: int | None = None, heartbeat_timeout: int | None = None,
+               join_timeout: int | None = None) -> None:
     """Join this process to a multi-process JAX run (``jax.distributed.initialize``).
 
     Call before anything touches a JAX device. With none of the arguments, JAX
@@ -51,6 +53,12 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         a silent process for dead and stops every other one (JAX's default,
         100 s, where None). A process that stops while the others wait for it
         in a collective is noticed only then.
+      join_timeout: seconds to wait for every process to join (JAX's
+        ``initialization_timeout``; its default, 300 s, where None). A process
+        that was not started, or stopped before joining (a config error on its
+        host), leaves the others waiting this long. JAX then aborts them with a
+        C++ check failure and a stack trace; this process instead says what it
+        waited for and exits with code 2 (:func:`_leave_unless_joined`).
 
     Raises:
       DistributedError: only some of the three given, or a bad value; or JAX
@@ -69,14 +77,50 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         if not 0 <= process_id < num_processes:
             raise DistributedError(f"--process-id: must lie in [0, {num_processes}), "
                                    f"got {process_id}")
-    if heartbeat_timeout is not None and heartbeat_timeout < 1:
-        raise DistributedError(f"--heartbeat-timeout: must be at least 1 s, got {heartbeat_timeout}")
+    for flag, value in (("--heartbeat-timeout", heartbeat_timeout),
+                        ("--join-timeout", join_timeout)):
+        if value is not None and value < 1:
+            raise DistributedError(f"{flag}: must be at least 1 s, got {value}")
     extra = {} if heartbeat_timeout is None else {"heartbeat_timeout_seconds": heartbeat_timeout}
+    wait = JAX_JOIN_TIMEOUT_S if join_timeout is None else join_timeout
+    where = f"at {coordinator}" if coordinator else "through the cluster's environment"
+    me = "" if process_id is None else f"process {process_id} of {num_processes}: "
+    done = threading.Event()
+    watch = threading.Timer(wait + JOIN_GRACE_S, _leave_unless_joined, (done, (
+        f"fedsim: error: {me}not every process joined the run {where} within {wait} s "
+        "(--join-timeout): one was not started, stopped before joining (its own output "
+        "says why, e.g. a config error), or cannot reach the coordinator; stopping this "
+        "process too")))
+    watch.daemon = True
+    watch.start()
     try:
-        jax.distributed.initialize(coordinator, num_processes, process_id, **extra)
+        jax.distributed.initialize(coordinator, num_processes, process_id,
+                                   initialization_timeout=wait, **extra)
     except Exception as e:  # JAX's own message says what failed (address, timeout, ...)
         raise DistributedError(f"jax.distributed.initialize failed: {type(e).__name__}: "
                                f"{str(e)[:300]}") from None
+    finally:
+        done.set()
+        watch.cancel()
+
+
+#: JAX's own default for ``jax.distributed.initialize(initialization_timeout=...)``.
+JAX_JOIN_TIMEOUT_S = 300
+#: How long after the join deadline :func:`_leave_unless_joined` fires. JAX can no
+#: longer join then; it aborts the process itself some seconds later (about 5 s
+#: after the deadline here, jax 0.10 on CPU), with a stack trace that names no
+#: cause, so the message has to come first.
+JOIN_GRACE_S = 1.0
+
+
+def _leave_unless_joined(done: threading.Event, message: str) -> None:
+    """Print ``message`` and end the process, unless ``jax.distributed.initialize``
+    has returned (``done``; :func:`joined` cannot tell: JAX sets its client
+    before the client has connected)."""
+    if done.is_set():
+        return
+    print(message, file=sys.stderr, flush=True)
+    leave(2)
 
 
 def joined() -> bool:
@@ -292,13 +336,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--heartbeat-timeout", type=int, metavar="S",
                    help="seconds of silence after which a process counts as dead and the "
                         "others stop (JAX's default: 100)")
+    g.add_argument("--join-timeout", type=int, metavar="S",
+                   help="seconds to wait for every process to join before stopping with an "
+                        f"error (JAX's default: {JAX_JOIN_TIMEOUT_S})")
 
 
 def initialize_from_args(args: argparse.Namespace) -> None:
     """:func:`initialize` where :func:`add_arguments`' flags ask for it (else nothing)."""
     explicit = (args.coordinator, args.num_processes, args.process_id)
     if args.distributed or any(a is not None for a in explicit):
-        initialize(*explicit, heartbeat_timeout=args.heartbeat_timeout)
-    elif args.heartbeat_timeout is not None:
-        raise DistributedError("--heartbeat-timeout: only for a multi-process run "
-                               "(--distributed or --coordinator)")
+        initialize(*explicit, heartbeat_timeout=args.heartbeat_timeout,
+                   join_timeout=args.join_timeout)
+        return
+    for flag, value in (("--heartbeat-timeout", args.heartbeat_timeout),
+                        ("--join-timeout", args.join_timeout)):
+        if value is not None:
+            raise DistributedError(f"{flag}: only for a multi-process run "
+                                   "(--distributed or --coordinator)")

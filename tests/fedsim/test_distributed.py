@@ -316,6 +316,9 @@ def test_processes_started_with_different_configs_all_stop(config, tmp_path):
     (["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "0",
       "--heartbeat-timeout", "0"], "--heartbeat-timeout: must be at least 1 s, got 0"),
     (["--heartbeat-timeout", "10"], "--heartbeat-timeout: only for a multi-process run"),
+    (["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "0",
+      "--join-timeout", "0"], "--join-timeout: must be at least 1 s, got 0"),
+    (["--join-timeout", "10"], "--join-timeout: only for a multi-process run"),
 ])
 def test_bad_process_arguments_are_named_before_jax_is_joined(config, argv, message, capsys):
     assert main(["run", str(config), *argv]) == 2
@@ -323,6 +326,53 @@ def test_bad_process_arguments_are_named_before_jax_is_joined(config, argv, mess
     assert err.startswith("fedsim: error: ")
     import re
     assert re.search(message, err), err
+
+
+def test_a_process_that_stops_before_joining_stops_the_others_after_the_join_timeout(
+        config, tmp_path):
+    # Process 1's override is bad, so it stops before joining. Before, process 0
+    # waited JAX's 300 s, and JAX then aborts a process still joining with a C++
+    # check failure whose stack trace names no cause (seen by hand with a bare
+    # jax.distributed.initialize and a 3 s timeout).
+    procs = _run_processes(config, tmp_path / "run", only={1: ["training.lr=fast"]},
+                           args=("--join-timeout", "3"), timeout=60)
+    assert procs[1]["rc"] == 2 and "training.lr" in procs[1]["stderr"], procs[1]["stderr"]
+    assert procs[0]["rc"] == 2, procs[0]["stderr"][-3000:]
+    assert ("fedsim: error: process 0 of 2: not every process joined the run at localhost:"
+            in procs[0]["stderr"]), procs[0]["stderr"][-3000:]
+    assert "within 3 s (--join-timeout)" in procs[0]["stderr"]
+    assert "Check failure stack trace" not in procs[0]["stderr"]
+    assert not (tmp_path / "run").exists()
+
+
+def _fake_join(monkeypatch, seconds: float) -> list:
+    """``jax.distributed.initialize`` replaced by a wait of ``seconds``, the join
+    grace by 0.1 s, and :func:`distributed.leave` by a record of its calls."""
+    import time
+
+    left = []
+    monkeypatch.setattr(distributed.jax.distributed, "initialize",
+                        lambda *a, **k: time.sleep(seconds))
+    monkeypatch.setattr(distributed, "JOIN_GRACE_S", 0.1)
+    monkeypatch.setattr(distributed, "leave", left.append)
+    return left
+
+
+def test_the_join_watch_stops_a_process_still_joining_after_the_timeout(monkeypatch, capsys):
+    left = _fake_join(monkeypatch, seconds=1.6)
+    distributed.initialize("localhost:1234", 3, 2, join_timeout=1)
+    assert left == [2]
+    assert ("process 2 of 3: not every process joined the run at localhost:1234 within 1 s"
+            in capsys.readouterr().err)
+
+
+def test_the_join_watch_is_called_off_once_the_process_has_joined(monkeypatch, capsys):
+    import time
+
+    left = _fake_join(monkeypatch, seconds=0.0)
+    distributed.initialize("localhost:1234", 2, 0, join_timeout=1)
+    time.sleep(1.5)  # past the deadline and its grace
+    assert left == [] and capsys.readouterr().err == ""
 
 
 def test_auto_becomes_sharded_and_other_strategies_are_refused(monkeypatch):
