@@ -51,6 +51,25 @@ def _add_report(sub) -> None:
     p.set_defaults(func=_cmd_report)
 
 
+def _add_compare(sub) -> None:
+    p = sub.add_parser("compare", help="several runs side by side: a table, and with --out "
+                                       "their learning curves in one plot")
+    p.add_argument("runs", nargs="+", metavar="DIR",
+                   help="run directories (finished or not), or sweeps' directories (their cells)")
+    p.add_argument("--out", metavar="PNG", help="write test accuracy and train loss per round, "
+                                                 "one line per run, to this PNG")
+    p.set_defaults(func=_cmd_compare)
+
+
+def _cmd_compare(args) -> int:
+    from fedsim.compare import compare
+
+    print(compare(args.runs, args.out), end="")
+    if args.out:
+        print(f"plot: {args.out}", file=sys.stderr)
+    return 0
+
+
 def _cmd_report(args) -> int:
     from pathlib import Path
 
@@ -146,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     _add_report(sub)
+    _add_compare(sub)
     _add_sweep(sub)
     for ep in _plugin_commands():
         try:

@@ -1,0 +1,174 @@
+"""``fedsim compare``: several runs side by side, as one table and one plot.
+
+A researcher's question is rarely about one run: DP against no DP, one
+partition against another, the cells of a sweep. This reads what the runs
+already wrote (``metrics.jsonl``, ``summary.json``, ``attack_summary.json``) and
+computes nothing again, so it also works on runs that are still going or were
+killed (their rows so far, marked unfinished).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from fedsim.results import read_metrics
+
+#: Columns shown where at least one run has them, after the ones every run has.
+OPTIONAL_COLUMNS = ("epsilon", "leakage_total", "attack_psnr", "attack_nmi")
+
+
+class CompareError(FileNotFoundError):
+    """A path that is neither a run directory nor a sweep's directory."""
+
+
+def run_dirs(paths: list[str | Path]) -> list[Path]:
+    """The run directories that ``paths`` name, in order.
+
+    A run directory (one with ``metrics.jsonl``) stands for itself. A sweep's
+    directory (``cells/`` inside) stands for its cells that have rows, in the
+    order of its ``results.json`` where present, else by name.
+
+    Raises:
+      CompareError: a path that is neither, naming it; or no run at all.
+    """
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if (path / "metrics.jsonl").is_file():
+            found.append(path)
+            continue
+        cells = path / "cells"
+        if not cells.is_dir():
+            raise CompareError(f"{path}: neither a run directory (no metrics.jsonl) nor a "
+                               "sweep's directory (no cells/)")
+        order = [row["cell"] for row in _sweep_rows(path)]
+        names = sorted((c.name for c in cells.iterdir() if (c / "metrics.jsonl").is_file()),
+                       key=lambda n: (order.index(n) if n in order else len(order), n))
+        if not names:
+            raise CompareError(f"{path}: a sweep's directory whose cells have no rows yet")
+        found.extend(cells / n for n in names)
+    if not found:
+        raise CompareError("no run directory given")
+    return found
+
+
+def _sweep_rows(sweep_dir: Path) -> list[dict]:
+    try:
+        return json.loads((sweep_dir / "results.json").read_text())["rows"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def labels(dirs: list[Path]) -> list[str]:
+    """Short unique names: the directory's name, with as many parents as it takes."""
+    depth = 1
+    while True:
+        names = ["/".join(d.resolve().parts[-depth:]) for d in dirs]
+        if len(set(names)) == len(names) or depth >= max(len(d.resolve().parts) for d in dirs):
+            return names
+        depth += 1
+
+
+def load_run(run_dir: Path) -> dict:
+    """One run's rows, summary (empty while unfinished) and attack means."""
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    summary = _read_json(run_dir / "summary.json")
+    attack = _read_json(run_dir / "attack_summary.json").get("mean", {})
+    return {"rows": rows, "summary": summary, "attack": attack}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def table_row(label: str, run: dict) -> dict:
+    """The comparison's columns for one run (None where it has no value)."""
+    rows, summary, attack = run["rows"], run["summary"], run["attack"]
+    evals = [r for r in rows if _number(r.get("test_accuracy")) is not None]
+    last = rows[-1] if rows else {}
+    best = max(evals, key=lambda r: r["test_accuracy"]) if evals else None
+    out = {
+        "run": label,
+        "status": "finished" if summary else "unfinished",
+        "rounds": len(rows),
+        "test_accuracy": evals[-1]["test_accuracy"] if evals else None,
+        "best_test_accuracy": best["test_accuracy"] if best else None,
+        "best_round": best["round"] if best else None,
+        "final_train_loss": last.get("train_loss"),
+        "seconds": summary.get("seconds", sum(_number(r.get("seconds")) or 0 for r in rows)),
+    }
+    for key in ("epsilon", "leakage_total"):
+        out[key] = summary.get(key, last.get(key))
+    out["attack_psnr"] = attack.get("psnr")
+    out["attack_nmi"] = attack.get("nmi")
+    return out
+
+
+def _number(value) -> float | None:
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def markdown_table(table: list[dict]) -> str:
+    """``table`` as a markdown table; optional columns only where some run has them."""
+    cols = ["run", "status", "rounds", "test_accuracy", "best_test_accuracy", "best_round",
+            "final_train_loss", "seconds",
+            *[c for c in OPTIONAL_COLUMNS if any(r.get(c) is not None for r in table)]]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in table:
+        lines.append("| " + " | ".join(_cell(r.get(c)) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.3e}"
+    return str(value)
+
+
+def plot_learning_curves(names: list[str], runs: list[dict], path: Path) -> None:
+    """Test accuracy and train loss per round, one line per run, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, run in zip(names, runs):
+        rows = run["rows"]
+        evals = [r for r in rows if _number(r.get("test_accuracy")) is not None]
+        line, = loss_ax.plot([r["round"] for r in rows], [r["train_loss"] for r in rows],
+                             label=name)
+        acc_ax.plot([r["round"] for r in evals], [r["test_accuracy"] for r in evals],
+                    marker="o", markersize=3, color=line.get_color(), label=name)
+    from matplotlib.ticker import MaxNLocator
+
+    acc_ax.set(xlabel="round", ylabel="test accuracy", ylim=(0, 1), title="test accuracy")
+    loss_ax.set(xlabel="round", ylabel="train loss", title="train loss")
+    for ax in (acc_ax, loss_ax):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    acc_ax.legend(fontsize="small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def compare(paths: list[str | Path], out: str | Path | None = None) -> str:
+    """The comparison table of the runs ``paths`` name; with ``out``, their plot there.
+
+    Returns:
+      The markdown table.
+    """
+    dirs = run_dirs(paths)
+    names = labels(dirs)
+    runs = [load_run(d) for d in dirs]
+    if out is not None:
+        plot_learning_curves(names, runs, Path(out))
+    return markdown_table([table_row(n, r) for n, r in zip(names, runs)])

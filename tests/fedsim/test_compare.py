@@ -1,0 +1,92 @@
+"""fedsim compare: runs side by side, from the files they wrote (no simulation here)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedsim.cli import main
+from fedsim.compare import CompareError, compare, labels, run_dirs
+
+
+def _write_run(d: Path, accuracies, losses, summary=None, attack=None) -> Path:
+    d.mkdir(parents=True)
+    rows = [{"round": i, "train_loss": loss, "seconds": 0.5,
+             **({} if acc is None else {"test_accuracy": acc, "test_loss": 1.0})}
+            for i, (acc, loss) in enumerate(zip(accuracies, losses))]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if summary is not None:
+        (d / "summary.json").write_text(json.dumps(summary))
+    if attack is not None:
+        (d / "attack_summary.json").write_text(json.dumps({"mean": attack}))
+    return d
+
+
+def _table(text: str) -> list[dict]:
+    lines = [l for l in text.splitlines() if l.startswith("|")]
+    cols = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(cols, (c.strip() for c in l.strip("|").split("|")))) for l in lines[2:]]
+
+
+def test_runs_and_a_sweeps_cells_side_by_side_with_a_plot(tmp_path):
+    plain = _write_run(tmp_path / "plain", [0.5, 0.7, 0.6], [2.0, 1.5, 1.2],
+                       summary={"seconds": 12.5})
+    # A killed run: rows, no summary; accuracy evaluated every other round.
+    _write_run(tmp_path / "killed", [0.2, None, 0.4], [2.3, 2.1, 1.9])
+    sweep = tmp_path / "sweep"
+    _write_run(sweep / "cells" / "b", [0.3], [2.2], summary={"seconds": 3.0, "epsilon": 1.5},
+               attack={"psnr": 17.25, "nmi": 0.5})
+    _write_run(sweep / "cells" / "a", [0.1], [2.4], summary={"seconds": 4.0, "epsilon": 8.0})
+    (sweep / "cells" / "not_started").mkdir()
+    # results.json lists b before a: the sweep's own order wins over the names'.
+    (sweep / "results.json").write_text(json.dumps({"rows": [{"cell": "b"}, {"cell": "a"}]}))
+    out = tmp_path / "figs" / "curves.png"
+
+    table = _table(compare([plain, tmp_path / "killed", sweep], out))
+
+    assert [r["run"] for r in table] == ["plain", "killed", "b", "a"]
+    assert table[0] == {"run": "plain", "status": "finished", "rounds": "3",
+                        "test_accuracy": "0.6", "best_test_accuracy": "0.7", "best_round": "1",
+                        "final_train_loss": "1.2", "seconds": "12.5", "epsilon": "–",
+                        "attack_psnr": "–", "attack_nmi": "–"}
+    assert table[1]["status"] == "unfinished"
+    assert table[1]["test_accuracy"] == "0.4" and table[1]["seconds"] == "1.5"  # its rows' sum
+    assert table[2]["epsilon"] == "1.5" and table[2]["attack_psnr"] == "17.25"
+    assert table[3]["epsilon"] == "8" and table[3]["attack_psnr"] == "–"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_optional_columns_only_where_some_run_has_them(tmp_path):
+    run = _write_run(tmp_path / "r", [0.5], [2.0], summary={"seconds": 1.0})
+    header = compare([run]).splitlines()[0]
+    assert "epsilon" not in header and "attack_psnr" not in header
+    assert not list(tmp_path.rglob("*.png"))  # no --out, no plot
+
+
+def test_bad_paths_are_named(tmp_path):
+    with pytest.raises(CompareError, match="nowhere: neither a run directory"):
+        compare([tmp_path / "nowhere"])
+    (tmp_path / "empty_sweep" / "cells" / "x").mkdir(parents=True)
+    with pytest.raises(CompareError, match="empty_sweep: a sweep's directory whose cells have no rows"):
+        compare([tmp_path / "empty_sweep"])
+    with pytest.raises(CompareError, match="no run directory given"):
+        run_dirs([])
+
+
+def test_labels_take_parents_until_they_differ(tmp_path):
+    a = _write_run(tmp_path / "one" / "cells" / "lr=0.1", [0.5], [1.0])
+    b = _write_run(tmp_path / "two" / "cells" / "lr=0.1", [0.5], [1.0])
+    c = _write_run(tmp_path / "lr=0.5", [0.5], [1.0])
+    assert labels([a, c]) == ["lr=0.1", "lr=0.5"]
+    assert labels([a, b]) == ["one/cells/lr=0.1", "two/cells/lr=0.1"]
+
+
+def test_the_command_prints_the_table_and_names_a_bad_path(tmp_path, capsys):
+    run = _write_run(tmp_path / "r", [0.5, 0.75], [2.0, 1.0], summary={"seconds": 2.0})
+    assert main(["compare", str(run), "--out", str(tmp_path / "c.png")]) == 0
+    captured = capsys.readouterr()
+    assert _table(captured.out)[0]["best_test_accuracy"] == "0.75"
+    assert f"plot: {tmp_path / 'c.png'}" in captured.err
+    assert (tmp_path / "c.png").is_file()
+    assert main(["compare", str(tmp_path / "missing")]) == 1
+    assert "fedsim: error: " in capsys.readouterr().err
