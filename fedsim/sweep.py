@@ -168,7 +168,20 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
             write_table(out_dir, keys, rows, table_fields)
         if stop is not None:
             raise stop
+    if primary and built and built[0][2].output.plots:
+        plot_cells(out_dir, [Path(cfg.output.dir) for _, _, cfg in built])
     return rows
+
+
+def plot_cells(out_dir: Path, cell_dirs: list[Path]) -> None:
+    """``OUT/learning_curves.png``: every cell's test accuracy and train loss per round
+    (:func:`fedsim.compare.plot_learning_curves`), for the cells that have rows."""
+    from fedsim.compare import load_run, plot_learning_curves
+
+    dirs = [d for d in cell_dirs if (d / "metrics.jsonl").is_file()]
+    if dirs:
+        plot_learning_curves([d.name for d in dirs], [load_run(d) for d in dirs],
+                             Path(out_dir) / "learning_curves.png")
 
 
 def over_seeds(keys: list[str], rows: list[dict],

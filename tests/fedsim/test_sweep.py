@@ -95,6 +95,40 @@ def test_a_seed_axis_is_summarised_over_seeds_per_other_setting(tmp_path):
     assert "over_seeds" not in json.loads((tmp_path / "one" / "results.json").read_text())
 
 
+@pytest.mark.parametrize("plots", [True, False])
+def test_a_sweep_plots_its_cells_learning_curves_where_plots_are_on(tmp_path, plots,
+                                                                    monkeypatch):
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE)
+    drawn = []
+
+    def fake_run(c):
+        from pathlib import Path
+        Path(c.output.dir).mkdir(parents=True)
+        if c.seed == 1:  # a cell that failed before its first round: no rows to draw
+            raise RuntimeError("no rows")
+        rows = [{"round": 0, "train_loss": 2.0, "test_accuracy": 0.1 + c.seed}]
+        (Path(c.output.dir) / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+        return {"test_accuracy": 0.1}
+
+    import fedsim.compare
+    original = fedsim.compare.plot_learning_curves
+
+    def recording(names, runs, path):
+        drawn.append((names, [r["rows"][0]["test_accuracy"] for r in runs]))
+        original(names, runs, path)
+
+    monkeypatch.setattr(fedsim.compare, "plot_learning_curves", recording)
+    run_sweep(cfg, ["seed=0,1,2"], tmp_path / "out", [f"output.plots={str(plots).lower()}"],
+              run_fn=fake_run, log=lambda m: None)
+    png = tmp_path / "out" / "learning_curves.png"
+    if plots:
+        assert drawn == [(["seed=0", "seed=2"], [0.1, 2.1])]
+        assert png.read_bytes()[:4] == b"\x89PNG"
+    else:
+        assert drawn == [] and not png.exists()
+
+
 def test_sweep_bad_key_fails_before_running(tmp_path):
     cfg = tmp_path / "base.yaml"
     cfg.write_text(BASE)
