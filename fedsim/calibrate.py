@@ -48,6 +48,10 @@ compiled for the real cohort, not run, and XLA's planned bytes are checked
 against the memory free now (:mod:`fedsim.memory`); one that does not fit
 gives way to the next fastest, and the reason line says so.
 
+Where one process sees several devices (several GPUs of one host, or forced
+CPU devices), ``sharded`` is timed beside the others (:func:`strategies_to_time`),
+so that ``auto`` can spread the cohort over the devices when that is faster.
+
 The result is cached in ``$FEDSIM_CACHE_DIR/calibration.json`` (default
 ``~/.cache/fedsim``) keyed by backend, device kind and count, jax version,
 model, input shape, padded client size, local-training settings, defenses,
@@ -73,6 +77,9 @@ from fedsim import memory, models
 from fedsim.results import atomic_write_text
 
 CANDIDATES = ("loop", "vmap", "map", "chunked")
+#: Timed beside :data:`CANDIDATES` where one process sees several devices
+#: (:func:`strategies_to_time`): several GPUs of one host, or forced CPU devices.
+SHARDED = "sharded"
 CALIBRATION_CLIENTS = 16  # cohort measured (capped by the real cohort size)
 REPEATS = 3
 # Candidates within this factor of the best on the short cohort are timed
@@ -128,9 +135,22 @@ def _load_cache() -> dict:
         return {}  # a missing or torn cache only costs a re-measurement
 
 
-def measure(sim, candidates=CANDIDATES, clients: int | None = None,
+def strategies_to_time() -> tuple[str, ...]:
+    """The strategies ``auto`` times here: :data:`CANDIDATES`, and ``sharded``
+    where this one process has several devices (several processes never
+    calibrate: ``auto`` is ``sharded`` there, :func:`fedsim.distributed.check_strategy`).
+
+    Without it a host with several GPUs ran ``auto`` on one of them.
+    """
+    if jax.device_count() > 1 and jax.process_count() == 1:
+        return (*CANDIDATES, SHARDED)
+    return CANDIDATES
+
+
+def measure(sim, candidates=None, clients: int | None = None,
             repeats: int = REPEATS) -> dict[str, float]:
-    """Median seconds per client of one cohort step for each candidate.
+    """Median seconds per client of one cohort step for each candidate
+    (default: :func:`strategies_to_time`).
 
     Each candidate is compiled and warmed up first; then the timed calls go
     round-robin over the candidates, ``repeats`` rounds, so a drift of the
@@ -147,6 +167,7 @@ def measure(sim, candidates=CANDIDATES, clients: int | None = None,
     Uses round 0's cohort (truncated) and fresh initial states, so the real
     run's state and randomness are untouched.
     """
+    candidates = strategies_to_time() if candidates is None else tuple(candidates)
     C = min(clients or CALIBRATION_CLIENTS, sim.cfg.training.clients_per_round)
     ids = np.asarray(sim.cohort(0))[:C]
     _, ckey = sim.round_keys(0)
@@ -251,7 +272,7 @@ def choose_strategy(sim, use_cache: bool = True) -> tuple[str, str]:
     cohort = sim.cfg.training.clients_per_round
     short = min(CALIBRATION_CLIENTS, cohort)
     second = min(COHORT_CALIBRATION_CLIENTS, cohort)
-    if hit and hit.get("choice") in CANDIDATES:
+    if hit and hit.get("choice") in (*CANDIDATES, SHARDED):
         timings, source = hit["timings"], f"cached in {cache_file()}"
         cohort_timings = hit.get("cohort_timings") or {}
         # Entries cached before the second stage was capped timed the whole cohort.
@@ -302,9 +323,11 @@ def _first_that_fits(sim, ranked: list[str], timed_on: dict[str, int],
                      cohort: int) -> tuple[str, str]:
     """The first of ``ranked`` whose cohort step fits the real cohort in memory.
 
-    A strategy already run on the whole cohort, and the loop (whose per-client
-    step does not grow with the cohort), need no check. Any other is compiled
-    for the real cohort, without running it, and XLA's planned bytes compared
+    A strategy already run on the whole cohort, the loop (whose per-client
+    step does not grow with the cohort) and ``sharded`` (whose devices each
+    scan their clients one at a time, as ``map`` does, but which
+    :func:`fedsim.memory.cohort_step_bytes` does not plan) are not checked.
+    Any other is compiled for the real cohort, without running it, and XLA's planned bytes compared
     with the memory free now (:mod:`fedsim.memory`). Not cached: what is free
     changes between runs.
 
@@ -316,7 +339,7 @@ def _first_that_fits(sim, ranked: list[str], timed_on: dict[str, int],
     """
     notes = []
     for name in ranked:
-        if name == "loop" or cohort <= timed_on[name]:
+        if name in ("loop", SHARDED) or cohort <= timed_on[name]:
             return name, "".join(f"; {n}" for n in notes)
         sim.strategy = name
         try:

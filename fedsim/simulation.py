@@ -184,20 +184,21 @@ class Simulation:
                                     "processes (not timed)")
         self.mesh = None
         # Device-resident data; the engine gathers client slices inside jit.
-        self._x = jnp.asarray(ds.x_train)
-        self._y = jnp.asarray(ds.y_train)
-        self._idx = jnp.asarray(idx)
+        # _place_data puts the training data where self.strategy needs it.
+        self._host_data = (ds.x_train, ds.y_train, idx)
+        self._device_data = self._mesh_data = self._placement = None
         self._x_test = jnp.asarray(ds.x_test)
         self._y_test = jnp.asarray(ds.y_test)
         self.round_callbacks: list[Callable[[int, dict], dict]] = []
-        if self.strategy == "sharded":
-            from fedsim import sharding
-            self.mesh = sharding.client_mesh()
-            self._x, self._y, self._idx = sharding.replicate(self.mesh, (self._x, self._y, self._idx))
         if self.strategy == "auto":
             from fedsim import calibrate
             self.strategy, self.strategy_reason = calibrate.choose_strategy(self)
             self._compile(reuse=True)  # the winner's executables from calibration
+            # Calibration may have placed the data both ways: keep the winner's copy.
+            if self.strategy == "sharded":
+                self._device_data = None
+            else:
+                self._mesh_data = None
         else:
             self._compile()
         for plugin in SIMULATION_PLUGINS:
@@ -264,6 +265,7 @@ class Simulation:
             they close over (client update, data shapes, defenses) has changed;
             a plain ``_compile()`` rebuilds everything.
         """
+        self._place_data()
         built = self.__dict__.setdefault("_jitted", {})
         if not reuse:
             built.clear()
@@ -282,6 +284,32 @@ class Simulation:
         built["shared"] = {name: getattr(self, name) for name in self._SHARED_JITTED}
         if self.strategy != "loop":
             built[self.strategy] = self._cohort_step
+
+    def _place_data(self):
+        """The training data (and ``self.mesh``) where ``self.strategy`` needs them.
+
+        ``sharded`` replicates the data over a mesh of every device; the other
+        strategies run on one device. Each copy is made from the host arrays
+        the first time it is needed and kept, so that ``auto`` can time
+        ``sharded`` beside the others (several devices, one process); once it
+        has chosen, the copy the choice does not use is dropped.
+        """
+        placement = "mesh" if self.strategy == "sharded" else "device"
+        if placement == self._placement:
+            return  # already there (and self._x etc. as the caller may have set them)
+        self._placement = placement
+        if placement == "mesh":
+            if self._mesh_data is None:
+                from fedsim import sharding
+                self._client_mesh = sharding.client_mesh()
+                self._mesh_data = sharding.replicate(self._client_mesh, self._host_data)
+            self.mesh = self._client_mesh
+            self._x, self._y, self._idx = self._mesh_data
+        else:
+            if self._device_data is None:
+                self._device_data = tuple(jnp.asarray(a) for a in self._host_data)
+            self.mesh = None
+            self._x, self._y, self._idx = self._device_data
 
     def _build_jitted(self):
         client_update = self.client_update

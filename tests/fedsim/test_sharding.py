@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -60,3 +61,64 @@ def test_four_device_sharded_run_equals_one_device_run():
         # Round 1 runs round 0's executables: before, the sharded step compiled
         # again because round 0's state was not yet on the mesh.
         assert sharded["compiles_in_round_1"] == single["compiles_in_round_1"] == 0
+
+
+AUTO_SCRIPT = textwrap.dedent("""
+    import json, jax, numpy as np
+    from tests.fedsim.helpers import small_config, small_dataset
+    from fedsim import calibrate
+    from fedsim.simulation import Simulation
+    ds = small_dataset()
+    cfg = lambda strategy: small_config(**{"training.client_parallelism": strategy,
+                                           "training.clients_per_round": 5})
+    def params_after_two_rounds(sim):
+        state = sim.init_state()
+        for r in range(2):
+            state, _ = sim.run_round(state, r)
+        return [np.asarray(l).ravel().tolist() for l in jax.tree_util.tree_leaves(state.params)]
+    out = {"to_time": list(calibrate.strategies_to_time())}
+    # Really timed, sharded included: the reason line lists every strategy's time.
+    out["timed_reason"] = Simulation(cfg("auto"), dataset=ds).strategy_reason
+    calibrate.cache_file().unlink()  # else the next one takes this choice from the cache
+    # Chosen: sharded made the fastest, the run takes the mesh and the numbers of map.
+    real = calibrate.measure
+    calibrate.measure = lambda sim, candidates=None, clients=None, repeats=3: {
+        **{c: 1.0 for c in candidates or calibrate.strategies_to_time()}, "sharded": 0.5}
+    auto = Simulation(cfg("auto"), dataset=ds)
+    calibrate.measure = real
+    out["choice"] = auto.strategy
+    out["reason"] = auto.strategy_reason
+    out["mesh"] = None if auto.mesh is None else dict(auto.mesh.shape)
+    out["data_devices"] = len(auto._x.sharding.device_set)
+    out["auto"] = params_after_two_rounds(auto)
+    out["map"] = params_after_two_rounds(Simulation(cfg("map"), dataset=ds))
+    # And back: a strategy switched from sharded runs on one device again.
+    auto.strategy = "map"
+    auto._compile(reuse=True)
+    out["back_mesh"] = auto.mesh
+    out["back_devices"] = len(auto._x.sharding.device_set)
+    print("RESULT" + json.dumps(out))
+""")
+
+
+def test_auto_times_sharded_where_one_process_has_several_devices_and_can_choose_it(tmp_path):
+    from fedsim import calibrate
+
+    assert calibrate.strategies_to_time() == calibrate.CANDIDATES  # one device here
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), FEDSIM_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", AUTO_SCRIPT], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][0]
+    out = json.loads(line[len("RESULT"):])
+    assert out["to_time"] == [*calibrate.CANDIDATES, "sharded"]
+    timed = dict(re.findall(r"(loop|vmap|map|chunked|sharded) (\d+\.\d+)",
+                            out["timed_reason"].split(": ", 2)[2]))
+    assert set(timed) == set(out["to_time"]), out["timed_reason"]
+    assert all(float(v) > 0 for v in timed.values()), out["timed_reason"]
+    assert out["choice"] == "sharded" and "-> sharded" in out["reason"]
+    assert out["mesh"] == {"clients": 4} and out["data_devices"] == 4
+    for a, b in zip(out["auto"], out["map"]):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    assert out["back_mesh"] is None and out["back_devices"] == 1
