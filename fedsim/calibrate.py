@@ -327,9 +327,9 @@ def _first_that_fits(sim, ranked: list[str], timed_on: dict[str, int],
     step does not grow with the cohort) and ``sharded`` (whose devices each
     scan their clients one at a time, as ``map`` does, but which
     :func:`fedsim.memory.cohort_step_bytes` does not plan) are not checked.
-    Any other is compiled for the real cohort, without running it, and XLA's planned bytes compared
-    with the memory free now (:mod:`fedsim.memory`). Not cached: what is free
-    changes between runs.
+    Any other is compiled for the real cohort, without running it, and XLA's
+    planned bytes compared with the memory free now (:mod:`fedsim.memory`). Not
+    cached: what is free changes between runs.
 
     Returns:
       (strategy, note for the reason line: "" where nothing was checked).
