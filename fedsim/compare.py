@@ -80,10 +80,21 @@ def load_run(run_dir: Path) -> dict:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+    """``path``'s object; {} where the file does not exist (yet).
+
+    Raises:
+      CompareError: the file exists but is not a JSON object, naming it (read
+        as missing, a finished run would show as unfinished).
+    """
+    if not path.is_file():
         return {}
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CompareError(f"{path}: not readable as JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(value, dict):
+        raise CompareError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def table_row(label: str, run: dict) -> dict:

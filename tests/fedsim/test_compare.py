@@ -71,6 +71,14 @@ def test_bad_paths_are_named(tmp_path):
         compare([tmp_path / "empty_sweep"])
     with pytest.raises(CompareError, match="no run directory given"):
         run_dirs([])
+    # A torn summary would otherwise pass the run off as unfinished.
+    torn = _write_run(tmp_path / "torn", [0.5], [1.0])
+    (torn / "summary.json").write_text('{"seconds": 1.')
+    with pytest.raises(CompareError, match="torn/summary.json: not readable as JSON"):
+        compare([torn])
+    (torn / "summary.json").write_text("[1, 2]")
+    with pytest.raises(CompareError, match="summary.json: expected a JSON object, got list"):
+        compare([torn])
 
 
 def test_labels_take_parents_until_they_differ(tmp_path):
