@@ -144,7 +144,12 @@ def _cell(value) -> str:
 
 
 def plot_learning_curves(names: list[str], runs: list[dict], path: Path) -> None:
-    """Test accuracy and train loss per round, one line per run, as a PNG."""
+    """Test accuracy and train loss per round, one line per run, as a PNG.
+
+    Raises:
+      CompareError: ``path`` cannot be written (a directory that cannot be
+        made, no permission, a format matplotlib does not write), naming it.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,9 +171,13 @@ def plot_learning_curves(names: list[str], runs: list[dict], path: Path) -> None
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     acc_ax.legend(fontsize="small")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    except (OSError, ValueError) as e:  # ValueError: a format matplotlib does not write
+        raise CompareError(f"--out {path}: cannot write the plot there ({e})") from None
+    finally:
+        plt.close(fig)
 
 
 def compare(paths: list[str | Path], out: str | Path | None = None) -> str:

@@ -98,3 +98,15 @@ def test_the_command_prints_the_table_and_names_a_bad_path(tmp_path, capsys):
     assert (tmp_path / "c.png").is_file()
     assert main(["compare", str(tmp_path / "missing")]) == 1
     assert "fedsim: error: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["metrics.jsonl/c.png", "c.notaformat"])
+def test_a_plot_that_cannot_be_written_is_named(tmp_path, capsys, where):
+    # Under a regular file (a permission test would not fail as root), or in a
+    # format matplotlib does not write: named, not matplotlib's traceback.
+    run = _write_run(tmp_path / "r", [0.5], [2.0], summary={"seconds": 2.0})
+    out = run / where
+    with pytest.raises(CompareError, match=f"--out {out}: cannot write the plot there"):
+        compare([run], out)
+    assert main(["compare", str(run), "--out", str(out)]) == 1
+    assert f"fedsim: error: --out {out}: cannot write" in capsys.readouterr().err
