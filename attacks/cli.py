@@ -54,7 +54,8 @@ def validate_attack_section(cfg: Config) -> dict:
     """Check ``cfg.attack`` and ``cfg.observer``; return the attack section.
 
     Raises:
-      ConfigError: naming the offending key.
+      ConfigError: naming the offending key, also one of ``attack.config``
+        (the attack's ``check_config``, where it has one).
     """
     from attacks import ATTACK_REGISTRY
 
@@ -76,6 +77,11 @@ def validate_attack_section(cfg: Config) -> dict:
                           f"to true/false, got {grants!r}")
     if not isinstance(section.get("config") or {}, dict):
         raise ConfigError("config key 'attack.config': expected a mapping")
+    # The attack's own settings, before anything is simulated: a bad value
+    # otherwise surfaced only once the observed rounds had been trained.
+    check = getattr(ATTACK_REGISTRY[section["name"]], "check_config", None)
+    if check is not None:
+        check(dict(section.get("config") or {}))
     if not cfg.observer.clients or not cfg.observer.rounds:
         raise ConfigError("config keys 'observer.clients' and 'observer.rounds' must name at "
                           "least one client and one round to attack")

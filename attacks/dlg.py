@@ -17,12 +17,18 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from attacks.api import Reconstruction, register_attack
-from attacks.gradient_inversion import run_inversion
+from attacks.gradient_inversion import inversion_config, run_inversion
 from fedsim.typing import Observation
 
 DEFAULTS = {"loss": "l2", "tv": 0.0, "optimizer": "lbfgs", "lr": 1.0, "iterations": 300,
             "restarts": 1, "signed": False, "decay": False, "box": False, "init": "uniform",
             "label_mode": "infer"}
+
+
+def check_config(config: Mapping[str, Any]) -> None:
+    """Raise :class:`~attacks.gradient_inversion.AttackConfigError` for a bad
+    ``config`` before any victim is observed (``fedsim attack`` calls it first)."""
+    inversion_config(config, DEFAULTS)
 
 
 def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key
@@ -38,3 +44,4 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
 
 
 run.run_many = run_many
+run.check_config = check_config

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from attacks.api import Reconstruction, register_attack
-from attacks.gradient_inversion import AttackConfigError, run_inversion
+from attacks.gradient_inversion import AttackConfigError, inversion_config, run_inversion
 from fedsim.typing import Observation
 
 DEFAULTS = {"loss": "cosine", "tv": 1e-6, "optimizer": "adam", "lr": 0.1, "iterations": 1000,
@@ -40,13 +40,29 @@ def _resolve(obs: Observation, config: Mapping[str, Any], key: str, field: str) 
         val = getattr(obs, field)
     if val is None:
         raise AttackConfigError(f"fedavg_inversion needs the victim's {field}: grant "
-                                f"'{field}' in the threat model or set attack.{key}")
+                                f"'{field}' in the threat model or set attack.config.{key}")
     return int(val)
+
+
+_TRAINING_KEYS = ("num_examples", "local_batch", "local_steps")
+
+
+def check_config(config: Mapping[str, Any]) -> None:
+    """Raise :class:`~attacks.gradient_inversion.AttackConfigError` for a bad
+    ``config`` before any victim is observed (``fedsim attack`` calls it first)."""
+    for k in _TRAINING_KEYS:
+        v = config.get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise AttackConfigError(f"attack.config.{k}: must be a positive integer (or absent, "
+                                    f"to take the granted value), got {v!r}")
+    inversion_config({k: v for k, v in config.items() if k not in _TRAINING_KEYS},
+                     {k: v for k, v in DEFAULTS.items() if k not in _TRAINING_KEYS})
 
 
 def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key
              ) -> list[Reconstruction]:
     """Attack several FedAvg uploads at once (one vmapped, jitted loop)."""
+    check_config(config)
     if not observations:
         raise AttackConfigError("no observations to attack")
     first = observations[0]
@@ -57,9 +73,9 @@ def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key
         if (_resolve(o, config, "num_examples", "num_examples"), _resolve(o, config, "local_batch", "batch_size"),
                 _resolve(o, config, "local_steps", "local_steps"), o.lr) != (n, b, s, first.lr):
             raise AttackConfigError("victims attacked together need the same n, B, S and lr")
-    conf = {k: v for k, v in config.items() if k not in ("num_examples", "local_batch", "local_steps")}
+    conf = {k: v for k, v in config.items() if k not in _TRAINING_KEYS}
     conf["batch_size"] = n
-    defaults = {k: v for k, v in DEFAULTS.items() if k not in ("num_examples", "local_batch", "local_steps")}
+    defaults = {k: v for k, v in DEFAULTS.items() if k not in _TRAINING_KEYS}
     return run_inversion(observations, conf, key, defaults, target_fn=lambda o: o.update,
                          cfg_overrides={"simulate": "fedavg", "local_steps": s, "local_batch": b,
                                         "local_lr": float(first.lr)})
@@ -72,3 +88,4 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
 
 
 run.run_many = run_many
+run.check_config = check_config

@@ -44,11 +44,17 @@ from jax.sharding import PartitionSpec as P
 from attacks.api import Reconstruction
 from attacks.labels import infer_labels, observed_gradient
 from fedsim import memory, models
+from fedsim.config import ConfigError
 from fedsim.typing import Observation, Params
 
 
-class AttackConfigError(ValueError):
-    """An invalid attack config; the message names the key and what is allowed."""
+class AttackConfigError(ConfigError):
+    """An invalid attack config; the message names the key and what is allowed.
+
+    A :class:`fedsim.config.ConfigError` (and so a ``ValueError``): ``fedsim
+    attack`` reports it as one line naming ``attack.config.<key>``, as it does
+    the rest of the config.
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,24 +109,44 @@ def parse_config(defaults: Mapping[str, Any], config: Mapping[str, Any],
     """Merge ``config`` over ``defaults``; unknown keys and bad values raise.
 
     Raises:
-      AttackConfigError: naming the offending ``attack.<key>``.
+      AttackConfigError: naming the offending ``attack.config.<key>``.
     """
     allowed = set(defaults) | set(extra_keys)
     unknown = set(config) - allowed
     if unknown:
-        raise AttackConfigError(f"unknown attack config key(s) {sorted(unknown)}; "
+        raise AttackConfigError(f"attack.config: unknown key(s) {sorted(unknown)}; "
                                 f"allowed: {', '.join(sorted(allowed))}")
     out = {**defaults, **config}
     for k, choices in _CHOICES.items():
         if k in out and out[k] not in choices:
-            raise AttackConfigError(f"attack.{k}: {out[k]!r} is not allowed; allowed: {', '.join(choices)}")
+            raise AttackConfigError(f"attack.config.{k}: {out[k]!r} is not allowed; "
+                                    f"allowed: {', '.join(choices)}")
     for k in ("iterations", "restarts", "local_steps", "local_batch"):
-        if k in out and (not isinstance(out[k], int) or isinstance(out[k], bool) or out[k] < 1):
-            raise AttackConfigError(f"attack.{k}: must be a positive integer, got {out[k]!r}")
+        if k in out and not _is_positive_int(out[k]):
+            raise AttackConfigError(f"attack.config.{k}: must be a positive integer, got {out[k]!r}")
     for k in ("tv", "lr", "local_lr"):
-        if k in out and (not isinstance(out[k], (int, float)) or out[k] < 0):
-            raise AttackConfigError(f"attack.{k}: must be a non-negative number, got {out[k]!r}")
+        # NaN would pass a bare `< 0` and poison every step of the attack
+        if k in out and not (_is_number(out[k]) and 0 <= out[k] < float("inf")):
+            raise AttackConfigError(f"attack.config.{k}: must be a finite non-negative number, "
+                                    f"got {out[k]!r}")
+    for k in ("signed", "decay", "box", "shard_victims"):
+        if k in out and not isinstance(out[k], bool):
+            raise AttackConfigError(f"attack.config.{k}: must be true or false, got {out[k]!r}")
+    if out.get("batch_size") is not None and not _is_positive_int(out["batch_size"]):
+        raise AttackConfigError("attack.config.batch_size: must be a positive integer (or "
+                                f"absent), got {out['batch_size']!r}")
+    if out.get("last_layer") is not None and not isinstance(out["last_layer"], str):
+        raise AttackConfigError("attack.config.last_layer: must be a parameter name (a string), "
+                                f"got {out['last_layer']!r}")
     return out
+
+
+def _is_positive_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 
 # --- building blocks -----------------------------------------------------------
@@ -400,14 +426,14 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
                 f"attacking {V} victims in calls of {k}: all at once would not fit in the "
                 f"free memory. Split calls equal one call's results only up to float "
                 f"rounding, and the split follows the free memory: set "
-                f"attack.victims_per_call: {k} to get the same numbers on every run",
+                f"attack.config.victims_per_call: {k} to get the same numbers on every run",
                 RuntimeWarning, stacklevel=2)
     else:
         _check_positive(victims_per_call)  # before the modulo below
         if victims_per_call % n:
             raise AttackConfigError(
-                f"attack.victims_per_call: {victims_per_call} is not a multiple of the {n} "
-                "devices the victims are sharded over (attack.shard_victims)")
+                f"attack.config.victims_per_call: {victims_per_call} is not a multiple of the "
+                f"{n} devices the victims are sharded over (attack.config.shard_victims)")
         k = check_victims_per_call(victims_per_call // n, fn, *args, shared_params,
                                    devices=n) * n
     if mesh is not None:
@@ -428,7 +454,7 @@ def invert_victims(apply_fn, cfg: InversionConfig, params: Params, targets: Para
     if not np.all(np.isfinite(losses).any(axis=1)):
         bad = np.flatnonzero(~np.isfinite(losses).any(axis=1)).tolist()
         raise FloatingPointError(f"attack loss is NaN/inf for every restart of victim(s) {bad}; "
-                                 "lower attack.lr or check the observed update")
+                                 "lower attack.config.lr or check the observed update")
     best = np.argmin(losses, axis=1)
     v = np.arange(len(best))
     return {"x": x_all[v, best], "labels": y_all[v, best], "loss": losses[v, best],
@@ -463,8 +489,12 @@ def _planned(fn, *args) -> int | None:
     return _PLANS[key]
 
 
-class AttackMemoryError(MemoryError):
-    """Not even one victim's attack fits in the free memory."""
+class AttackMemoryError(memory.InsufficientMemoryError, MemoryError):
+    """Not even one victim's attack fits in the free memory.
+
+    Also a :class:`fedsim.memory.InsufficientMemoryError`, which ``fedsim``
+    reports as one line, like the engine's own memory check.
+    """
 
 
 def _first(tree, k: int):
@@ -472,8 +502,9 @@ def _first(tree, k: int):
 
 
 def _check_positive(k) -> None:
-    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
-        raise AttackConfigError(f"attack.victims_per_call: must be a positive integer, got {k!r}")
+    if not _is_positive_int(k):
+        raise AttackConfigError(f"attack.config.victims_per_call: must be a positive integer, "
+                                f"got {k!r}")
 
 
 def check_victims_per_call(k, fn, params, targets, labels, keys, shared_params: bool,
@@ -501,7 +532,7 @@ def check_victims_per_call(k, fn, params, targets, labels, keys, shared_params: 
         if not memory.fits(need, free):
             each = f" ({k} on each of {devices} devices)" if devices > 1 else ""
             raise AttackMemoryError(
-                f"attack.victims_per_call: a call of {k * devices} victims{each} plans "
+                f"attack.config.victims_per_call: a call of {k * devices} victims{each} plans "
                 f"{memory.gib(planned)}{' per device' if devices > 1 else ''} "
                 f"(× {PLAN_MARGIN} measured overhead), more than {memory.HEADROOM:.0%} of the "
                 f"{memory.gib(free)} free: give fewer victims per call")
@@ -548,7 +579,7 @@ def choose_victims_per_call(fn, params, targets, labels, keys, shared_params: bo
         raise AttackMemoryError(
             f"the attack on one victim plans {memory.gib(one)} (× {PLAN_MARGIN} measured "
             f"overhead), more than {memory.HEADROOM:.0%} of the {memory.gib(free)} free: "
-            "lower attack.restarts or the victims' batch size, or attack a smaller model")
+            "lower attack.config.restarts or the victims' batch size, or attack a smaller model")
     # The line through 1 and V victims is XLA's plan only approximately: check k itself.
     while k > 1:
         planned = plan(k)
@@ -571,7 +602,7 @@ def victim_batch_size(obs: Observation, config: Mapping[str, Any]) -> int:
     if obs.num_examples is not None:
         return int(obs.num_examples)
     raise AttackConfigError("the victim's batch size is unknown: grant 'batch_size' (or "
-                            "'num_examples') in the threat model, or set attack.batch_size")
+                            "'num_examples') in the threat model, or set attack.config.batch_size")
 
 
 def prepare_victims(observations: Sequence[Observation], config: Mapping[str, Any],
@@ -628,9 +659,6 @@ def inversion_config(config: Mapping[str, Any], defaults: Mapping[str, Any],
     k = merged.get("victims_per_call")
     if k is not None:
         _check_positive(k)
-    if not isinstance(merged.get("shard_victims", False), bool):
-        raise AttackConfigError("attack.shard_victims: must be true or false, got "
-                                f"{merged['shard_victims']!r}")
     fields = {f.name for f in dataclasses.fields(InversionConfig)}
     settings = {k: v for k, v in merged.items() if k in fields}
     settings.update(cfg_overrides or {})

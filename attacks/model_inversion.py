@@ -56,17 +56,46 @@ def _invert(apply_fn, params, x0, classes, iterations, lr):
     return jax.vmap(one)(classes)
 
 
+def check_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` merged over :data:`DEFAULTS`, checked before any victim is
+    observed (``fedsim attack`` calls it first). The auxiliary images' shape is
+    checked against the victim's input in :func:`run`.
+
+    Raises:
+      AttackConfigError: naming the offending ``attack.config.<key>``.
+    """
+    unknown = set(config) - set(DEFAULTS)
+    if unknown:
+        raise AttackConfigError(f"attack.config: unknown key(s) {sorted(unknown)}; "
+                                f"allowed: {', '.join(sorted(DEFAULTS))}")
+    cfg = {**DEFAULTS, **config}
+    if cfg["aux_images"] is None:
+        raise AttackConfigError("model_inversion needs attack.config.aux_images (auxiliary "
+                                "images or their mean)")
+    if cfg["model"] not in ("local", "global"):
+        raise AttackConfigError(f"attack.config.model: {cfg['model']!r} is not allowed; "
+                                "allowed: local, global")
+    it = cfg["iterations"]
+    if not isinstance(it, (int, np.integer)) or isinstance(it, bool) or it < 1:
+        raise AttackConfigError(f"attack.config.iterations: must be a positive integer, got {it!r}")
+    lr = cfg["lr"]
+    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < float("inf")):
+        raise AttackConfigError(f"attack.config.lr: must be a finite positive number, got {lr!r}")
+    classes = cfg["classes"]
+    if classes is not None and not (
+            isinstance(classes, (list, tuple, np.ndarray)) and len(classes) > 0 and all(
+                isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 0
+                for c in classes)):
+        raise AttackConfigError("attack.config.classes: must be a non-empty list of class "
+                                f"indices (or absent, for every class), got {classes!r}")
+    return cfg
+
+
 @register_attack("model_inversion")
 def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruction:
     """Invert the model for each target class (deterministic; ``key`` unused)."""
     del key  # the start point is the auxiliary mean: no randomness
-    unknown = set(config) - set(DEFAULTS)
-    if unknown:
-        raise AttackConfigError(f"unknown attack config key(s) {sorted(unknown)}; "
-                                f"allowed: {', '.join(sorted(DEFAULTS))}")
-    cfg = {**DEFAULTS, **config}
-    if cfg["aux_images"] is None:
-        raise AttackConfigError("model_inversion needs attack.aux_images (auxiliary images or their mean)")
+    cfg = check_config(config)
     aux = np.asarray(cfg["aux_images"], np.float32)
     shape = tuple(observation.input_shape)
     if aux.shape == shape:
@@ -74,9 +103,11 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
     elif aux.ndim == len(shape) + 1 and aux.shape[1:] == shape:
         x0 = aux.mean(0)
     else:
-        raise AttackConfigError(f"attack.aux_images has shape {aux.shape}; expected [A, *{shape}] or {shape}")
-    if cfg["model"] not in ("local", "global"):
-        raise AttackConfigError(f"attack.model: {cfg['model']!r} is not allowed; allowed: local, global")
+        raise AttackConfigError(f"attack.config.aux_images has shape {aux.shape}; expected "
+                                f"[A, *{shape}] or {shape}")
+    if cfg["classes"] is not None and max(cfg["classes"]) >= observation.num_classes:
+        raise AttackConfigError(f"attack.config.classes: {max(cfg['classes'])} is not a class of "
+                                f"this {observation.num_classes}-class model")
     params = observation.params
     if cfg["model"] == "local":
         params = jax.tree_util.tree_map(lambda w, d: w + d, params, observation.update)
@@ -84,8 +115,11 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
     x, cost = _invert(observation.apply_fn, params, jnp.asarray(x0), jnp.asarray(classes, jnp.int32),
                       int(cfg["iterations"]), float(cfg["lr"]))
     if not bool(jnp.all(jnp.isfinite(x))):
-        raise FloatingPointError("model inversion produced non-finite inputs; lower attack.lr")
+        raise FloatingPointError("model inversion produced non-finite inputs; lower attack.config.lr")
     return Reconstruction(x, jnp.asarray(classes, jnp.int32), jnp.mean(cost), {"cost_per_class": cost})
+
+
+run.check_config = check_config
 
 
 def class_centres(x, y, num_classes: int) -> np.ndarray:

@@ -44,7 +44,8 @@ import jax
 import numpy as np
 
 from attacks.api import Reconstruction, register_attack
-from attacks.gradient_inversion import AttackConfigError, run_inversion, support_mask
+from attacks.gradient_inversion import (AttackConfigError, inversion_config, run_inversion,
+                                        support_mask)
 from attacks.inverting_gradients import DEFAULTS
 from fedsim.typing import Observation
 
@@ -68,6 +69,17 @@ def from_weight_upload(obs: Observation) -> Observation:
     return obs._replace(update=masked)
 
 
+def check_config(config: Mapping[str, Any]) -> None:
+    """Raise :class:`~attacks.gradient_inversion.AttackConfigError` for a bad
+    ``config`` before any victim is observed (``fedsim attack`` calls it first)."""
+    config = dict(config)
+    upload = config.pop("upload", "update")
+    if upload not in UPLOADS:
+        raise AttackConfigError(f"attack.config.upload: {upload!r} is not allowed; allowed: "
+                                f"{', '.join(UPLOADS)}")
+    inversion_config(config, DEFAULTS)
+
+
 def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key
              ) -> list[Reconstruction]:
     """SGI against several victims at once (one vmapped, jitted loop).
@@ -76,11 +88,9 @@ def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key
     same initial dummies as :func:`attacks.inverting_gradients.run_many`
     (paired comparison).
     """
+    check_config(config)
     config = dict(config)
     upload = config.pop("upload", "update")
-    if upload not in UPLOADS:
-        raise AttackConfigError(f"attack.upload: {upload!r} is not allowed; allowed: "
-                                f"{', '.join(UPLOADS)}")
     if upload == "weights":
         observations = [from_weight_upload(o) for o in observations]
     recs = run_inversion(observations, config, key, DEFAULTS, cfg_overrides={"masked": True})
@@ -99,3 +109,4 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
 
 
 run.run_many = run_many
+run.check_config = check_config

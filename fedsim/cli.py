@@ -245,7 +245,10 @@ def _run_command(args) -> int:
         from fedsim.checkpoint import CheckpointError
         from fedsim.simulation import NonFiniteError
 
-        if isinstance(e, (DatasetError, NonFiniteError, CheckpointError, FileNotFoundError)):
+        # FloatingPointError: an attack whose every restart ended NaN/Inf says
+        # so and what to change; the traceback would add nothing to that.
+        if isinstance(e, (DatasetError, NonFiniteError, CheckpointError, FileNotFoundError,
+                          FloatingPointError)):
             print(f"fedsim: error: {e}", file=sys.stderr)
             return 1
         raise

@@ -78,12 +78,14 @@ def make_defense_pruning(p_largest: float, p_random: float, pseudo: bool, name: 
 
     Raises:
       ValueError: for rates outside [0, 1] or summing above 1, an unknown
-        ``upload``, or (when applied) a weight upload without
+        ``upload``, a ``pseudo`` that is not a bool, or (when applied) a weight upload without
         ``context.global_params``.
     """
     p_largest = check_rate(p_largest, "p_largest")
     p_random = check_rate(p_random, "p_random")
     upload = check_upload(upload)
+    if not isinstance(pseudo, bool):  # a string "false" would otherwise mean True
+        raise ValueError(f"pseudo must be true or false, got {pseudo!r}")
     if p_largest + p_random > 1.0 + 1e-12:
         raise ValueError(f"p_largest + p_random must be <= 1, got {p_largest} + {p_random}")
 

@@ -33,11 +33,57 @@ def test_cli_writes_summary_and_grid(tmp_path):
     ("attack.grants={labelz: true}", "attack.grants"),
     ("attack.foo=1", "unknown key"),
     ("observer.clients=[]", "observer.clients"),
+    # The attack's own settings (each attack's check_config), before anything runs.
+    ("attack.config={restarts: 0}", r"attack\.config\.restarts: must be a positive integer, got 0"),
+    ("attack.config={iterations: 30, lr: .nan}", r"attack\.config\.lr: must be a finite"),
+    ("attack.config={tv: -1.0}", r"attack\.config\.tv: must be a finite non-negative"),
+    ("attack.config={signed: 'yes'}", r"attack\.config\.signed: must be true or false"),
+    ("attack.config={iteratons: 3}", r"attack\.config: unknown key\(s\) \['iteratons'\]"),
+    ("attack.config={batch_size: 0}", r"attack\.config\.batch_size: must be a positive integer"),
+    ("attack.config={victims_per_call: 2.5}", r"attack\.config\.victims_per_call"),
+    (["attack.name=dlg", "attack.config={optimizer: sgd}"],
+     r"attack\.config\.optimizer: 'sgd' is not allowed"),
+    (["attack.name=sgi", "attack.config={upload: grads}"],
+     r"attack\.config\.upload: 'grads' is not allowed"),
+    (["attack.name=fedavg_inversion", "attack.config={local_steps: 0}"],
+     r"attack\.config\.local_steps: must be a positive integer"),
+    (["attack.name=fedavg_inversion", "attack.config={restarts: -2}"],
+     r"attack\.config\.restarts"),
+    (["attack.name=model_inversion", "attack.config={iterations: 5}"],
+     r"needs attack\.config\.aux_images"),
+    (["attack.name=model_inversion", "attack.config={aux_images: [0.5], model: both}"],
+     r"attack\.config\.model: 'both' is not allowed"),
+    (["attack.name=model_inversion", "attack.config={aux_images: [0.5], lr: 0}"],
+     r"attack\.config\.lr: must be a finite positive"),
+    (["attack.name=model_inversion", "attack.config={aux_images: [0.5], classes: [-1]}"],
+     r"attack\.config\.classes"),
 ])
 def test_bad_attack_sections_name_the_key(override, match):
-    cfg = load_config("configs/attack_quickstart.yaml", BASE + [override])
+    overrides = override if isinstance(override, list) else [override]
+    cfg = load_config("configs/attack_quickstart.yaml", BASE + overrides)
     with pytest.raises(ConfigError, match=match):
         validate_attack_section(cfg)
+
+
+@pytest.mark.parametrize("name", ["inverting_gradients", "dlg", "sgi", "fedavg_inversion"])
+def test_every_attacks_defaults_pass_its_check(name):
+    cfg = load_config("configs/attack_quickstart.yaml",
+                      BASE + [f"attack.name={name}", "attack.config={}"])
+    assert validate_attack_section(cfg)["config"] == {}
+
+
+def test_a_bad_attack_setting_stops_the_command_before_it_simulates(tmp_path, capsys):
+    from fedsim.cli import main as fedsim_main
+
+    out = tmp_path / "run"
+    rc = fedsim_main(["attack", "configs/attack_quickstart.yaml", "--quiet", "--set",
+                      f"output.dir={out}"] + sum((["--set", s] for s in BASE), [])
+                     + ["--set", "attack.config={restarts: 0}"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "fedsim: config error: attack.config.restarts: must be a positive integer" in err
+    assert "Traceback" not in err
+    assert not (out / "metrics.jsonl").exists()  # named before the simulation, not after
 
 
 @pytest.mark.parametrize("precision", ["highest", "default"])

@@ -119,9 +119,9 @@ def test_unknown_config_key_and_bad_value(mlp):
     obs, _, _ = _obs(f, p, 0, batch_size=1)
     with pytest.raises(GI.AttackConfigError, match="iteratons"):
         run_attack("dlg", obs, {"iteratons": 3}, jax.random.key(0))
-    with pytest.raises(GI.AttackConfigError, match="attack.loss"):
+    with pytest.raises(GI.AttackConfigError, match="attack.config.loss"):
         run_attack("dlg", obs, {"loss": "l3"}, jax.random.key(0))
-    with pytest.raises(GI.AttackConfigError, match="attack.iterations"):
+    with pytest.raises(GI.AttackConfigError, match="attack.config.iterations"):
         run_attack("dlg", obs, {"iterations": 0}, jax.random.key(0))
 
 
@@ -208,7 +208,7 @@ def test_victims_that_do_not_fit_at_once_are_attacked_in_calls_that_do(mlp, monk
     free = int(((one - per) + 2.5 * per) * GI.PLAN_MARGIN / GI.memory.HEADROOM)
     monkeypatch.setattr(GI.memory, "available_bytes", lambda: free)
     # The split follows the free memory, so it is announced with the pin that fixes it.
-    with pytest.warns(RuntimeWarning, match="attack.victims_per_call: 2"):
+    with pytest.warns(RuntimeWarning, match="attack.config.victims_per_call: 2"):
         apart = GI.invert_victims(f, cfg, params, targets, labels, keys, **kw)
     assert apart["victims_per_call"] == 2
     np.testing.assert_allclose(apart["x"], together["x"], atol=1e-5)
@@ -254,7 +254,7 @@ def test_a_pinned_split_gives_the_same_numbers_whatever_the_free_memory(mlp, mon
     for name in ("x", "labels", "restart_losses"):
         np.testing.assert_array_equal(tight[name], ample[name])
     monkeypatch.setattr(GI.memory, "available_bytes", lambda: int(1.5 * two))
-    with pytest.raises(GI.AttackMemoryError, match="attack.victims_per_call: a call of 2 victims"):
+    with pytest.raises(GI.AttackMemoryError, match="attack.config.victims_per_call: a call of 2 victims"):
         GI.invert_victims(f, cfg, params, targets, labels, keys, victims_per_call=2, **kw)
     # More than V is V: one call.
     monkeypatch.setenv("FEDSIM_MEMORY_CHECK", "0")
@@ -266,11 +266,11 @@ def test_a_pinned_split_gives_the_same_numbers_whatever_the_free_memory(mlp, mon
 def test_victims_per_call_must_be_a_positive_integer(mlp, bad):
     f, p = mlp
     obs = _obs(f, p, 0)[0]
-    with pytest.raises(GI.AttackConfigError, match="attack.victims_per_call"):
+    with pytest.raises(GI.AttackConfigError, match="attack.config.victims_per_call"):
         run_attack("inverting_gradients", obs, {"iterations": 1, "victims_per_call": bad},
                    jax.random.key(0))
     f5, (params, targets, labels, keys), kw = _five_victims(mlp)
-    with pytest.raises(GI.AttackConfigError, match="attack.victims_per_call"):
+    with pytest.raises(GI.AttackConfigError, match="attack.config.victims_per_call"):
         GI.invert_victims(f5, GI.InversionConfig(iterations=1), params, targets, labels, keys,
                           victims_per_call=bad, **kw)
 

@@ -107,5 +107,5 @@ def test_sgi_on_weight_uploads_reads_the_mask_off_the_weights(mlp):
     a = run_attack("sgi", w_obs, {**cfg, "upload": "weights"}, jax.random.key(7))
     b = run_attack("sgi", view, cfg, jax.random.key(7))
     np.testing.assert_array_equal(np.asarray(a.x), np.asarray(b.x))
-    with pytest.raises(ValueError, match="attack.upload"):
+    with pytest.raises(ValueError, match="attack.config.upload"):
         run_attack("sgi", w_obs, {**cfg, "upload": "grads"}, jax.random.key(7))

@@ -88,7 +88,7 @@ def test_sharded_victims_match_one_device_and_really_spread_and_a_bad_pin_is_nam
     # The sharded executable gathers each device's block: it did split them.
     assert r["all_gather"]
     assert "6 is not a multiple of the 4 devices" in r["error"]
-    assert "attack.shard_victims" in r["error"]
+    assert "attack.config.shard_victims" in r["error"]
 
 
 def test_on_one_device_sharding_changes_nothing():
@@ -110,5 +110,5 @@ def test_on_one_device_sharding_changes_nothing():
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
 def test_shard_victims_must_be_a_boolean(value):
-    with pytest.raises(AttackConfigError, match="attack.shard_victims: must be true or false"):
+    with pytest.raises(AttackConfigError, match="attack.config.shard_victims: must be true or false"):
         inversion_config({"shard_victims": value}, {"iterations": 10})

@@ -71,6 +71,9 @@ def test_bad_rates_are_clear_errors():
         build_defense("prune_largest", p=2.0)
     with pytest.raises(ValueError, match="<= 1"):
         build_defense("prune_mix", p_largest=0.6, p_random=0.6)
+    # A quoted "false" in a config would otherwise switch Pseudo-Pruning on.
+    with pytest.raises(ValueError, match="pseudo must be true or false, got 'false'"):
+        build_defense("prune_largest", p=0.3, pseudo="false")
 
 
 def test_pseudo_pruning_state_and_begin_round():
