@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from typing import Callable
 
@@ -96,12 +97,39 @@ def build_defenses(specs: list[dict]) -> dict[str, Defense]:
     for i, spec in enumerate(specs):
         spec = dict(spec)
         name = spec.pop("name")
+        where = f"config key 'defenses[{i}]'"
         try:
             d = build_defense(name, **spec)
         except ValueError as e:
-            raise ConfigError(f"config key 'defenses[{i}]': {e}") from None
-        by_stage.setdefault(d.stage, []).append(d)
+            raise ConfigError(f"{where}: {e}") from None
+        by_stage.setdefault(d.stage, []).append(_naming_errors(d, f"{where} ({name})"))
     return {s: (ds[0] if len(ds) == 1 else chain(*ds)) for s, ds in by_stage.items()}
+
+
+def _naming_errors(d: Defense, where: str) -> Defense:
+    """``d`` whose ``ValueError``s name the config entry that built it.
+
+    Some settings can only be checked against the model or the data, when the
+    defense first runs (while the round step is traced): a Soteria layer the
+    model does not have, a channel calibrated for another input shape. Their
+    message is clear, but it would come as a traceback out of JAX's tracing
+    with no word of which config entry it was.
+    """
+    def named(fn):
+        if fn is None:
+            return None
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except ConfigError:
+                raise
+            except ValueError as e:
+                raise ConfigError(f"{where}: {e}") from e
+        return call
+
+    return d._replace(init=named(d.init), apply=named(d.apply), begin_round=named(d.begin_round))
 
 
 def partition_dataset(cfg: Config, ds: Dataset) -> list[np.ndarray]:

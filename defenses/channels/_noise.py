@@ -38,7 +38,9 @@ def additive_data_channel(name: str, shape: tuple[int, ...],
     def apply(x, state, *, key, context=None):
         if tuple(x.shape[1:]) != tuple(shape):
             raise ValueError(f"{name}: inputs have example shape {tuple(x.shape[1:])}, but the "
-                             f"channel was calibrated for {tuple(shape)} (d = {d})")
+                             f"channel was calibrated for {tuple(shape)} (d = {d}); calibrate "
+                             "it on inputs of the simulation's shape (with dataset=, give "
+                             "image_size= the simulation's data.image_size)")
         b = x.shape[0]
         xi = sample(key, b).astype(x.dtype).reshape(x.shape)
         if context is not None and context.mask is not None:

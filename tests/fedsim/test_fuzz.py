@@ -80,3 +80,19 @@ def test_mutated_configs_never_crash(seed, tmp_path, capsys):
 @pytest.mark.parametrize("seed", range(12, 80))
 def test_mutated_configs_never_crash_many(seed, tmp_path, capsys):
     test_mutated_configs_never_crash(seed, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("defenses,named", [
+    # Settings only the model or the data can refute: the defense finds out when
+    # the round step is traced, and the message names the config entry.
+    ([{"name": "gc", "p": 0.5}, {"name": "soteria", "p_fc": 0.3, "layer": "Nope_9"}],
+     "config key 'defenses[1]' (soteria): soteria layer 'Nope_9': no 'Nope_9'"),
+    ([{"name": "natural_channel", "kappa": 10.0, "dataset": "synthetic", "image_size": 16}],
+     "config key 'defenses[0]' (natural_channel): natural_channel: inputs have example shape "
+     "(8, 8, 1), but the channel was calibrated for (16, 16, 1)"),
+])
+def test_a_defense_that_does_not_fit_the_model_or_data_is_named(tmp_path, capsys, defenses, named):
+    rc, err = _run_cli(tmp_path, {**BASE, "defenses": defenses}, capsys)
+    assert rc == 2
+    assert err.startswith(f"fedsim: config error: {named}"), err
+    assert "Traceback" not in err
