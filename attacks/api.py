@@ -54,7 +54,7 @@ def run_attack(name: str, observation: Observation, config: Mapping[str, Any] | 
     Raises:
       ValueError: for an unknown attack name (listing the known ones).
     """
-    if name not in ATTACK_REGISTRY:
+    if not isinstance(name, str) or name not in ATTACK_REGISTRY:
         raise ValueError(f"unknown attack {name!r}; known attacks: {', '.join(sorted(ATTACK_REGISTRY))}")
     return ATTACK_REGISTRY[name](observation, dict(config or {}), key)
 

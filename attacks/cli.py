@@ -67,7 +67,7 @@ def validate_attack_section(cfg: Config) -> dict:
     if unknown:
         raise ConfigError(f"config key 'attack': unknown key(s) {sorted(unknown)}; "
                           f"allowed: {', '.join(ATTACK_KEYS)}")
-    if section["name"] not in ATTACK_REGISTRY:
+    if not isinstance(section["name"], str) or section["name"] not in ATTACK_REGISTRY:
         raise ConfigError(f"config key 'attack.name': {section['name']!r} is not allowed; "
                           f"allowed values: {', '.join(sorted(ATTACK_REGISTRY))}")
     grants = section.get("grants") or {}

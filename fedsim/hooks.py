@@ -165,7 +165,7 @@ def build_defense(name: str, **kwargs) -> Defense:
         import defenses  # noqa: F401  (populates the registry)
     except ImportError:  # pragma: no cover - defenses ships with fedsim
         pass
-    if name not in DEFENSE_REGISTRY:
+    if not isinstance(name, str) or name not in DEFENSE_REGISTRY:
         known = ", ".join(sorted(DEFENSE_REGISTRY)) or "(none registered)"
         raise ValueError(f"unknown defense {name!r}; known defenses: {known}")
     factory = DEFENSE_REGISTRY[name]

@@ -30,6 +30,7 @@ def test_cli_writes_summary_and_grid(tmp_path):
 
 @pytest.mark.parametrize("override,match", [
     ("attack.name=nope", "attack.name"),
+    ("attack.name={k: 1}", "attack.name"),  # once a TypeError (unhashable) from the lookup
     ("attack.grants={labelz: true}", "attack.grants"),
     ("attack.foo=1", "unknown key"),
     ("observer.clients=[]", "observer.clients"),

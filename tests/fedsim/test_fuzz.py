@@ -96,3 +96,11 @@ def test_a_defense_that_does_not_fit_the_model_or_data_is_named(tmp_path, capsys
     assert rc == 2
     assert err.startswith(f"fedsim: config error: {named}"), err
     assert "Traceback" not in err
+
+
+def test_a_defense_name_that_is_not_a_string_is_named(tmp_path, capsys):
+    # Once a TypeError from the registry lookup (unhashable list); found by
+    # tests/attacks/test_fuzz_attack.py's seed 26.
+    rc, err = _run_cli(tmp_path, {**BASE, "defenses": [{"name": ["gc"], "p": 0.3}]}, capsys)
+    assert rc == 2
+    assert err.startswith("fedsim: config error: config key 'defenses[0]': unknown defense ['gc']")
