@@ -81,7 +81,7 @@ def validate_attack_section(cfg: Config) -> dict:
     # otherwise surfaced only once the observed rounds had been trained.
     check = getattr(ATTACK_REGISTRY[section["name"]], "check_config", None)
     if check is not None:
-        check(dict(section.get("config") or {}))
+        check(dict(section.get("config") or {}), grants)
     if not cfg.observer.clients or not cfg.observer.rounds:
         raise ConfigError("config keys 'observer.clients' and 'observer.rounds' must name at "
                           "least one client and one round to attack")

@@ -39,17 +39,24 @@ def _resolve(obs: Observation, config: Mapping[str, Any], key: str, field: str) 
     if val is None:
         val = getattr(obs, field)
     if val is None:
-        raise AttackConfigError(f"fedavg_inversion needs the victim's {field}: grant "
-                                f"'{field}' in the threat model or set attack.config.{key}")
+        raise AttackConfigError(_needs(field, key))
     return int(val)
 
 
-_TRAINING_KEYS = ("num_examples", "local_batch", "local_steps")
+#: The victim's local training: config key -> the Observation field granting it.
+_TRAINING_KEYS = {"num_examples": "num_examples", "local_batch": "batch_size",
+                  "local_steps": "local_steps"}
 
 
-def check_config(config: Mapping[str, Any]) -> None:
+def _needs(field: str, key: str) -> str:
+    return (f"fedavg_inversion needs the victim's {field}: grant '{field}' in the threat "
+            f"model (attack.grants) or set attack.config.{key}")
+
+
+def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = None) -> None:
     """Raise :class:`~attacks.gradient_inversion.AttackConfigError` for a bad
-    ``config`` before any victim is observed (``fedsim attack`` calls it first)."""
+    ``config``, or one the threat model's ``grants`` (where given) leave short,
+    before any victim is observed (``fedsim attack`` calls it first)."""
     for k in _TRAINING_KEYS:
         v = config.get(k)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
@@ -57,6 +64,9 @@ def check_config(config: Mapping[str, Any]) -> None:
                                     f"to take the granted value), got {v!r}")
     inversion_config({k: v for k, v in config.items() if k not in _TRAINING_KEYS},
                      {k: v for k, v in DEFAULTS.items() if k not in _TRAINING_KEYS})
+    for k, field in _TRAINING_KEYS.items():
+        if config.get(k) is None and grants is not None and not grants.get(field):
+            raise AttackConfigError(_needs(field, k))
 
 
 def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key

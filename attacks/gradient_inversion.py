@@ -591,6 +591,26 @@ def choose_victims_per_call(fn, params, targets, labels, keys, shared_params: bo
 
 # --- the Observation-level entry points ----------------------------------------
 
+def check_inversion_config(config: Mapping[str, Any], defaults: Mapping[str, Any],
+                           grants: Mapping[str, bool] | None = None) -> None:
+    """What a gradient-matching attack's ``check_config`` checks before any victim
+    is observed: the settings (:func:`inversion_config`), and, given the threat
+    model's ``grants``, that the victim's batch size will be known
+    (:func:`victim_batch_size` reads it from the config or a granted field).
+
+    Raises:
+      AttackConfigError: naming the setting or the grant.
+    """
+    merged = inversion_config(config, defaults)[1]
+    if grants is not None and merged.get("batch_size") is None and not (
+            grants.get("batch_size") or grants.get("num_examples")):
+        raise AttackConfigError(_UNKNOWN_BATCH_SIZE)
+
+
+_UNKNOWN_BATCH_SIZE = ("the victim's batch size is unknown: grant 'batch_size' (or 'num_examples') "
+                       "in the threat model (attack.grants), or set attack.config.batch_size")
+
+
 def victim_batch_size(obs: Observation, config: Mapping[str, Any]) -> int:
     """B: granted by the threat model, or assumed by the attacker's config."""
     if config.get("batch_size") is not None:
@@ -601,8 +621,7 @@ def victim_batch_size(obs: Observation, config: Mapping[str, Any]) -> int:
         return int(obs.batch_size)
     if obs.num_examples is not None:
         return int(obs.num_examples)
-    raise AttackConfigError("the victim's batch size is unknown: grant 'batch_size' (or "
-                            "'num_examples') in the threat model, or set attack.config.batch_size")
+    raise AttackConfigError(_UNKNOWN_BATCH_SIZE)
 
 
 def prepare_victims(observations: Sequence[Observation], config: Mapping[str, Any],

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from attacks.api import Reconstruction, register_attack
-from attacks.gradient_inversion import inversion_config, run_inversion
+from attacks.gradient_inversion import check_inversion_config, run_inversion
 from fedsim.typing import Observation
 
 DEFAULTS = {"loss": "cosine", "tv": 1e-6, "optimizer": "adam", "lr": 0.1, "iterations": 1000,
@@ -33,10 +33,11 @@ DEFAULTS = {"loss": "cosine", "tv": 1e-6, "optimizer": "adam", "lr": 0.1, "itera
             "label_mode": "infer"}
 
 
-def check_config(config: Mapping[str, Any]) -> None:
+def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = None) -> None:
     """Raise :class:`~attacks.gradient_inversion.AttackConfigError` for a bad
-    ``config`` before any victim is observed (``fedsim attack`` calls it first)."""
-    inversion_config(config, DEFAULTS)
+    ``config``, or one the threat model's ``grants`` (where given) leave short,
+    before any victim is observed (``fedsim attack`` calls it first)."""
+    check_inversion_config(config, DEFAULTS, grants)
 
 
 def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key

@@ -56,14 +56,17 @@ def _invert(apply_fn, params, x0, classes, iterations, lr):
     return jax.vmap(one)(classes)
 
 
-def check_config(config: Mapping[str, Any]) -> dict[str, Any]:
+def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = None
+                 ) -> dict[str, Any]:
     """``config`` merged over :data:`DEFAULTS`, checked before any victim is
     observed (``fedsim attack`` calls it first). The auxiliary images' shape is
-    checked against the victim's input in :func:`run`.
+    checked against the victim's input in :func:`run`; ``grants`` are unused
+    (the attack reads only the model and the update).
 
     Raises:
       AttackConfigError: naming the offending ``attack.config.<key>``.
     """
+    del grants
     unknown = set(config) - set(DEFAULTS)
     if unknown:
         raise AttackConfigError(f"attack.config: unknown key(s) {sorted(unknown)}; "

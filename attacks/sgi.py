@@ -44,7 +44,7 @@ import jax
 import numpy as np
 
 from attacks.api import Reconstruction, register_attack
-from attacks.gradient_inversion import (AttackConfigError, inversion_config, run_inversion,
+from attacks.gradient_inversion import (AttackConfigError, check_inversion_config, run_inversion,
                                         support_mask)
 from attacks.inverting_gradients import DEFAULTS
 from fedsim.typing import Observation
@@ -69,15 +69,16 @@ def from_weight_upload(obs: Observation) -> Observation:
     return obs._replace(update=masked)
 
 
-def check_config(config: Mapping[str, Any]) -> None:
+def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = None) -> None:
     """Raise :class:`~attacks.gradient_inversion.AttackConfigError` for a bad
-    ``config`` before any victim is observed (``fedsim attack`` calls it first)."""
+    ``config``, or one the threat model's ``grants`` (where given) leave short,
+    before any victim is observed (``fedsim attack`` calls it first)."""
     config = dict(config)
     upload = config.pop("upload", "update")
     if upload not in UPLOADS:
         raise AttackConfigError(f"attack.config.upload: {upload!r} is not allowed; allowed: "
                                 f"{', '.join(UPLOADS)}")
-    inversion_config(config, DEFAULTS)
+    check_inversion_config(config, DEFAULTS, grants)
 
 
 def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key

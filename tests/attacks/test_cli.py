@@ -50,6 +50,12 @@ def test_cli_writes_summary_and_grid(tmp_path):
      r"attack\.config\.local_steps: must be a positive integer"),
     (["attack.name=fedavg_inversion", "attack.config={restarts: -2}"],
      r"attack\.config\.restarts"),
+    # What the threat model must grant (or the config assume) for the attack to run.
+    ("attack.grants={}", r"the victim's batch size is unknown: grant 'batch_size'"),
+    (["attack.name=sgi", "attack.grants={labels: true}"], r"batch size is unknown"),
+    (["attack.name=fedavg_inversion", "attack.grants={batch_size: true, local_steps: true}"],
+     r"fedavg_inversion needs the victim's num_examples: grant 'num_examples' in the threat "
+     r"model \(attack.grants\) or set attack\.config\.num_examples"),
     (["attack.name=model_inversion", "attack.config={iterations: 5}"],
      r"needs attack\.config\.aux_images"),
     (["attack.name=model_inversion", "attack.config={aux_images: [0.5], model: both}"],
@@ -68,9 +74,20 @@ def test_bad_attack_sections_name_the_key(override, match):
 
 @pytest.mark.parametrize("name", ["inverting_gradients", "dlg", "sgi", "fedavg_inversion"])
 def test_every_attacks_defaults_pass_its_check(name):
+    every = "attack.grants={batch_size: true, num_examples: true, local_steps: true}"
     cfg = load_config("configs/attack_quickstart.yaml",
-                      BASE + [f"attack.name={name}", "attack.config={}"])
+                      BASE + [f"attack.name={name}", "attack.config={}", every])
     assert validate_attack_section(cfg)["config"] == {}
+
+
+@pytest.mark.parametrize("name,config", [
+    ("inverting_gradients", "{batch_size: 1}"),
+    ("fedavg_inversion", "{num_examples: 1, local_batch: 1, local_steps: 1}"),
+])
+def test_what_is_not_granted_may_be_assumed_in_the_config(name, config):
+    cfg = load_config("configs/attack_quickstart.yaml",
+                      BASE + [f"attack.name={name}", "attack.grants={}", f"attack.config={config}"])
+    validate_attack_section(cfg)
 
 
 def test_a_bad_attack_setting_stops_the_command_before_it_simulates(tmp_path, capsys):
