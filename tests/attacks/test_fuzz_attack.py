@@ -8,13 +8,13 @@ is rejected with one line (exit 1 or 2). Mutations are seeded; a failure names
 the seed and the mutations so they can be replayed.
 """
 
-import copy
 import random
 
 import pytest
 import yaml
 
 from fedsim.cli import main
+from tests.fedsim.helpers import mutate
 
 BASE = {
     "name": "fuzz_attack", "seed": 0,
@@ -35,39 +35,11 @@ WEIRD = [None, -1, 0, 1, 2, 2.5, -3.7, 1e9, "", "zzz", True, False, [], [1, "a"]
          "weights", "l2", "lbfgs", "joint", "gaussian", "soteria", "dp_gaussian"]
 
 
-def _leaves(node, prefix):
-    """Paths into ``node`` (dicts and lists), ``prefix`` first."""
-    yield prefix
-    items = node.items() if isinstance(node, dict) else (
-        enumerate(node) if isinstance(node, list) else ())
-    for k, v in items:
-        yield from _leaves(v, prefix + (k,))
-
-
-def mutate(rng: random.Random, cfg: dict) -> tuple[dict, str]:
-    cfg = copy.deepcopy(cfg)
-    paths = [p for top in ("attack", "defenses") if top in cfg
-             for p in _leaves(cfg[top], (top,))][1:]
-    path = rng.choice(paths)
-    node = cfg
-    for p in path[:-1]:
-        node = node[p]
-    kind = rng.choice(["set", "set", "set", "delete", "unknown_key"])
-    if kind == "delete":
-        del node[path[-1]]
-    elif kind == "unknown_key" and isinstance(node[path[-1]], dict):
-        node[path[-1]]["bogus_" + str(rng.randint(0, 9))] = 1
-    else:
-        kind = "set"
-        node[path[-1]] = rng.choice(WEIRD)
-    return cfg, f"{kind} {'.'.join(map(str, path))}"
-
-
 def _check(seed, tmp_path, capsys):
     rng = random.Random(seed)
     cfg, what = BASE, []
     for _ in range(rng.randint(1, 2)):
-        cfg, w = mutate(rng, cfg)
+        cfg, w = mutate(rng, cfg, WEIRD, roots=("attack", "defenses"))
         what.append(w)
     p = tmp_path / "cfg.yaml"
     p.write_text(yaml.safe_dump(cfg))

@@ -1,4 +1,7 @@
-"""Small configs and datasets for engine tests."""
+"""Small configs and datasets for engine tests, and the config fuzzers' mutation."""
+
+import copy
+import random
 
 from fedsim.config import load_config
 from fedsim.data import synthetic_dataset
@@ -41,3 +44,38 @@ def random_zeroing_upload(rate=0.5):
         return jax.tree_util.tree_unflatten(tree, kept), state
 
     return Defense(init=lambda params: (), apply=apply, stage="upload", name="random_zeroing")
+
+
+def config_paths(node, prefix=()):
+    """Every path into a config's mappings and lists (depth first, in order)."""
+    items = node.items() if isinstance(node, dict) else (
+        enumerate(node) if isinstance(node, list) else ())
+    for k, v in items:
+        yield prefix + (k,)
+        yield from config_paths(v, prefix + (k,))
+
+
+def mutate(rng: random.Random, cfg: dict, weird: list, roots=None) -> tuple[dict, str]:
+    """A copy of ``cfg`` with one random change, and what it was.
+
+    One path (under the top-level keys ``roots``, default all) is set to a
+    value from ``weird``, deleted, or given a bogus key (in the mapping it
+    names, else in the mapping that holds it).
+    """
+    cfg = copy.deepcopy(cfg)
+    paths = [p for p in config_paths(cfg) if roots is None or p[0] in roots]
+    path = rng.choice(paths)
+    node = cfg
+    for p in path[:-1]:
+        node = node[p]
+    kind = rng.choice(["set", "set", "set", "delete", "unknown_key"])
+    if kind == "delete":
+        del node[path[-1]]
+    elif kind == "unknown_key" and isinstance(node[path[-1]], dict):
+        node[path[-1]]["bogus_" + str(rng.randint(0, 9))] = 1
+    elif kind == "unknown_key" and isinstance(node, dict):
+        node["bogus_" + str(rng.randint(0, 9))] = 1
+    else:
+        kind = "set"
+        node[path[-1]] = rng.choice(weird)
+    return cfg, f"{kind} {'.'.join(map(str, path))}"

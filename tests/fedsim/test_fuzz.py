@@ -6,13 +6,13 @@ with a one-line message). Mutations are seeded; a failure names the seed and
 the mutation so it can be replayed.
 """
 
-import copy
 import random
 
 import pytest
 import yaml
 
 from fedsim.cli import main
+from tests.fedsim.helpers import mutate
 
 BASE = {
     "name": "fuzz", "seed": 0,
@@ -28,30 +28,6 @@ WEIRD = [None, -1, 0, 1, 2.5, -3.7, 1e9, "", "zzz", True, [], [1, "a"], {}, {"k"
          float("nan"), "lenet5", "dirichlet", "vmap", "sharded"]
 
 
-def _paths(d, prefix=()):
-    for k, v in d.items():
-        yield prefix + (k,)
-        if isinstance(v, dict):
-            yield from _paths(v, prefix + (k,))
-
-
-def mutate(rng: random.Random, cfg: dict) -> tuple[dict, str]:
-    cfg = copy.deepcopy(cfg)
-    path = rng.choice(list(_paths(cfg)))
-    node = cfg
-    for p in path[:-1]:
-        node = node[p]
-    kind = rng.choice(["set", "set", "set", "delete", "unknown_key"])
-    if kind == "delete":
-        del node[path[-1]]
-    elif kind == "unknown_key":
-        target = node[path[-1]] if isinstance(node[path[-1]], dict) else node
-        target["bogus_" + str(rng.randint(0, 9))] = 1
-    else:
-        node[path[-1]] = rng.choice(WEIRD)
-    return cfg, f"{kind} {'.'.join(path)}"
-
-
 def _run_cli(tmp_path, cfg, capsys):
     p = tmp_path / "cfg.yaml"
     p.write_text(yaml.safe_dump(cfg))
@@ -65,7 +41,7 @@ def test_mutated_configs_never_crash(seed, tmp_path, capsys):
     rng = random.Random(seed)
     cfg, what = BASE, []
     for _ in range(rng.randint(1, 2)):
-        cfg, w = mutate(rng, cfg)
+        cfg, w = mutate(rng, cfg, WEIRD)
         what.append(w)
     try:
         rc, err = _run_cli(tmp_path, cfg, capsys)
