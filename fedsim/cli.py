@@ -243,12 +243,13 @@ def _run_command(args) -> int:
     except Exception as e:  # a clear one-line message for known failures
         from fedsim.data import DatasetError
         from fedsim.checkpoint import CheckpointError
+        from fedsim.results import MetricsFileError
         from fedsim.simulation import NonFiniteError
 
         # FloatingPointError: an attack whose every restart ended NaN/Inf says
         # so and what to change; the traceback would add nothing to that.
         if isinstance(e, (DatasetError, NonFiniteError, CheckpointError, FileNotFoundError,
-                          FloatingPointError)):
+                          FloatingPointError, MetricsFileError)):
             print(f"fedsim: error: {e}", file=sys.stderr)
             return 1
         raise

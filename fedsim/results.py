@@ -45,17 +45,38 @@ def _jsonable(o):
     return str(o)
 
 
+class MetricsFileError(ValueError):
+    """A metrics.jsonl line, other than a torn last one, is not a round's row."""
+
+
 def read_metrics(path) -> list[dict]:
-    """The rows of a metrics.jsonl file (a torn last line is ignored)."""
+    """The rows of a metrics.jsonl file (none where it does not exist).
+
+    A torn last line (a process killed while appending) is ignored.
+
+    Raises:
+      MetricsFileError: naming the file and line, for any other line that is
+        not a JSON object with an integer ``round`` and a ``train_loss``:
+        rows after it used to be dropped without a word, and rows that were
+        JSON but not objects ended in an AttributeError in ``fedsim report``.
+    """
     rows = []
     p = Path(path)
     if not p.exists():
         return rows
-    for line in p.read_text().splitlines():
+    lines = p.read_text().splitlines()
+    for i, line in enumerate(lines, start=1):
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines):
+                break  # torn by a kill mid-append: the round is redone on resume
+            raise MetricsFileError(f"{p}, line {i}: not JSON ({e})") from None
+        if not (isinstance(row, dict) and isinstance(row.get("round"), int)
+                and not isinstance(row["round"], bool) and "train_loss" in row):
+            raise MetricsFileError(f"{p}, line {i}: expected a round's row, a JSON object with "
+                                   f"an integer 'round' and a 'train_loss', got {line[:80]!r}")
+        rows.append(row)
     return rows
 
 

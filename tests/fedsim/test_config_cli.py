@@ -107,6 +107,30 @@ def test_report_command(tmp_path, capsys):
     assert capsys.readouterr().out == (sweep / "results.md").read_text()
 
 
+def test_metrics_files_are_read_strictly_but_a_torn_last_line_is_forgiven(tmp_path, capsys):
+    from fedsim.results import MetricsFileError, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    good = '{"round": 0, "train_loss": 1.0}\n{"round": 1, "train_loss": 0.5}\n'
+    path.write_text(good + '{"round": 2, "train_lo')  # killed mid-append
+    assert [r["round"] for r in read_metrics(path)] == [0, 1]
+    # A torn line in the middle used to drop every row after it without a word.
+    path.write_text('{"round": 0, "train_loss": 1.0}\n{"round": 1, "tr\n'
+                    '{"round": 2, "train_loss": 0.5}\n')
+    with pytest.raises(MetricsFileError, match=r"metrics.jsonl, line 2: not JSON"):
+        read_metrics(path)
+    # JSON that is not a round's row ended in an AttributeError in `fedsim report`.
+    for line in ("[1, 2]", '{"train_loss": 1.0}', '{"round": "0", "train_loss": 1.0}'):
+        path.write_text(good + line + "\n")
+        with pytest.raises(MetricsFileError, match=r"line 3: expected a round's row"):
+            read_metrics(path)
+    (tmp_path / "summary.json").write_text('{"test_accuracy": 0.5}')
+    path.write_text("[1, 2]\n")
+    for command in (["report", str(tmp_path)], ["compare", str(tmp_path)]):
+        assert main(command) == 1
+        assert capsys.readouterr().err.startswith(f"fedsim: error: {path}, line 1: expected")
+
+
 def test_privacy_command_is_available_through_fedsim(capsys):
     code = main(["privacy", "vmf", "--kappa", "75", "--dim", "13700", "--sample-rate",
                  str(128 / 60000), "--compositions", "3", "--delta", str(1 / 60000), "--json"])
