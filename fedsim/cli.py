@@ -73,7 +73,7 @@ def _cmd_compare(args) -> int:
 def _cmd_report(args) -> int:
     from pathlib import Path
 
-    from fedsim.results import plot_learning_curve, read_metrics
+    from fedsim.results import RunFileError, plot_learning_curve, read_json_object, read_metrics
 
     run_dir = Path(args.run_dir)
     summary_path = run_dir / "summary.json"
@@ -83,30 +83,46 @@ def _cmd_report(args) -> int:
     if not summary_path.is_file():
         raise FileNotFoundError(f"{summary_path} not found: is {run_dir} a finished fedsim run "
                                 "or a sweep's directory?")
-    summary = json.loads(summary_path.read_text())
+    summary = read_json_object(summary_path)
     rows = read_metrics(run_dir / "metrics.jsonl")
     print(json.dumps(summary, indent=2))
     print(f"{'round':>6} {'train_loss':>11} {'test_acc':>9} {'seconds':>8}")
     for r in rows:
         acc = r.get("test_accuracy")
-        print(f"{r['round']:>6} {r['train_loss']:>11.4f} {'' if acc is None else f'{acc:.4f}':>9} "
-              f"{r.get('seconds', 0):>8.2f}")
+        print(f"{r['round']:>6} {_number(r['train_loss']):>11.4f} "
+              f"{'' if acc is None else f'{_number(acc):.4f}':>9} "
+              f"{_number(r.get('seconds', 0)):>8.2f}")
     if rows:
         plot_learning_curve(rows, run_dir / "learning_curve.png")
     attack_path = run_dir / "attack_summary.json"
     if attack_path.is_file():  # a `fedsim attack` run: its victims too
-        attack = json.loads(attack_path.read_text())
+        attack = read_json_object(attack_path)
+        victims, mean = attack.get("victims", []), attack.get("mean", {})
+        if not (isinstance(victims, list) and all(isinstance(v, dict) for v in victims)
+                and isinstance(mean, dict)):
+            raise RunFileError(f"{attack_path}: expected 'victims' to be a list of objects "
+                               "and 'mean' an object")
         print(f"attack {attack.get('attack')} (grants {attack.get('grants')}):")
         print(f"{'client':>6} {'round':>6} {'psnr':>7} {'ssim':>6} {'nmi':>6} {'mse':>9} "
               f"{'label_acc':>9}")
-        nan = float("nan")
-        for v in attack.get("victims", []):
-            print(f"{v['client']:>6} {v['round']:>6} {v['psnr']:>7.2f} {v['ssim']:>6.3f} "
-                  f"{v.get('nmi', nan):>6.3f} {v['mse']:>9.2e} {v['label_acc']:>9.2f}")
-        m = attack.get("mean", {})
-        print(f"{'mean':>13} {m.get('psnr', nan):>7.2f} {m.get('ssim', nan):>6.3f} "
-              f"{m.get('nmi', nan):>6.3f} {m.get('mse', nan):>9.2e} {m.get('label_acc', nan):>9.2f}")
+        for v in victims:
+            print(f"{str(v.get('client', '?')):>6} {str(v.get('round', '?')):>6} "
+                  + _metric_columns(v))
+        print(f"{'mean':>13} " + _metric_columns(mean))
     return 0
+
+
+def _number(value) -> float:
+    """``value`` as a float for a table; NaN for what is not a number (a hand-edited file)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else float("nan")
+
+
+def _metric_columns(m: dict) -> str:
+    """PSNR, SSIM, NMI, MSE and label accuracy of ``m`` (NaN where missing)."""
+    return (f"{_number(m.get('psnr')):>7.2f} {_number(m.get('ssim')):>6.3f} "
+            f"{_number(m.get('nmi')):>6.3f} {_number(m.get('mse')):>9.2e} "
+            f"{_number(m.get('label_acc')):>9.2f}")
 
 
 def _add_sweep(sub) -> None:
@@ -243,13 +259,13 @@ def _run_command(args) -> int:
     except Exception as e:  # a clear one-line message for known failures
         from fedsim.data import DatasetError
         from fedsim.checkpoint import CheckpointError
-        from fedsim.results import MetricsFileError
+        from fedsim.results import RunFileError
         from fedsim.simulation import NonFiniteError
 
         # FloatingPointError: an attack whose every restart ended NaN/Inf says
         # so and what to change; the traceback would add nothing to that.
         if isinstance(e, (DatasetError, NonFiniteError, CheckpointError, FileNotFoundError,
-                          FloatingPointError, MetricsFileError)):
+                          FloatingPointError, RunFileError)):
             print(f"fedsim: error: {e}", file=sys.stderr)
             return 1
         raise

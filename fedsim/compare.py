@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from fedsim.results import read_metrics
+from fedsim.results import read_json_object, read_metrics
 
 #: Columns shown where at least one run has them, after the ones every run has.
 OPTIONAL_COLUMNS = ("epsilon", "leakage_total", "attack_psnr", "attack_nmi")
@@ -43,7 +43,7 @@ def run_dirs(paths: list[str | Path]) -> list[Path]:
         if not cells.is_dir():
             raise CompareError(f"{path}: neither a run directory (no metrics.jsonl) nor a "
                                "sweep's directory (no cells/)")
-        order = [row["cell"] for row in _sweep_rows(path)]
+        order = _cell_order(path)
         names = sorted((c.name for c in cells.iterdir() if (c / "metrics.jsonl").is_file()),
                        key=lambda n: (order.index(n) if n in order else len(order), n))
         if not names:
@@ -54,9 +54,12 @@ def run_dirs(paths: list[str | Path]) -> list[Path]:
     return found
 
 
-def _sweep_rows(sweep_dir: Path) -> list[dict]:
+def _cell_order(sweep_dir: Path) -> list[str]:
+    """The cells as the sweep's ``results.json`` lists them; [] where it cannot
+    be read (the order is all it gives here: every cell is read from its files)."""
     try:
-        return json.loads((sweep_dir / "results.json").read_text())["rows"]
+        rows = json.loads((sweep_dir / "results.json").read_text())["rows"]
+        return [row["cell"] for row in rows if isinstance(row, dict) and "cell" in row]
     except (OSError, ValueError, KeyError, TypeError):
         return []
 
@@ -74,27 +77,9 @@ def labels(dirs: list[Path]) -> list[str]:
 def load_run(run_dir: Path) -> dict:
     """One run's rows, summary (empty while unfinished) and attack means."""
     rows = read_metrics(run_dir / "metrics.jsonl")
-    summary = _read_json(run_dir / "summary.json")
-    attack = _read_json(run_dir / "attack_summary.json").get("mean", {})
+    summary = read_json_object(run_dir / "summary.json")
+    attack = read_json_object(run_dir / "attack_summary.json").get("mean", {})
     return {"rows": rows, "summary": summary, "attack": attack}
-
-
-def _read_json(path: Path) -> dict:
-    """``path``'s object; {} where the file does not exist (yet).
-
-    Raises:
-      CompareError: the file exists but is not a JSON object, naming it (read
-        as missing, a finished run would show as unfinished).
-    """
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise CompareError(f"{path}: not readable as JSON ({type(e).__name__}: {e})") from None
-    if not isinstance(value, dict):
-        raise CompareError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 def table_row(label: str, run: dict) -> dict:

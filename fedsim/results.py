@@ -45,8 +45,10 @@ def _jsonable(o):
     return str(o)
 
 
-class MetricsFileError(ValueError):
-    """A metrics.jsonl line, other than a torn last one, is not a round's row."""
+class RunFileError(ValueError):
+    """A file a run wrote is not what fedsim writes there (torn, edited, another
+    program's): a metrics.jsonl line other than a torn last one that is not a
+    round's row, or a summary that is not a JSON object. The message names it."""
 
 
 def read_metrics(path) -> list[dict]:
@@ -55,7 +57,7 @@ def read_metrics(path) -> list[dict]:
     A torn last line (a process killed while appending) is ignored.
 
     Raises:
-      MetricsFileError: naming the file and line, for any other line that is
+      RunFileError: naming the file and line, for any other line that is
         not a JSON object with an integer ``round`` and a ``train_loss``:
         rows after it used to be dropped without a word, and rows that were
         JSON but not objects ended in an AttributeError in ``fedsim report``.
@@ -71,13 +73,32 @@ def read_metrics(path) -> list[dict]:
         except json.JSONDecodeError as e:
             if i == len(lines):
                 break  # torn by a kill mid-append: the round is redone on resume
-            raise MetricsFileError(f"{p}, line {i}: not JSON ({e})") from None
+            raise RunFileError(f"{p}, line {i}: not JSON ({e})") from None
         if not (isinstance(row, dict) and isinstance(row.get("round"), int)
                 and not isinstance(row["round"], bool) and "train_loss" in row):
-            raise MetricsFileError(f"{p}, line {i}: expected a round's row, a JSON object with "
+            raise RunFileError(f"{p}, line {i}: expected a round's row, a JSON object with "
                                    f"an integer 'round' and a 'train_loss', got {line[:80]!r}")
         rows.append(row)
     return rows
+
+
+def read_json_object(path) -> dict:
+    """``path``'s JSON object; {} where the file does not exist (yet).
+
+    Raises:
+      RunFileError: the file exists but is not a JSON object, naming it (read
+        as missing, a finished run would pass for an unfinished one).
+    """
+    p = Path(path)
+    if not p.is_file():
+        return {}
+    try:
+        value = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise RunFileError(f"{p}: not readable as JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(value, dict):
+        raise RunFileError(f"{p}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 class MetricsLog:

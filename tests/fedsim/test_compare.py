@@ -7,6 +7,7 @@ import pytest
 
 from fedsim.cli import main
 from fedsim.compare import CompareError, compare, labels, run_dirs
+from fedsim.results import RunFileError
 
 
 def _write_run(d: Path, accuracies, losses, summary=None, attack=None) -> Path:
@@ -74,10 +75,15 @@ def test_bad_paths_are_named(tmp_path):
     # A torn summary would otherwise pass the run off as unfinished.
     torn = _write_run(tmp_path / "torn", [0.5], [1.0])
     (torn / "summary.json").write_text('{"seconds": 1.')
-    with pytest.raises(CompareError, match="torn/summary.json: not readable as JSON"):
+    with pytest.raises(RunFileError, match="torn/summary.json: not readable as JSON"):
         compare([torn])
+    # results.json gives a sweep's order only: one that is not the sweep's is ignored.
+    odd = tmp_path / "odd_sweep"
+    _write_run(odd / "cells" / "c", [0.5], [1.0])
+    (odd / "results.json").write_text('{"rows": [1, {"cell": "c"}, {"no": "cell"}]}')
+    assert [r["run"] for r in _table(compare([odd]))] == ["c"]
     (torn / "summary.json").write_text("[1, 2]")
-    with pytest.raises(CompareError, match="summary.json: expected a JSON object, got list"):
+    with pytest.raises(RunFileError, match="summary.json: expected a JSON object, got list"):
         compare([torn])
 
 

@@ -108,7 +108,7 @@ def test_report_command(tmp_path, capsys):
 
 
 def test_metrics_files_are_read_strictly_but_a_torn_last_line_is_forgiven(tmp_path, capsys):
-    from fedsim.results import MetricsFileError, read_metrics
+    from fedsim.results import RunFileError, read_metrics
 
     path = tmp_path / "metrics.jsonl"
     good = '{"round": 0, "train_loss": 1.0}\n{"round": 1, "train_loss": 0.5}\n'
@@ -117,18 +117,44 @@ def test_metrics_files_are_read_strictly_but_a_torn_last_line_is_forgiven(tmp_pa
     # A torn line in the middle used to drop every row after it without a word.
     path.write_text('{"round": 0, "train_loss": 1.0}\n{"round": 1, "tr\n'
                     '{"round": 2, "train_loss": 0.5}\n')
-    with pytest.raises(MetricsFileError, match=r"metrics.jsonl, line 2: not JSON"):
+    with pytest.raises(RunFileError, match=r"metrics.jsonl, line 2: not JSON"):
         read_metrics(path)
     # JSON that is not a round's row ended in an AttributeError in `fedsim report`.
     for line in ("[1, 2]", '{"train_loss": 1.0}', '{"round": "0", "train_loss": 1.0}'):
         path.write_text(good + line + "\n")
-        with pytest.raises(MetricsFileError, match=r"line 3: expected a round's row"):
+        with pytest.raises(RunFileError, match=r"line 3: expected a round's row"):
             read_metrics(path)
     (tmp_path / "summary.json").write_text('{"test_accuracy": 0.5}')
     path.write_text("[1, 2]\n")
     for command in (["report", str(tmp_path)], ["compare", str(tmp_path)]):
         assert main(command) == 1
         assert capsys.readouterr().err.startswith(f"fedsim: error: {path}, line 1: expected")
+
+
+@pytest.mark.parametrize("name,text,named", [
+    ("summary.json", '{"test_accuracy": 0.5', "summary.json: not readable as JSON"),
+    ("summary.json", "[1]", "summary.json: expected a JSON object, got list"),
+    ("attack_summary.json", '{"victims": [1', "attack_summary.json: not readable as JSON"),
+    ("attack_summary.json", '{"victims": [1]}', "attack_summary.json: expected 'victims' to be"),
+])
+def test_report_names_a_run_file_that_is_not_what_fedsim_wrote(tmp_path, capsys, name, text, named):
+    # Each of these once ended in a JSONDecodeError, AttributeError or KeyError.
+    (tmp_path / "metrics.jsonl").write_text('{"round": 0, "train_loss": 1.0}\n')
+    (tmp_path / "summary.json").write_text('{"test_accuracy": 0.5}')
+    (tmp_path / name).write_text(text)
+    assert main(["report", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"fedsim: error: {tmp_path / name}") and named in err, err
+
+
+def test_report_shows_missing_attack_metrics_as_nan(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text('{"round": 0, "train_loss": 1.0}\n')
+    (tmp_path / "summary.json").write_text('{"test_accuracy": 0.5}')
+    (tmp_path / "attack_summary.json").write_text('{"victims": [{"client": 3, "psnr": 20.5}]}')
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].split() == ["3", "?", "20.50", "nan", "nan", "nan", "nan"]
+    assert out[-1].split() == ["mean", "nan", "nan", "nan", "nan", "nan"]
 
 
 def test_privacy_command_is_available_through_fedsim(capsys):
