@@ -64,6 +64,8 @@ def mutate(rng: random.Random, cfg: dict, weird: list, roots=None) -> tuple[dict
     """
     cfg = copy.deepcopy(cfg)
     paths = [p for p in config_paths(cfg) if roots is None or p[0] in roots]
+    if not paths:  # an earlier mutation deleted every root
+        return cfg, "nothing (no path left)"
     path = rng.choice(paths)
     node = cfg
     for p in path[:-1]:

@@ -1,0 +1,71 @@
+"""Defense-config fuzzing: `fedsim run` with a mutated `defenses` section never
+ends in a traceback.
+
+The engine's fuzz test (tests/fedsim/test_fuzz.py) runs without defenses; here
+one defense of each stage family (upload pruning, DP at the example stage,
+Soteria at the layer stage, a data channel) is mutated: its name, its
+parameters, unknown keys, deletions. Every mutated config either runs or is
+rejected with one line (exit 1 or 2), including settings a defense can only
+refute once it meets the model or the data, while the round step is traced.
+Mutations are seeded; a failure names the seed and the mutations.
+"""
+
+import random
+
+import pytest
+import yaml
+
+from fedsim.cli import main
+from tests.fedsim.helpers import mutate
+
+BASE = {
+    "name": "fuzz_defenses", "seed": 0,
+    "data": {"dataset": "synthetic", "num_clients": 4, "partition": "iid", "image_size": 8,
+             "max_train": 200, "max_test": 50},
+    "model": {"name": "mlp"},
+    "training": {"rounds": 1, "clients_per_round": 2, "batch_size": 16, "lr": 0.1,
+                 "client_parallelism": "loop"},
+    "eval": {"every": 1},
+    "output": {"progress": False, "plots": False},
+}
+DEFENSES = [
+    [{"name": "prune_largest", "p": 0.3, "pseudo": True}],
+    [{"name": "dp_gaussian", "noise_multiplier": 1.0, "clip_norm": 1.0}],
+    [{"name": "soteria", "p_fc": 0.3, "layer": "Dense_0"}],
+    [{"name": "parameter_channel", "kappa": 100.0}, {"name": "gc", "p": 0.5}],
+    [{"name": "dp_vmf", "kappa": 50.0, "clipping": "per_layer"}],
+]
+WEIRD = [None, -1, 0, 1, 0.5, 2.5, 1e9, "", "zzz", True, False, [], [1, "a"], {}, {"k": 1},
+         "1e-3", float("nan"), float("inf"), "gc", "soteria", "dp_gaussian", "update_laplace",
+         "prune_mix", "Dense_1", "Conv_0", "per_layer", "flat", "weights", "code"]
+
+
+def _check(seed, tmp_path, capsys):
+    rng = random.Random(seed)
+    cfg = {**BASE, "defenses": DEFENSES[seed % len(DEFENSES)]}
+    what = []
+    for _ in range(rng.randint(1, 2)):
+        cfg, w = mutate(rng, cfg, WEIRD, roots=("defenses",))
+        what.append(w)
+    p = tmp_path / "cfg.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    try:
+        rc = main(["run", str(p), "--quiet", "--set", f"output.dir={tmp_path / 'run'}"])
+    except Exception as e:  # a traceback is exactly what must not happen
+        pytest.fail(f"seed {seed} ({'; '.join(what)}): {type(e).__name__}: {e}")
+    err = capsys.readouterr().err
+    assert rc in (0, 1, 2), (seed, what, rc)
+    if rc:
+        lines = [l for l in err.splitlines() if l.startswith("fedsim: ")]
+        assert lines and "Traceback" not in err, (seed, what, err)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_mutated_defenses_never_crash(seed, tmp_path, capsys):
+    _check(seed, tmp_path, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(10, 100))
+def test_mutated_defenses_never_crash_many(seed, tmp_path, capsys):
+    _check(seed, tmp_path, capsys)
