@@ -42,7 +42,8 @@ def parse_grid(items: list[str]) -> list[tuple[str, list]]:
     """``["seed=0,1", "model.name=mlp,lenet5"]`` -> [(key, [values]), ...].
 
     Raises:
-      ConfigError: an item without ``=`` or without values, or a repeated key.
+      ConfigError: an item without ``=`` or without values, a repeated key or
+        value, or a key the sweep sets itself (:data:`SWEEP_SETS`).
     """
     grid, seen = [], set()
     for item in items:
@@ -54,9 +55,21 @@ def parse_grid(items: list[str]) -> list[tuple[str, list]]:
             raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2,... with at least one value")
         if key in seen:
             raise ConfigError(f"--grid: key {key!r} given twice")
+        if key in SWEEP_SETS:
+            raise ConfigError(f"--grid {key}: the sweep sets it for every cell "
+                              f"({SWEEP_SETS[key]}), so a grid over it would be ignored")
         seen.add(key)
-        grid.append((key, [yaml_load(v) for v in values]))
+        parsed = [yaml_load(v) for v in values]
+        repeated = [v for i, v in enumerate(parsed) if v in parsed[:i]]
+        if repeated:  # the second cell would be the first one's, skipped as done
+            raise ConfigError(f"--grid {key}: value {repeated[0]!r} given twice")
+        grid.append((key, parsed))
     return grid
+
+
+#: Config keys the sweep sets in every cell (:func:`cell_config`), which a grid
+#: therefore cannot vary.
+SWEEP_SETS = {"output.dir": "OUT/cells/<cell>", "output.progress": "false"}
 
 
 def cell_name(assignment: dict) -> str:

@@ -29,6 +29,13 @@ def test_parse_grid_and_cell_names(tmp_path):
     for bad in (["seed"], ["seed="], ["seed=1", "seed=2"]):
         with pytest.raises(ConfigError):
             parse_grid(bad)
+    # Once run as two cells of which the second was the first, skipped as done.
+    with pytest.raises(ConfigError, match=r"--grid training.lr: value 0.1 given twice"):
+        parse_grid(["training.lr=0.1,0.2,1e-1"])
+    # Once silently ignored: the sweep sets these in every cell.
+    for key in ("output.dir", "output.progress"):
+        with pytest.raises(ConfigError, match=rf"--grid {key}: the sweep sets it for every cell"):
+            parse_grid([f"{key}=a,b"])
 
 
 def test_sweep_runs_grid_skips_finished_and_records_failures(tmp_path):
