@@ -58,7 +58,7 @@ from defenses.pruning.defense_prune import prune_largest, prune_mix, prune_rando
 from defenses.pruning.global_mask import masked_gradient, masked_upload
 from defenses.pruning.priprune import (PriPruneConfig, defense_rate, priprune_client_update,
                                        priprune_defense)
-from defenses.pruning.schemes import (SCHEMES, feddst_prune_regrow, initial_mask, prunable,
+from defenses.pruning.schemes import (SCHEMES, initial_mask, one_shot_mask, prunable,
                                       prunefl_reprune)
 from fedsim.client import masked_mean_loss
 from fedsim.config import load_config
@@ -97,15 +97,10 @@ PAPER = {
 
 
 def scheme_mask(scheme, key, params, p, apply_fn, x, y, input_shape, synflow_its):
-    """A scheme's mask at rate p on the initial model (iterative ones: one step)."""
-    if scheme == "prunefl":
-        return prunefl_reprune(params, initial_mask("prunefl", key, params, p), p, 1, 1)
-    if scheme == "feddst":  # two draws: split, not the key and a child of it (before Nov 25 2026)
-        k_mask, k_regrow = jax.random.split(key)
-        m = initial_mask(scheme, k_mask, params, p)
-        return feddst_prune_regrow(k_regrow, params, m, 0.2)
-    return initial_mask(scheme, key, params, p, apply_fn=apply_fn, x=x, y=y,
-                        input_shape=input_shape, synflow_iterations=synflow_its)
+    """A scheme's mask at rate p on the initial model (iterative ones: one step;
+    :func:`defenses.pruning.schemes.one_shot_mask`, which configs' ``pruning`` use too)."""
+    return one_shot_mask(scheme, key, params, p, apply_fn=apply_fn, x=x, y=y,
+                         input_shape=input_shape, synflow_iterations=synflow_its)
 
 
 def score(x_rec, x_true):

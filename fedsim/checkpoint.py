@@ -48,11 +48,20 @@ def config_fingerprint(cfg) -> str:
     ``fedsim attack`` does with the observed uploads, so a finished run can be
     attacked again with other settings).
     """
-    d = cfg.to_dict()
+    d = _without_dense_pruning(cfg.to_dict())
     for key in ("output", "name", "attack"):
         d.pop(key, None)
     d.get("training", {}).pop("rounds", None)
     return _hash(d)
+
+
+def _without_dense_pruning(d: dict) -> dict:
+    """``d`` without a ``pruning`` section that prunes nothing: configs gained
+    that section on 2026-11-27, and checkpoints written before (which never
+    pruned) must keep their fingerprints."""
+    if (d.get("pruning") or {}).get("scheme") is None:
+        d.pop("pruning", None)
+    return d
 
 
 def legacy_fingerprint(cfg) -> str:
@@ -62,7 +71,7 @@ def legacy_fingerprint(cfg) -> str:
     it still resume (:func:`accepted_fingerprints`); new saves write
     :func:`config_fingerprint`.
     """
-    d = cfg.to_dict()
+    d = _without_dense_pruning(cfg.to_dict())
     d.pop("output", None)
     d.get("training", {}).pop("rounds", None)
     return _hash(d)

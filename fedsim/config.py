@@ -117,6 +117,18 @@ class ObserverConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PruningConfig:
+    """Pruned FL (paper 002, Chu et al. 2023, Alg 1): a global mask from round 0."""
+
+    scheme: str | None = _f(None, doc="base pruning scheme of the global mask (random, snip, "
+                                      "grasp, synflow, prunefl, feddst); none: a dense model")
+    p: float = _f(0.5, min=0.0, lt=1.0, doc="share of the prunable weights (kernels) pruned")
+    examples: int = _f(64, min=1, doc="training examples SNIP and GraSP score the initial "
+                                      "model on")
+    synflow_iterations: int = _f(100, min=1)
+
+
+@dataclasses.dataclass(frozen=True)
 class OutputConfig:
     dir: str | None = _f(None)
     checkpoint_every: int = _f(0, min=0)
@@ -133,6 +145,7 @@ class Config:
     training: TrainingConfig = _f(None)
     eval: EvalConfig = _f(None)
     defenses: list[dict] = _f([])
+    pruning: PruningConfig = _f(None)
     observer: ObserverConfig = _f(None)
     output: OutputConfig = _f(None)
     attack: dict | None = _f(None)
@@ -349,6 +362,12 @@ def validate(cfg: Config) -> None:
     for i, spec in enumerate(cfg.defenses):
         if not isinstance(spec, dict) or "name" not in spec:
             raise ConfigError(f"config key 'defenses[{i}]': expected a mapping with a 'name' key")
+    if cfg.pruning.scheme is not None:
+        from fedsim.hooks import mask_schemes  # the schemes defenses.pruning registers
+
+        if cfg.pruning.scheme not in mask_schemes():
+            raise ConfigError(f"config key 'pruning.scheme': {cfg.pruning.scheme!r} is not "
+                              f"allowed; allowed values: {', '.join(mask_schemes())}")
     for r in cfg.observer.rounds:
         if not 0 <= r < t.rounds:
             raise ConfigError(f"config key 'observer.rounds': round {r} is outside 0..{t.rounds - 1}")

@@ -161,10 +161,7 @@ def build_defense(name: str, **kwargs) -> Defense:
     Raises:
       ValueError: for an unknown name (listing the known ones) or bad arguments.
     """
-    try:
-        import defenses  # noqa: F401  (populates the registry)
-    except ImportError:  # pragma: no cover - defenses ships with fedsim
-        pass
+    _load_defenses()
     if not isinstance(name, str) or name not in DEFENSE_REGISTRY:
         known = ", ".join(sorted(DEFENSE_REGISTRY)) or "(none registered)"
         raise ValueError(f"unknown defense {name!r}; known defenses: {known}")
@@ -202,3 +199,70 @@ def register_simulation_plugin(plugin: Callable[[Any], None]) -> Callable[[Any],
     if plugin not in SIMULATION_PLUGINS:
         SIMULATION_PLUGINS.append(plugin)
     return plugin
+
+
+def _load_defenses() -> None:
+    """Import :mod:`defenses`, whose modules fill this module's registries."""
+    try:
+        import defenses  # noqa: F401
+    except ImportError:  # pragma: no cover - defenses ships with fedsim
+        pass
+
+
+# --- pruned FL: the global mask (paper 002, Chu et al. 2023, Alg 1) ------------
+# ``scheme(params, p, *, key, apply_fn, x, y, input_shape, synflow_iterations)
+# -> mask``: a base pruning scheme's {0,1} mask (a pytree like ``params``, 1 =
+# kept) at rate ``p`` on the initial model. ``defenses.pruning`` registers
+# them; a config names one in ``pruning.scheme`` and the engine applies it
+# (``fedsim.simulation.Simulation``, :func:`mask_defense`).
+MASK_SCHEMES: dict[str, Callable[..., PyTree]] = {}
+
+
+def register_mask_scheme(name: str):
+    """Decorator registering a pruned-FL base scheme under ``name``."""
+
+    def deco(fn):
+        if name in MASK_SCHEMES and MASK_SCHEMES[name] is not fn:
+            raise ValueError(f"mask scheme {name!r} registered twice")
+        MASK_SCHEMES[name] = fn
+        return fn
+
+    return deco
+
+
+def mask_schemes() -> tuple[str, ...]:
+    """The registered base schemes' names, sorted."""
+    _load_defenses()
+    return tuple(sorted(MASK_SCHEMES))
+
+
+def build_mask(scheme: str, params: PyTree, p: float, **kwargs) -> PyTree:
+    """The global mask of base scheme ``scheme`` at rate ``p`` on ``params``.
+
+    Raises:
+      ValueError: an unknown scheme (listing the known ones), or what the
+        scheme raises (a rate outside [0, 1], data it lacks).
+    """
+    if not isinstance(scheme, str) or scheme not in mask_schemes():
+        raise ValueError(f"unknown pruning scheme {scheme!r}; known schemes: "
+                         f"{', '.join(mask_schemes()) or '(none registered)'}")
+    return MASK_SCHEMES[scheme](params, p, **kwargs)
+
+
+def mask_defense(mask: PyTree, stage: str) -> Defense:
+    """``value ⊙ mask`` at ``stage``: the global mask inside pruned FL (Alg 1).
+
+    At stage ``"layer"`` it masks every local step's batch gradient, so local
+    training never moves a pruned weight (SGD, momentum, Adam and decoupled
+    weight decay all keep a zero weight with a zero gradient at zero); at
+    ``"upload"`` it masks Δ, so a pruned coordinate is exactly 0 in what the
+    server receives. Together with a masked initial model, the server's
+    average stays masked (Alg 1 line 11) without a server-side step.
+    """
+    _check_stage(stage)
+
+    def apply(value, state, *, key=None, context=None):
+        del key, context
+        return jax.tree_util.tree_map(lambda v, m: v * m.astype(v.dtype), value, mask), state
+
+    return Defense(init=lambda params: (), apply=apply, stage=stage, name="global_mask")

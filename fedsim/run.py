@@ -8,6 +8,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import jax
+import numpy as np
+
 from fedsim import checkpoint, distributed, preemption
 from fedsim.config import Config, dump_config
 from fedsim.results import MetricsLog, atomic_write_text, plot_learning_curve, write_json
@@ -98,6 +101,10 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     for key in ("epsilon", "delta", "leakage_total"):
         if key in log.rows[-1]:
             summary[key] = log.rows[-1][key]
+    if sim.global_mask is not None:  # pruned FL: the share of the model's weights kept
+        leaves = jax.tree_util.tree_leaves(sim.global_mask)
+        summary["mask_density"] = float(sum(np.sum(np.asarray(m)) for m in leaves)
+                                        / sum(m.size for m in leaves))
     if primary:
         write_json(out / "summary.json", summary)
     if primary and cfg.output.plots:

@@ -44,12 +44,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedsim import distributed, memory, models
+from fedsim import distributed, keys, memory, models
 from fedsim import partition as partition_lib
 from fedsim.client import LocalTraining, init_client_state, make_client_update
 from fedsim.config import Config, ConfigError
 from fedsim.data import Dataset, load_dataset
-from fedsim.hooks import SIMULATION_PLUGINS, Defense, build_defense, chain
+from fedsim.hooks import (SIMULATION_PLUGINS, Defense, build_defense, build_mask, chain,
+                          mask_defense)
 from fedsim.keys import ENGINE_INIT, ENGINE_ROUNDS
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.observer import ObservedUpload
@@ -196,6 +197,9 @@ class Simulation:
         _check_model_fits(self.model, cfg.model.name, ds.input_shape)
         self.key = jax.random.key(cfg.seed)
         self.defenses = build_defenses(cfg.defenses) if defenses is None else dict(defenses)
+        self.global_mask = None
+        if cfg.pruning.scheme is not None:
+            self._prune()
         self.settings = LocalTraining(t.algorithm, t.local_epochs, t.batch_size, self.n_max)
         self.client_tx = make_client_optimizer(t) if t.algorithm == "fedavg" else optax.sgd(t.lr)
         self.server_tx = make_server_optimizer(t.server_optimizer, t.server_lr)
@@ -244,10 +248,56 @@ class Simulation:
         """
         return jax.default_matmul_precision(self.cfg.training.matmul_precision)
 
+    def _initial_params(self):
+        """The model at round 0 (before any global mask)."""
+        return init_params(self.model, self.dataset.input_shape,
+                           jax.random.fold_in(self.key, ENGINE_INIT))
+
+    def _prune(self) -> None:
+        """Pruned FL from ``cfg.pruning`` (paper 002, Chu et al. 2023, Alg 1).
+
+        The server computes the base scheme's global mask m once, on the
+        initial model (:func:`fedsim.hooks.build_mask`; SNIP and GraSP score it
+        on ``pruning.examples`` training examples drawn with the run's
+        ``pruning/examples`` stream, a simulation shortcut for a server that
+        would hold data of its own). From then on the model starts as w ⊙ m,
+        every local step's gradient and every upload are multiplied by m
+        ahead of the config's own defenses (:func:`fedsim.hooks.mask_defense`),
+        and so the server's average stays masked (Alg 1 line 11).
+        Deviation: the mask is fixed, also for PruneFL and FedDST, which
+        re-prune during training (their first step is taken at once,
+        :func:`defenses.pruning.schemes.one_shot_mask`).
+
+        Raises:
+          ConfigError: the scheme cannot build its mask, naming ``pruning``.
+        """
+        pc, ds = self.cfg.pruning, self.dataset
+        rng = keys.numpy_generator(self.cfg.seed, "pruning/examples")
+        pick = np.sort(rng.choice(len(ds.y_train), min(pc.examples, len(ds.y_train)),
+                                  replace=False))
+        try:
+            mask = build_mask(pc.scheme, self._initial_params(), pc.p,
+                              key=keys.experiment_key(self.cfg.seed, "pruning/mask"),
+                              apply_fn=self.apply_fn, x=jnp.asarray(ds.x_train[pick]),
+                              y=jnp.asarray(ds.y_train[pick]), input_shape=ds.input_shape,
+                              synflow_iterations=pc.synflow_iterations)
+        except ValueError as e:
+            raise ConfigError(f"config key 'pruning' ({pc.scheme}): {e}") from None
+        self.global_mask = mask
+        for stage in ("layer", "upload"):
+            own = mask_defense(mask, stage)
+            self.defenses[stage] = chain(own, self.defenses[stage]) if stage in self.defenses \
+                else own
+
     def init_state(self) -> ServerState:
-        """The initial server state: fresh model, optimizer, per-client states."""
-        params = init_params(self.model, self.dataset.input_shape,
-                             jax.random.fold_in(self.key, ENGINE_INIT))
+        """The initial server state: fresh model, optimizer, per-client states.
+
+        With ``cfg.pruning`` the model is masked (w ⊙ m).
+        """
+        params = self._initial_params()
+        if self.global_mask is not None:
+            params = jax.tree_util.tree_map(lambda w, m: w * m.astype(w.dtype), params,
+                                            self.global_mask)
         one = init_client_state(self.defenses, params)
         client_states = jax.tree_util.tree_map(
             lambda s: jnp.broadcast_to(s, (self.num_clients,) + jnp.shape(s)).copy(), one)

@@ -16,28 +16,20 @@ three pure pieces:
 
 from __future__ import annotations
 
-from fedsim.hooks import Defense
+from fedsim.hooks import Defense, mask_defense
 from defenses.pruning.masks import apply_mask
 
 
 def masked_gradient(mask) -> Defense:
-    """Layer-stage defense multiplying the batch gradient by the global mask."""
-
-    def apply(grad, state, *, key=None, context=None):
-        del key, context
-        return apply_mask(grad, mask), state
-
-    return Defense(init=lambda params: (), apply=apply, stage="layer", name="global_mask")
+    """Layer-stage defense multiplying the batch gradient by the global mask
+    (:func:`fedsim.hooks.mask_defense`, which configs' ``pruning`` also uses)."""
+    return mask_defense(mask, "layer")
 
 
 def masked_upload(mask) -> Defense:
-    """Upload-stage defense multiplying Δ by the global mask."""
-
-    def apply(update, state, *, key=None, context=None):
-        del key, context
-        return apply_mask(update, mask), state
-
-    return Defense(init=lambda params: (), apply=apply, stage="upload", name="global_mask")
+    """Upload-stage defense multiplying Δ by the global mask
+    (:func:`fedsim.hooks.mask_defense`)."""
+    return mask_defense(mask, "upload")
 
 
 def apply_global_mask(params, mask):

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from fedsim.client import masked_mean_loss
+from fedsim.hooks import register_mask_scheme
 from fedsim.typing import PRNGKey, PyTree
 from defenses.pruning.masks import check_rate, mask_from_scores, num_params, unflatten
 
@@ -203,3 +204,43 @@ def initial_mask(scheme: str, key: PRNGKey, params, p: float, *, apply_fn=None, 
             raise ValueError("scheme 'synflow' needs apply_fn and input_shape")
         return synflow(params, apply_fn, input_shape, p, synflow_iterations)
     return jax.tree_util.tree_map(jnp.ones_like, prunable(params))  # prunefl: dense start
+
+
+def one_shot_mask(scheme: str, key: PRNGKey, params, p: float, *, apply_fn=None, x=None, y=None,
+                  input_shape=None, synflow_iterations: int = 100,
+                  drop_fraction: float = 0.2) -> PyTree:
+    """A scheme's mask at rate ``p`` on the initial model, for a mask fixed from round 0.
+
+    The one-shot schemes are :func:`initial_mask`. The iterative ones take their
+    first step at once: PruneFL one magnitude re-pruning straight to ``p``
+    (:func:`prunefl_reprune` with K = 1), FedDST its random start at density
+    1 − p followed by one prune-and-regrow of ``drop_fraction``
+    (:func:`feddst_prune_regrow`; the key is split between the two draws).
+    Deviation, for PruneFL and FedDST: their later reconfigurations are not
+    made (``benchmarks/reproduce_chu2023.py`` part B runs PruneFL's schedule).
+    This is what a config's ``pruning.scheme`` gives (registered below) and
+    what part A of the reproduction attacks.
+
+    Raises:
+      ValueError: as :func:`initial_mask`.
+    """
+    if scheme == "prunefl":
+        return prunefl_reprune(params, initial_mask("prunefl", key, params, p), p, 1, 1)
+    if scheme == "feddst":  # two draws: split, not the key and a child of it
+        k_mask, k_regrow = jax.random.split(key)
+        return feddst_prune_regrow(k_regrow, params, initial_mask(scheme, k_mask, params, p),
+                                   drop_fraction)
+    return initial_mask(scheme, key, params, p, apply_fn=apply_fn, x=x, y=y,
+                        input_shape=input_shape, synflow_iterations=synflow_iterations)
+
+
+def _register(scheme: str) -> None:
+    @register_mask_scheme(scheme)
+    def build(params, p, *, key, apply_fn=None, x=None, y=None, input_shape=None,
+              synflow_iterations: int = 100):
+        return one_shot_mask(scheme, key, params, p, apply_fn=apply_fn, x=x, y=y,
+                             input_shape=input_shape, synflow_iterations=synflow_iterations)
+
+
+for _scheme in SCHEMES:
+    _register(_scheme)

@@ -1,0 +1,130 @@
+"""Pruned FL from a config (`pruning:`, paper 002 Alg 1): the engine's side.
+
+A scheme registered here (every second kernel entry pruned) stands in for the
+real ones, which tests/defenses/test_pruning_fl_config.py runs; these tests
+check what the engine does with a mask: the model starts masked, a pruned
+weight is 0 in every upload the server receives and in the global model after
+every round, for every cohort strategy alike, and ahead of the config's own
+upload defenses.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedsim import hooks
+from fedsim.checkpoint import _hash, config_fingerprint
+from fedsim.config import ConfigError
+from fedsim.simulation import Simulation
+from tests.fedsim.helpers import random_zeroing_upload, small_config, small_dataset
+
+OBSERVED = {"observer.clients": "[0, 1, 2, 3, 4, 5]", "observer.rounds": "[0, 1]",
+            "training.clients_per_round": 6}
+
+
+@pytest.fixture
+def alternate(monkeypatch):
+    """A scheme pruning every second entry of each kernel (``p`` is recorded)."""
+    seen = []
+
+    def scheme(params, p, *, key, apply_fn, x, y, input_shape, synflow_iterations):
+        seen.append({"p": p, "x": np.asarray(x).shape, "key": key})
+        return jax.tree_util.tree_map(
+            lambda l: (jnp.arange(l.size).reshape(l.shape) % 2).astype(jnp.float32)
+            if l.ndim >= 2 else jnp.ones(l.shape, jnp.float32), params)
+
+    monkeypatch.setitem(hooks.MASK_SCHEMES, "alternate", scheme)
+    return seen
+
+
+def _zero_where_pruned(tree, mask) -> bool:
+    return all(bool(np.all(np.asarray(v)[np.asarray(m) == 0] == 0))
+               for v, m in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(mask)))
+
+
+def _run(cfg, rounds=2, **kw):
+    sim = Simulation(cfg, dataset=small_dataset(), **kw)
+    state = sim.init_state()
+    observed = []
+    for r in range(rounds):
+        state, res = sim.run_round(state, r)
+        observed.extend(res.observed)
+    return sim, state, observed
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap", "map", "chunked"])
+def test_a_pruned_weight_is_zero_in_every_upload_and_in_the_global_model(alternate, strategy):
+    cfg = small_config(**OBSERVED, **{"pruning.scheme": "alternate", "pruning.p": 0.3,
+                                      "pruning.examples": 5,
+                                      "training.client_parallelism": strategy})
+    sim, state, observed = _run(cfg)
+    mask = sim.global_mask
+    assert alternate[0]["p"] == 0.3 and alternate[0]["x"][0] == 5
+    assert _zero_where_pruned(sim.init_state().params, mask)
+    assert len(observed) == 12
+    for o in observed:  # the observer's view: what the server receives
+        assert _zero_where_pruned(o.observation.update, mask)
+        assert _zero_where_pruned(o.observation.params, mask)
+    assert _zero_where_pruned(state.params, mask)
+    # The kept weights did train: the mask is not a frozen model.
+    kept_moved = [np.any(np.asarray(w)[np.asarray(m) == 1] != np.asarray(w0)[np.asarray(m) == 1])
+                  for w, w0, m in zip(jax.tree_util.tree_leaves(state.params),
+                                      jax.tree_util.tree_leaves(sim.init_state().params),
+                                      jax.tree_util.tree_leaves(mask))]
+    assert all(kept_moved)
+
+
+def test_strategies_agree_on_a_pruned_run(alternate):
+    runs = {s: _run(small_config(**{"pruning.scheme": "alternate",
+                                    "training.client_parallelism": s}))[1].params
+            for s in ("loop", "vmap")}
+    for a, b in zip(*(jax.tree_util.tree_leaves(p) for p in runs.values())):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_the_mask_comes_before_the_configs_own_upload_defense(alternate):
+    # An upload defense that zeroes at random sees (and keeps) the masked update,
+    # and the global mask still holds in what is sent.
+    cfg = small_config(**OBSERVED, **{"pruning.scheme": "alternate"})
+    sim, state, observed = _run(cfg, defenses={"upload": random_zeroing_upload(0.5)})
+    assert sim.defenses["upload"].name != "global_mask"  # a chain: mask, then the defense
+    for o in observed:
+        assert _zero_where_pruned(o.observation.update, sim.global_mask)
+    assert _zero_where_pruned(state.params, sim.global_mask)
+
+
+def test_without_pruning_nothing_changes_and_old_checkpoints_keep_their_fingerprint(alternate):
+    cfg = small_config()
+    assert cfg.pruning.scheme is None
+    sim = Simulation(cfg, dataset=small_dataset())
+    assert sim.global_mask is None and "layer" not in sim.defenses and not alternate
+    # Configs gained the section on 2026-11-27: a dense one hashes as before it.
+    d = cfg.to_dict()
+    d.pop("pruning")
+    for key in ("output", "name", "attack"):
+        d.pop(key)
+    d["training"].pop("rounds")
+    assert config_fingerprint(cfg) == _hash(d)
+    pruned = small_config(**{"pruning.scheme": "alternate"})
+    assert config_fingerprint(pruned) != config_fingerprint(cfg)
+
+
+@pytest.mark.parametrize("override,match", [
+    ({"pruning.scheme": "nope"}, r"'pruning.scheme': 'nope' is not allowed; allowed values: "),
+    ({"pruning.scheme": "alternate", "pruning.p": 1.0}, r"'pruning.p': 1.0 is out of range"),
+    ({"pruning.scheme": "alternate", "pruning.examples": 0}, r"'pruning.examples'"),
+])
+def test_bad_pruning_settings_are_named(alternate, override, match):
+    with pytest.raises(ConfigError, match=match):
+        small_config(**override)
+
+
+def test_a_scheme_that_cannot_build_its_mask_is_named(monkeypatch):
+    def failing(params, p, **kw):
+        raise ValueError("needs data it was not given")
+
+    monkeypatch.setitem(hooks.MASK_SCHEMES, "failing", failing)
+    cfg = small_config(**{"pruning.scheme": "failing"})
+    with pytest.raises(ConfigError, match=r"config key 'pruning' \(failing\): needs data"):
+        Simulation(cfg, dataset=small_dataset())
