@@ -262,8 +262,9 @@ class Simulation:
         ``pruning/examples`` stream, a simulation shortcut for a server that
         would hold data of its own). From then on the model starts as w ⊙ m,
         every local step's gradient and every upload are multiplied by m
-        ahead of the config's own defenses (:func:`fedsim.hooks.mask_defense`),
-        and so the server's average stays masked (Alg 1 line 11).
+        before and after the config's own defenses of those stages
+        (:func:`fedsim.hooks.mask_defense`), and so the server's average stays
+        masked (Alg 1 line 11).
         Deviation: the mask is fixed, also for PruneFL and FedDST, which
         re-prune during training (their first step is taken at once,
         :func:`defenses.pruning.schemes.one_shot_mask`).
@@ -286,8 +287,11 @@ class Simulation:
         self.global_mask = mask
         for stage in ("layer", "upload"):
             own = mask_defense(mask, stage)
-            self.defenses[stage] = chain(own, self.defenses[stage]) if stage in self.defenses \
-                else own
+            # Around the config's defense of the stage: it sees the masked value,
+            # and what it adds on pruned coordinates (noise, a replaced layer
+            # gradient) is taken off again, as the server's mask would (line 11).
+            self.defenses[stage] = (chain(own, self.defenses[stage], own)
+                                    if stage in self.defenses else own)
 
     def init_state(self) -> ServerState:
         """The initial server state: fresh model, optimizer, per-client states.

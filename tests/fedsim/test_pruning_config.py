@@ -83,12 +83,27 @@ def test_strategies_agree_on_a_pruned_run(alternate):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_the_mask_comes_before_the_configs_own_upload_defense(alternate):
-    # An upload defense that zeroes at random sees (and keeps) the masked update,
-    # and the global mask still holds in what is sent.
+def _noise(stage):
+    """A test defense adding N(0, 0.01²) to every coordinate at ``stage``."""
+    def apply(value, state, *, key, context=None):
+        leaves, tree = jax.tree_util.tree_flatten(value)
+        ks = jax.random.split(key, len(leaves))
+        noisy = [l + 0.01 * jax.random.normal(k, l.shape, l.dtype) for k, l in zip(ks, leaves)]
+        return jax.tree_util.tree_unflatten(tree, noisy), state
+
+    return hooks.Defense(init=lambda params: (), apply=apply, stage=stage, name="noise")
+
+
+@pytest.mark.parametrize("defenses", [
+    {"upload": random_zeroing_upload(0.5)},  # sees the masked update and keeps it so
+    {"upload": _noise("upload")},  # would fill the pruned coordinates: taken off again
+    {"layer": _noise("layer")},  # the same for every local step's gradient
+])
+def test_the_mask_holds_around_the_configs_own_defenses(alternate, defenses):
     cfg = small_config(**OBSERVED, **{"pruning.scheme": "alternate"})
-    sim, state, observed = _run(cfg, defenses={"upload": random_zeroing_upload(0.5)})
-    assert sim.defenses["upload"].name != "global_mask"  # a chain: mask, then the defense
+    sim, state, observed = _run(cfg, defenses=dict(defenses))
+    (stage,) = defenses
+    assert sim.defenses[stage].name != "global_mask"  # a chain: mask, defense, mask
     for o in observed:
         assert _zero_where_pruned(o.observation.update, sim.global_mask)
     assert _zero_where_pruned(state.params, sim.global_mask)
