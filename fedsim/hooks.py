@@ -145,12 +145,17 @@ DEFENSE_REGISTRY: dict[str, Callable[..., Defense]] = {}
 
 def register_defense(name: str):
     """Decorator registering a defense factory under ``name``."""
+    return _registering(DEFENSE_REGISTRY, "defense", name)
 
-    def deco(factory):
-        if name in DEFENSE_REGISTRY and DEFENSE_REGISTRY[name] is not factory:
-            raise ValueError(f"defense {name!r} registered twice")
-        DEFENSE_REGISTRY[name] = factory
-        return factory
+
+def _registering(registry: dict, what: str, name: str):
+    """A decorator putting its function in ``registry`` under ``name`` (once)."""
+
+    def deco(fn):
+        if name in registry and registry[name] is not fn:
+            raise ValueError(f"{what} {name!r} registered twice")
+        registry[name] = fn
+        return fn
 
     return deco
 
@@ -220,14 +225,7 @@ MASK_SCHEMES: dict[str, Callable[..., PyTree]] = {}
 
 def register_mask_scheme(name: str):
     """Decorator registering a pruned-FL base scheme under ``name``."""
-
-    def deco(fn):
-        if name in MASK_SCHEMES and MASK_SCHEMES[name] is not fn:
-            raise ValueError(f"mask scheme {name!r} registered twice")
-        MASK_SCHEMES[name] = fn
-        return fn
-
-    return deco
+    return _registering(MASK_SCHEMES, "mask scheme", name)
 
 
 def mask_schemes() -> tuple[str, ...]:

@@ -81,3 +81,45 @@ def mutate(rng: random.Random, cfg: dict, weird: list, roots=None) -> tuple[dict
         kind = "set"
         node[path[-1]] = rng.choice(weird)
     return cfg, f"{kind} {'.'.join(map(str, path))}"
+
+
+#: A small valid run config the fuzzers mutate (synthetic data, one MLP round).
+FUZZ_BASE = {
+    "name": "fuzz", "seed": 0,
+    "data": {"dataset": "synthetic", "num_clients": 4, "partition": "iid", "image_size": 8,
+             "max_train": 200, "max_test": 50},
+    "model": {"name": "mlp"},
+    "training": {"rounds": 1, "clients_per_round": 2, "batch_size": 16, "lr": 0.1,
+                 "client_parallelism": "loop"},
+    "eval": {"every": 1},
+    "output": {"progress": False, "plots": False},
+}
+
+
+def fuzz_command(command: str, base: dict, seed: int, tmp_path, capsys, weird: list,
+                 roots=None) -> None:
+    """``fedsim COMMAND`` on ``base`` mutated once or twice (seeded by ``seed``,
+    under ``roots``) either runs or ends with a one-line ``fedsim: `` message
+    (exit 1 or 2), never a traceback; a failure names the seed and mutations."""
+    import pytest
+    import yaml
+
+    from fedsim.cli import main
+
+    rng = random.Random(seed)
+    cfg, what = base, []
+    for _ in range(rng.randint(1, 2)):
+        cfg, w = mutate(rng, cfg, weird, roots)
+        what.append(w)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    try:
+        rc = main([command, str(path), "--quiet", "--set", f"output.dir={tmp_path / 'run'}"])
+    except Exception as e:  # a traceback is exactly what must not happen
+        pytest.fail(f"seed {seed} ({'; '.join(what)}): {type(e).__name__}: {e}")
+    err = capsys.readouterr().err
+    assert rc in (0, 1, 2), (seed, what, rc)
+    if rc:
+        lines = [l for l in err.splitlines() if l.strip()]
+        assert lines and lines[-1].startswith("fedsim: ") and "Traceback" not in err, \
+            (seed, what, err)
