@@ -10,10 +10,9 @@ killed (their rows so far, marked unfinished).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-from fedsim.results import read_json_object, read_metrics
+from fedsim.results import finite_number, read_json_object, read_metrics
 
 #: Columns shown where at least one run has them, after the ones every run has.
 OPTIONAL_COLUMNS = ("epsilon", "leakage_total", "attack_psnr", "attack_nmi")
@@ -85,7 +84,7 @@ def load_run(run_dir: Path) -> dict:
 def table_row(label: str, run: dict) -> dict:
     """The comparison's columns for one run (None where it has no value)."""
     rows, summary, attack = run["rows"], run["summary"], run["attack"]
-    evals = [r for r in rows if _number(r.get("test_accuracy")) is not None]
+    evals = [r for r in rows if finite_number(r.get("test_accuracy")) is not None]
     last = rows[-1] if rows else {}
     best = max(evals, key=lambda r: r["test_accuracy"]) if evals else None
     out = {
@@ -96,17 +95,14 @@ def table_row(label: str, run: dict) -> dict:
         "best_test_accuracy": best["test_accuracy"] if best else None,
         "best_round": best["round"] if best else None,
         "final_train_loss": last.get("train_loss"),
-        "seconds": summary.get("seconds", sum(_number(r.get("seconds")) or 0 for r in rows)),
+        "seconds": summary.get("seconds",
+                               sum(finite_number(r.get("seconds")) or 0 for r in rows)),
     }
     for key in ("epsilon", "leakage_total"):
         out[key] = summary.get(key, last.get(key))
     out["attack_psnr"] = attack.get("psnr")
     out["attack_nmi"] = attack.get("nmi")
     return out
-
-
-def _number(value) -> float | None:
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def markdown_table(table: list[dict]) -> str:
@@ -143,7 +139,7 @@ def plot_learning_curves(names: list[str], runs: list[dict], path: Path) -> None
     fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
     for name, run in zip(names, runs):
         rows = run["rows"]
-        evals = [r for r in rows if _number(r.get("test_accuracy")) is not None]
+        evals = [r for r in rows if finite_number(r.get("test_accuracy")) is not None]
         line, = loss_ax.plot([r["round"] for r in rows], [r["train_loss"] for r in rows],
                              label=name)
         acc_ax.plot([r["round"] for r in evals], [r["test_accuracy"] for r in evals],

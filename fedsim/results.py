@@ -7,6 +7,7 @@ never leaves a half-written summary.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -80,6 +81,15 @@ def read_metrics(path) -> list[dict]:
                                    f"an integer 'round' and a 'train_loss', got {line[:80]!r}")
         rows.append(row)
     return rows
+
+
+def finite_number(value) -> float | int | None:
+    """``value`` where it is a finite int or float (not a bool), else None: what
+    a table of runs may average, sum or rank (a NaN, an ``inf`` PSNR or a
+    string in a run file is left out)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    return None
 
 
 def read_json_object(path) -> dict:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import re
 import statistics
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 from fedsim.config import (Config, ConfigError, apply_overrides, from_dict, read_raw_config,
                            validate, yaml_load)
 from fedsim.preemption import Preempted
-from fedsim.results import atomic_write_text, write_json
+from fedsim.results import atomic_write_text, finite_number, write_json
 
 TABLE_FIELDS = ("test_accuracy", "test_loss", "final_train_loss", "epsilon", "leakage_total",
                 "client_parallelism", "seconds")
@@ -217,16 +216,12 @@ def over_seeds(keys: list[str], rows: list[dict],
         done = [m for m in members if m["status"].startswith("done")]
         entry = {**{k: members[0][k] for k in others}, "cells": len(members), "done": len(done)}
         for field in table_fields:
-            values = [m[field] for m in done if _is_number(m.get(field))]
+            values = [m[field] for m in done if finite_number(m.get(field)) is not None]
             if values:
                 entry[field] = {"mean": statistics.fmean(values), "n": len(values),
                                 "std": statistics.stdev(values) if len(values) > 1 else None}
         entries.append(entry)
     return entries
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def write_table(out_dir: Path, keys: list[str], rows: list[dict],
