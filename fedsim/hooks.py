@@ -68,6 +68,13 @@ class Defense(NamedTuple):
       name: a short human-readable name (used in logs and results).
       begin_round: optional ``begin_round(global_params, state, *, key,
         context) -> (start_params, state)``.
+      local_training: optional: a defense whose own local training replaces
+        the engine's brings it here, as a ``client_update_factory`` (the
+        signature of :func:`fedsim.client.make_client_update`), e.g. PriPrune's
+        joint steps on the weights and its mask parameters. A
+        :class:`~fedsim.simulation.Simulation` built from a config uses it. Such a
+        defense cannot be chained with others of its stage (its local training
+        reads its own state).
     """
 
     init: Callable[[PyTree], PyTree]
@@ -75,6 +82,7 @@ class Defense(NamedTuple):
     stage: str
     name: str = "defense"
     begin_round: Callable[..., tuple[PyTree, PyTree]] | None = None
+    local_training: Callable | None = None
 
 
 def identity(stage: str) -> Defense:
@@ -95,7 +103,9 @@ def chain(*defenses: Defense) -> Defense:
     key it receives, so two chained defenses never share randomness.
 
     Raises:
-      ValueError: if the defenses act at different stages.
+      ValueError: if the defenses act at different stages, or one of several
+        brings its own local training (``Defense.local_training``; alone, such
+        a defense is returned as it is).
     """
     if not defenses:
         raise ValueError("chain() needs at least one defense")
@@ -103,6 +113,13 @@ def chain(*defenses: Defense) -> Defense:
     if len(stages) != 1:
         raise ValueError(f"chain(): defenses act at different stages {sorted(stages)}")
     (stage,) = stages
+    own = [d.name for d in defenses if d.local_training is not None]
+    if own and len(defenses) > 1:
+        raise ValueError(f"defense {own[0]!r} brings its own local training, which reads its "
+                         f"own state, so it cannot be chained with other {stage!r} defenses "
+                         f"(got {', '.join(d.name for d in defenses)})")
+    if own:  # alone: itself, its state where its local training looks for it
+        return defenses[0]
 
     def init(params):
         return tuple(d.init(params) for d in defenses)
@@ -261,6 +278,29 @@ def mask_defense(mask: PyTree, stage: str) -> Defense:
 
     def apply(value, state, *, key=None, context=None):
         del key, context
-        return jax.tree_util.tree_map(lambda v, m: v * m.astype(v.dtype), value, mask), state
+        return _masked(value, mask), state
 
     return Defense(init=lambda params: (), apply=apply, stage=stage, name="global_mask")
+
+
+def _masked(value: PyTree, mask: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(lambda v, m: v * m.astype(v.dtype), value, mask)
+
+
+def mask_around(mask: PyTree, defense: Defense) -> Defense:
+    """``defense`` between two applications of the global mask (pruned FL, Alg 1).
+
+    It sees the masked value, and what it puts on pruned coordinates (noise, a
+    replaced layer gradient) is taken off again, as the server's mask would
+    (Alg 1 line 11). The mask is stateless and keyless, so the result keeps
+    ``defense``'s state, key, ``begin_round`` and ``local_training`` as they
+    are: a defense that brings its own local training (PriPrune) still finds
+    its state where it put it.
+    """
+    _check_stage(defense.stage)
+
+    def apply(value, state, *, key=None, context=None):
+        value, state = defense.apply(_masked(value, mask), state, key=key, context=context)
+        return _masked(value, mask), state
+
+    return defense._replace(apply=apply, name=f"{defense.name}+global_mask")

@@ -50,7 +50,7 @@ from fedsim.client import LocalTraining, init_client_state, make_client_update
 from fedsim.config import Config, ConfigError
 from fedsim.data import Dataset, load_dataset
 from fedsim.hooks import (SIMULATION_PLUGINS, Defense, build_defense, build_mask, chain,
-                          mask_defense)
+                          mask_around, mask_defense)
 from fedsim.keys import ENGINE_INIT, ENGINE_ROUNDS
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.observer import ObservedUpload
@@ -104,7 +104,24 @@ def build_defenses(specs: list[dict]) -> dict[str, Defense]:
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
         by_stage.setdefault(d.stage, []).append(_naming_errors(d, f"{where} ({name})"))
-    return {s: (ds[0] if len(ds) == 1 else chain(*ds)) for s, ds in by_stage.items()}
+    try:
+        return {s: (ds[0] if len(ds) == 1 else chain(*ds)) for s, ds in by_stage.items()}
+    except ValueError as e:
+        raise ConfigError(f"config key 'defenses': {e}") from None
+
+
+def _local_training(defenses: dict[str, Defense]) -> Callable | None:
+    """The ``client_update_factory`` a defense brings (``Defense.local_training``), if any.
+
+    Raises:
+      ConfigError: two stages' defenses each bring one.
+    """
+    own = {s: d for s, d in defenses.items() if d.local_training is not None}
+    if len(own) > 1:
+        raise ConfigError("config key 'defenses': " + " and ".join(
+            f"{d.name!r} ({s})" for s, d in own.items()) + " each bring their own local "
+            "training; a run can use only one")
+    return next(iter(own.values())).local_training if own else None
 
 
 def _naming_errors(d: Defense, where: str) -> Defense:
@@ -159,6 +176,8 @@ class Simulation:
       client_update_factory: replaces :func:`fedsim.client.make_client_update`
         (same signature) for local training that the stage hooks cannot
         express, e.g. PriPrune's joint steps on weights and mask parameters.
+        Without it, a defense that brings its own (``Defense.local_training``,
+        as the registered ``priprune`` does) supplies it.
 
     With several processes (:mod:`fedsim.distributed`), ``auto`` becomes
     ``sharded``.
@@ -203,8 +222,17 @@ class Simulation:
         self.settings = LocalTraining(t.algorithm, t.local_epochs, t.batch_size, self.n_max)
         self.client_tx = make_client_optimizer(t) if t.algorithm == "fedavg" else optax.sgd(t.lr)
         self.server_tx = make_server_optimizer(t.server_optimizer, t.server_lr)
-        factory = client_update_factory or make_client_update
-        self.client_update = factory(self.apply_fn, self.client_tx, self.settings, self.defenses)
+        factory = client_update_factory or _local_training(self.defenses)
+        if factory is None:
+            factory = make_client_update
+        try:
+            self.client_update = factory(self.apply_fn, self.client_tx, self.settings,
+                                         self.defenses)
+        except ValueError as e:
+            if client_update_factory is not None:  # the caller's own: not the config's
+                raise
+            # A defense's own local training refusing the config's other defenses.
+            raise ConfigError(f"config key 'defenses': {e}") from None
         self.strategy = strategy or t.client_parallelism
         self.strategy_reason = f"client_parallelism={self.strategy} (fixed by config)"
         distributed.check_same_config(cfg)
@@ -286,12 +314,8 @@ class Simulation:
             raise ConfigError(f"config key 'pruning' ({pc.scheme}): {e}") from None
         self.global_mask = mask
         for stage in ("layer", "upload"):
-            own = mask_defense(mask, stage)
-            # Around the config's defense of the stage: it sees the masked value,
-            # and what it adds on pruned coordinates (noise, a replaced layer
-            # gradient) is taken off again, as the server's mask would (line 11).
-            self.defenses[stage] = (chain(own, self.defenses[stage], own)
-                                    if stage in self.defenses else own)
+            self.defenses[stage] = (mask_around(mask, self.defenses[stage])
+                                    if stage in self.defenses else mask_defense(mask, stage))
 
     def init_state(self) -> ServerState:
         """The initial server state: fresh model, optimizer, per-client states.

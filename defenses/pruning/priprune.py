@@ -65,13 +65,14 @@ observer's view); privacy is empirical (SGI NMI/PSNR).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from fedsim.client import LocalTraining, epoch_order, masked_mean_loss
-from fedsim.hooks import Defense, DefenseContext, identity
+from fedsim.hooks import Defense, DefenseContext, identity, register_defense
 from fedsim.typing import ClientOutput, CohortData
 from defenses.pruning.gumbel import gumbel_tree
 from defenses.pruning.masks import check_upload, pseudo_pruning_begin, withhold
@@ -95,11 +96,17 @@ class PriPruneConfig:
         if self.alpha_state not in ("persist", "fresh"):
             raise ValueError(f"priprune alpha_state must be 'persist' or 'fresh', got "
                              f"{self.alpha_state!r}")
+        for f in ("lambda_acc", "lambda_pri", "lambda_sha", "tau", "alpha_lr", "alpha_init"):
+            v = getattr(self, f)
+            # bool is an int: `tau: true` would otherwise pass as 1.0.
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"priprune {f} must be a finite number, got {v!r}")
         for f in ("lambda_acc", "lambda_pri", "lambda_sha"):
             if getattr(self, f) < 0:
                 raise ValueError(f"priprune {f} must be >= 0, got {getattr(self, f)}")
         if self.tau <= 0 or self.alpha_lr <= 0:
-            raise ValueError("priprune tau and alpha_lr must be > 0")
+            raise ValueError(f"priprune tau and alpha_lr must be > 0, got tau={self.tau}, "
+                             f"alpha_lr={self.alpha_lr}")
         if not 0 < self.alpha_init < 1:
             raise ValueError(f"priprune alpha_init must be in (0, 1), got {self.alpha_init}")
 
@@ -134,6 +141,29 @@ def priprune_defense(hp: PriPruneConfig) -> Defense:
 
     return Defense(init=init, apply=apply, stage="upload", name="priprune",
                    begin_round=pseudo_pruning_begin)
+
+
+@register_defense("priprune")
+def priprune(lambda_acc: float = 1.0, lambda_pri: float = 10.0, lambda_sha: float = 2e-5,
+             tau: float = 0.5, alpha_lr: float = 0.1, alpha_init: float = 0.1,
+             upload: str = "update", alpha_state: str = "persist") -> Defense:
+    """PriPrune for configs: ``defenses: [{name: priprune, ...}]`` (Alg 3, Eq 6–8).
+
+    :func:`priprune_defense` carrying :func:`priprune_client_update` as its
+    ``local_training``, so a :class:`~fedsim.simulation.Simulation` built from
+    the config trains θ with the weights. It composes with base pruning
+    (``pruning:``, which masks every local step's gradient, PriPrune's paper
+    setting, e.g. PriPrune on PruneFL) and with other "layer" defenses; not with
+    other "upload", "data" or "example" defenses (a ConfigError names them).
+    The arguments are :class:`PriPruneConfig`'s. λ_sha is not normalised by the
+    model size (module docstring, "Balance point"): to keep the paper's
+    threshold on a model of N parameters, pass λ_sha·N_paper/N, as
+    ``benchmarks/reproduce_chu2023.py`` does.
+    """
+    hp = PriPruneConfig(lambda_acc=lambda_acc, lambda_pri=lambda_pri, lambda_sha=lambda_sha,
+                        tau=tau, alpha_lr=alpha_lr, alpha_init=alpha_init, upload=upload,
+                        alpha_state=alpha_state)
+    return priprune_defense(hp)._replace(local_training=priprune_client_update(hp))
 
 
 def alpha_optimizer(hp: PriPruneConfig) -> optax.GradientTransformation:

@@ -103,10 +103,37 @@ def test_the_mask_holds_around_the_configs_own_defenses(alternate, defenses):
     cfg = small_config(**OBSERVED, **{"pruning.scheme": "alternate"})
     sim, state, observed = _run(cfg, defenses=dict(defenses))
     (stage,) = defenses
-    assert sim.defenses[stage].name != "global_mask"  # a chain: mask, defense, mask
+    assert sim.defenses[stage].name.endswith("+global_mask")  # the defense between two masks
     for o in observed:
         assert _zero_where_pruned(o.observation.update, sim.global_mask)
     assert _zero_where_pruned(state.params, sim.global_mask)
+
+
+def test_the_mask_keeps_the_defenses_state_and_local_training(alternate):
+    """A defense that brings its own local training reads its own state: the
+    mask around it must neither nest that state nor drop the training."""
+    def factory(apply_fn, tx, settings, defenses):
+        from fedsim.client import make_client_update
+        seen.append(defenses["upload"].name)
+        return make_client_update(apply_fn, tx, settings, defenses)
+
+    seen = []
+    own = hooks.Defense(init=lambda params: {"count": jnp.zeros((), jnp.int32)},
+                        apply=lambda v, s, *, key, context=None: (v, {"count": s["count"] + 1}),
+                        stage="upload", name="counting", local_training=factory)
+    sim, state, _ = _run(small_config(**{"pruning.scheme": "alternate"}),
+                         defenses={"upload": own})
+    assert seen == ["counting+global_mask"]
+    assert set(state.client_states["upload"]) == {"count"}
+    assert int(np.sum(np.asarray(state.client_states["upload"]["count"]))) == 6  # 2 rounds × 3
+
+
+def test_a_defense_with_its_own_local_training_is_not_chained():
+    own = hooks.Defense(init=lambda p: (), apply=lambda v, s, **k: (v, s), stage="upload",
+                        name="own", local_training=lambda *a: None)
+    with pytest.raises(ValueError, match="'own' brings its own local training"):
+        hooks.chain(own, hooks.identity("upload"))
+    assert hooks.chain(own) is own  # alone it keeps its state layout and its training
 
 
 def test_without_pruning_nothing_changes_and_old_checkpoints_keep_their_fingerprint(alternate):

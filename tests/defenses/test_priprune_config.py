@@ -1,0 +1,138 @@
+"""PriPrune from a config (`defenses: [{name: priprune, ...}]`, paper 002 Alg 3).
+
+The registered defense brings its own local training (`Defense.local_training`),
+so a config run trains α with the weights exactly as the library form
+(`Simulation(..., client_update_factory=priprune_client_update(hp))`) that
+benchmarks/reproduce_chu2023.py uses; on top of a base scheme (`pruning:`) it
+is the paper's "PriPrune on PruneFL". What the server receives holds neither a
+pruned nor a withheld weight.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+
+from defenses.pruning import flatten
+from defenses.pruning.global_mask import masked_gradient
+from defenses.pruning.priprune import PriPruneConfig, priprune_client_update, priprune_defense
+from fedsim.cli import main
+from fedsim.config import ConfigError
+from fedsim.simulation import Simulation
+from tests.fedsim.helpers import small_config, small_dataset
+
+# Large λ_pri and α_lr so that α crosses ½ for some coordinates within 2 rounds.
+HP = {"lambda_pri": 50.0, "alpha_lr": 0.5, "alpha_init": 0.3}
+OBSERVED = {"observer.clients": "[1, 2]", "observer.rounds": "[0, 1]",
+            "training.clients_per_round": 3}
+
+
+def _defenses(**hp) -> str:
+    return json.dumps([{"name": "priprune", **HP, **hp}])
+
+
+def _rounds(sim, state, rounds=2):
+    observed = []
+    for r in range(rounds):
+        state, res = sim.run_round(state, r)
+        observed.extend(res.observed)
+    return state, observed
+
+
+@pytest.mark.parametrize("upload", ["update", "weights"])
+def test_a_config_run_is_the_library_run_and_uploads_neither_pruned_nor_withheld_weights(upload):
+    ds = small_dataset()
+    cfg = small_config(**OBSERVED, **{"defenses": _defenses(upload=upload),
+                                      "pruning.scheme": "random", "pruning.p": 0.3})
+    sim = Simulation(cfg, dataset=ds)
+    assert sim.defenses["upload"].local_training is not None
+    state, observed = _rounds(sim, sim.init_state())
+
+    # The library form, as the reproduction builds it, on the same mask.
+    hp = PriPruneConfig(upload=upload, **HP)
+    lib = Simulation(small_config(**OBSERVED), dataset=ds,
+                     defenses={"layer": masked_gradient(sim.global_mask),
+                               "upload": priprune_defense(hp)},
+                     client_update_factory=priprune_client_update(hp))
+    s0 = lib.init_state()
+    s0 = s0._replace(params=jax.tree_util.tree_map(jnp.multiply, s0.params, sim.global_mask))
+    lib_state, _ = _rounds(lib, s0)
+    for a, b in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(lib_state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    base = np.asarray(flatten(sim.global_mask))
+    withheld_any = False
+    assert len(observed) == 4
+    for o in observed:
+        obs = o.observation
+        u = np.asarray(flatten(obs.update))
+        if upload == "weights":  # the server receives ŵ = w_g + u
+            u = u + np.asarray(flatten(obs.params))
+        assert np.all(u[base == 0] == 0)
+        if int(obs.round) == 1:  # the client state after the last round holds its cut
+            cs = jax.tree_util.tree_map(lambda s: s[int(obs.client_id)],
+                                        state.client_states)["upload"]
+            wh = np.asarray(flatten(cs["withheld"]))
+            assert np.all(u[wh > 0] == 0)
+            withheld_any |= bool(np.any((wh > 0) & (base == 1)))
+    assert withheld_any  # α moved: the check above is not vacuous
+    assert np.all(np.asarray(flatten(state.params))[base == 0] == 0)
+
+
+@pytest.mark.parametrize("extra,match", [
+    ([{"name": "update_gaussian", "sigma": 0.1}],
+     r"config key 'defenses': defense 'priprune' brings its own local training, .* cannot be "
+     r"chained with other 'upload' defenses"),
+    ([{"name": "dp_clip", "clip_norm": 1.0}],
+     r"config key 'defenses': PriPrune training supports only 'layer' and 'upload' defenses, "
+     r"got \['example'\]"),
+])
+def test_what_priprune_cannot_run_with_is_named(extra, match):
+    cfg = small_config(defenses=json.dumps([{"name": "priprune"}] + extra))
+    with pytest.raises(ConfigError, match=match):
+        Simulation(cfg, dataset=small_dataset())
+
+
+@pytest.mark.parametrize("hp,match", [
+    ("tau: .nan", "priprune tau must be a finite number, got nan"),
+    ("tau: NaN", "priprune tau must be a finite number, got 'NaN'"),
+    ("alpha_init: 1.0", r"alpha_init must be in \(0, 1\)"),
+    ("lambda_pri: true", "priprune lambda_pri must be a finite number, got True"),
+    ("upload: grads", "upload must be one of"),
+    ("lambda_privacy: 1.0", "bad arguments"),
+])
+def test_bad_priprune_settings_are_named(hp, match):
+    cfg = small_config(defenses=f"[{{name: priprune, {hp}}}]")
+    with pytest.raises(ConfigError, match=r"config key 'defenses\[0\]': .*" + match):
+        Simulation(cfg, dataset=small_dataset())
+
+
+def test_fedsim_run_and_attack_take_priprune_on_prunefl_from_a_config_file(tmp_path, capsys):
+    cfg = {"name": "priprune", "seed": 0,
+           "data": {"dataset": "synthetic", "num_clients": 6, "image_size": 8,
+                    "examples_per_client": 4, "max_train": 60, "max_test": 30},
+           "model": {"name": "mlp"},
+           "training": {"algorithm": "fedavg", "rounds": 2, "clients_per_round": 3, "lr": 0.1,
+                        "batch_size": 2, "client_parallelism": "loop"},
+           "pruning": {"scheme": "prunefl", "p": 0.3},
+           "defenses": [{"name": "priprune", "upload": "weights", **HP}],
+           "observer": {"clients": [0, 1], "rounds": [1]},
+           "attack": {"name": "sgi", "grants": {"num_examples": True},
+                      "config": {"iterations": 5}},
+           "eval": {"every": 1}, "output": {"progress": False, "plots": False}}
+    path = tmp_path / "priprune.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["run", str(path), "--quiet", "--set", f"output.dir={tmp_path / 'run'}"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert np.isfinite(summary["test_accuracy"]) and summary["mask_density"] < 1
+    assert main(["attack", str(path), "--quiet", "--set", f"output.dir={tmp_path / 'atk'}"]) == 0
+    attacked = json.loads((tmp_path / "atk" / "attack_summary.json").read_text())
+    assert attacked["attack"] == "sgi" and len(attacked["victims"]) == 2
+    capsys.readouterr()
+    assert main(["run", str(path), "--quiet", "--set",
+                 "defenses=[{name: priprune, tau: 0}, {name: update_gaussian, sigma: 1}]"]) == 2
+    assert "config key 'defenses[0]': priprune tau and alpha_lr must be > 0" \
+        in capsys.readouterr().err
