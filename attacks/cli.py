@@ -31,6 +31,7 @@ attacking never changes the simulation's numbers. Run as
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -81,7 +82,11 @@ def validate_attack_section(cfg: Config) -> dict:
     # otherwise surfaced only once the observed rounds had been trained.
     check = getattr(ATTACK_REGISTRY[section["name"]], "check_config", None)
     if check is not None:
-        check(dict(section.get("config") or {}), grants)
+        # The run's algorithm, to the checks that read it (what a FedAvg upload
+        # needs granted differs from a FedSGD one's).
+        extra = ({"algorithm": cfg.training.algorithm}
+                 if "algorithm" in inspect.signature(check).parameters else {})
+        check(dict(section.get("config") or {}), grants, **extra)
     if not cfg.observer.clients or not cfg.observer.rounds:
         raise ConfigError("config keys 'observer.clients' and 'observer.rounds' must name at "
                           "least one client and one round to attack")

@@ -592,18 +592,33 @@ def choose_victims_per_call(fn, params, targets, labels, keys, shared_params: bo
 # --- the Observation-level entry points ----------------------------------------
 
 def check_inversion_config(config: Mapping[str, Any], defaults: Mapping[str, Any],
-                           grants: Mapping[str, bool] | None = None) -> None:
+                           grants: Mapping[str, bool] | None = None,
+                           algorithm: str | None = None) -> None:
     """What a gradient-matching attack's ``check_config`` checks before any victim
     is observed: the settings (:func:`inversion_config`), and, given the threat
     model's ``grants``, that the victim's batch size will be known
     (:func:`victim_batch_size` reads it from the config or a granted field).
 
+    Args:
+      algorithm: the run's ``training.algorithm``, where known. A FedAvg
+        upload's batch size is the granted ``batch_size`` only if the server
+        also knows the client took a single local step (``local_steps``
+        granted; whether it was one is seen per victim).
+
     Raises:
       AttackConfigError: naming the setting or the grant.
     """
     merged = inversion_config(config, defaults)[1]
-    if grants is not None and merged.get("batch_size") is None and not (
-            grants.get("batch_size") or grants.get("num_examples")):
+    if grants is None or merged.get("batch_size") is not None or grants.get("num_examples"):
+        return
+    if algorithm == "fedavg" and grants.get("batch_size") and not grants.get("local_steps"):
+        raise AttackConfigError(
+            "the victim's batch size is unknown: under training.algorithm=fedavg the granted "
+            "'batch_size' is the attacked batch only after one local step, which the server "
+            "cannot see without 'local_steps'; grant 'num_examples' (the whole local data), "
+            "or 'local_steps' as well, in the threat model (attack.grants), or set "
+            "attack.config.batch_size")
+    if not grants.get("batch_size"):
         raise AttackConfigError(_UNKNOWN_BATCH_SIZE)
 
 

@@ -33,11 +33,13 @@ DEFAULTS = {"loss": "cosine", "tv": 1e-6, "optimizer": "adam", "lr": 0.1, "itera
             "label_mode": "infer"}
 
 
-def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = None) -> None:
+def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = None,
+                 algorithm: str | None = None) -> None:
     """Raise :class:`~attacks.gradient_inversion.AttackConfigError` for a bad
-    ``config``, or one the threat model's ``grants`` (where given) leave short,
-    before any victim is observed (``fedsim attack`` calls it first)."""
-    check_inversion_config(config, DEFAULTS, grants)
+    ``config``, or one the threat model's ``grants`` (where given) leave short
+    for uploads of ``algorithm`` (``training.algorithm``, where given), before
+    any victim is observed (``fedsim attack`` calls it first)."""
+    check_inversion_config(config, DEFAULTS, grants, algorithm)
 
 
 def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key

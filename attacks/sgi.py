@@ -69,16 +69,18 @@ def from_weight_upload(obs: Observation) -> Observation:
     return obs._replace(update=masked)
 
 
-def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = None) -> None:
+def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = None,
+                 algorithm: str | None = None) -> None:
     """Raise :class:`~attacks.gradient_inversion.AttackConfigError` for a bad
-    ``config``, or one the threat model's ``grants`` (where given) leave short,
-    before any victim is observed (``fedsim attack`` calls it first)."""
+    ``config``, or one the threat model's ``grants`` (where given) leave short
+    for uploads of ``algorithm`` (``training.algorithm``, where given), before
+    any victim is observed (``fedsim attack`` calls it first)."""
     config = dict(config)
     upload = config.pop("upload", "update")
     if upload not in UPLOADS:
         raise AttackConfigError(f"attack.config.upload: {upload!r} is not allowed; allowed: "
                                 f"{', '.join(UPLOADS)}")
-    check_inversion_config(config, DEFAULTS, grants)
+    check_inversion_config(config, DEFAULTS, grants, algorithm)
 
 
 def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key

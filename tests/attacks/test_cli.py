@@ -53,6 +53,12 @@ def test_cli_writes_summary_and_grid(tmp_path):
     # What the threat model must grant (or the config assume) for the attack to run.
     ("attack.grants={}", r"the victim's batch size is unknown: grant 'batch_size'"),
     (["attack.name=sgi", "attack.grants={labels: true}"], r"batch size is unknown"),
+    # FedAvg: a granted batch size is the attacked batch only after one local step.
+    (["training.algorithm=fedavg", "attack.grants={batch_size: true}"],
+     r"under training\.algorithm=fedavg the granted 'batch_size' is the attacked batch only "
+     r"after one local step, .* grant 'num_examples'"),
+    (["training.algorithm=fedavg", "attack.name=dlg", "attack.grants={batch_size: true}"],
+     r"training\.algorithm=fedavg"),
     (["attack.name=fedavg_inversion", "attack.grants={batch_size: true, local_steps: true}"],
      r"fedavg_inversion needs the victim's num_examples: grant 'num_examples' in the threat "
      r"model \(attack.grants\) or set attack\.config\.num_examples"),
@@ -78,6 +84,27 @@ def test_every_attacks_defaults_pass_its_check(name):
     cfg = load_config("configs/attack_quickstart.yaml",
                       BASE + [f"attack.name={name}", "attack.config={}", every])
     assert validate_attack_section(cfg)["config"] == {}
+
+
+@pytest.mark.parametrize("grants", ["{num_examples: true}", "{batch_size: true, local_steps: true}"])
+def test_what_a_fedavg_upload_needs_granted(grants):
+    cfg = load_config("configs/attack_quickstart.yaml",
+                      BASE + ["training.algorithm=fedavg", f"attack.grants={grants}"])
+    validate_attack_section(cfg)
+
+
+def test_a_fedavg_run_whose_batch_size_grant_is_not_enough_stops_before_it_simulates(
+        tmp_path, capsys):
+    """Before, the check passed and the attack failed after the observed rounds."""
+    from fedsim.cli import main as fedsim_main
+
+    out = tmp_path / "run"
+    rc = fedsim_main(["attack", "configs/attack_quickstart.yaml", "--quiet", "--set",
+                      f"output.dir={out}"] + sum((["--set", s] for s in BASE), [])
+                     + ["--set", "training.algorithm=fedavg"])
+    assert rc == 2
+    assert "training.algorithm=fedavg" in capsys.readouterr().err
+    assert not (out / "metrics.jsonl").exists()
 
 
 @pytest.mark.parametrize("name,config", [
