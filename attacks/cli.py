@@ -14,7 +14,8 @@ Every observed upload is stripped to the granted fields
 (:func:`fedsim.observer.restrict`), attacked (all victims of one round in one
 vmapped run where the attack supports it), and scored against the client's
 true data after Hungarian matching. Writes ``RUN_DIR/attack_summary.json``
-(``{"victims": [...], "mean": {mse, psnr, ssim, nmi, label_acc}, "mean_by_round",
+(``{"victims": [...], "mean": {mse, psnr, ssim, nmi, label_acc}, "scored" (victims
+per mean: NaN scores are left out), "mean_by_round",
 "seconds", ...}``) and
 ``RUN_DIR/attack_grid.png`` (targets above reconstructions).
 
@@ -265,7 +266,10 @@ def _simulate_and_attack(cfg: Config, quiet: bool) -> tuple[dict, dict]:
     victims = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
     rounds = sorted({v["round"] for v in victims})
     summary = {"attack": section["name"], "grants": section["grants"], "config": section["config"],
-               "victims": victims, "mean": _means(victims), "seconds": seconds,
+               "victims": victims, "mean": _means(victims),
+               # how many victims each mean is over: a NaN score (e.g. NMI of a
+               # constant reconstruction) is left out of it
+               "scored": _scored(victims), "seconds": seconds,
                # how leakage moves with training: the means of each observed round
                "mean_by_round": {str(r): _means([v for v in victims if v["round"] == r])
                                  for r in rounds},
@@ -277,9 +281,25 @@ def _simulate_and_attack(cfg: Config, quiet: bool) -> tuple[dict, dict]:
 
 
 def _means(victims: list[dict]) -> dict:
-    """:data:`ATTACK_MEANS` over victims, NaNs left out (NaN where all are)."""
+    """:data:`ATTACK_MEANS` over victims, NaNs left out (NaN where all are;
+    :func:`_scored` counts the victims each is over)."""
     return {k: float(np.nanmean([v[k] for v in victims])) if not all(
         np.isnan(v[k]) for v in victims) else float("nan") for k in ATTACK_MEANS}
+
+
+def _scored(victims: list[dict]) -> dict:
+    """Per :data:`ATTACK_MEANS` metric, how many victims have a number (not NaN)."""
+    return {k: int(sum(not np.isnan(v[k]) for v in victims)) for k in ATTACK_MEANS}
+
+
+def _left_out(summary: dict) -> str:
+    """A note of the metrics whose mean leaves NaN-scored victims out ("" if none)."""
+    n = len(summary["victims"])
+    short = {k: c for k, c in summary.get("scored", {}).items() if c < n}
+    if not short:
+        return ""
+    return " (NaN scores left out: " + ", ".join(
+        f"{k} over {c} of {n}" for k, c in short.items()) + ")"
 
 
 # A sweep's table: the simulation's columns, then the attack's means over victims.
@@ -439,7 +459,7 @@ def _cmd_attack(args) -> int:
                   f"NMI {mr['nmi']:.3f}  MSE {mr['mse']:.2e}")
     print(f"mean over {len(summary['victims'])} victims: PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}, "
           f"NMI {m['nmi']:.3f}, MSE {m['mse']:.2e}, label acc {m['label_acc']:.2f} "
-          f"({summary['seconds']:.1f} s attacking)")
+          f"({summary['seconds']:.1f} s attacking){_left_out(summary)}")
     from fedsim.run import run_dir_for
 
     if summary["rounds_from_disk"]:

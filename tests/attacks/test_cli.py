@@ -23,6 +23,7 @@ def test_cli_writes_summary_and_grid(tmp_path):
     summary = json.loads((tmp_path / "attack_summary.json").read_text())
     assert len(summary["victims"]) == 2
     assert set(summary["mean"]) == {"mse", "psnr", "ssim", "nmi", "label_acc"}
+    assert summary["scored"] == {k: 2 for k in summary["mean"]}
     assert summary["mean"]["label_acc"] == 1.0  # iDLG on batch 1
     assert [v["victims_per_call"] for v in summary["victims"]] == [2, 2]  # one call
     assert (tmp_path / "attack_grid.png").stat().st_size > 0
@@ -295,3 +296,15 @@ def test_an_attack_sweep_over_attack_settings_simulates_once(tmp_path):
     assert alone["rounds_from_disk"] == []
     assert _numbers(json.loads((second / "attack_summary.json").read_text())) == _numbers(alone)
     assert rows[1]["test_accuracy"] == rows[0]["test_accuracy"]
+
+
+def test_a_mean_that_leaves_nan_scores_out_says_over_how_many_victims():
+    from attacks.cli import ATTACK_MEANS, _left_out, _means, _scored
+
+    victims = [{k: 1.0 for k in ATTACK_MEANS}, {k: 3.0 for k in ATTACK_MEANS},
+               {**{k: 5.0 for k in ATTACK_MEANS}, "nmi": float("nan")}]
+    summary = {"victims": victims, "mean": _means(victims), "scored": _scored(victims)}
+    assert summary["mean"]["nmi"] == 2.0 and summary["mean"]["psnr"] == 3.0
+    assert summary["scored"] == {**{k: 3 for k in ATTACK_MEANS}, "nmi": 2}
+    assert _left_out(summary) == " (NaN scores left out: nmi over 2 of 3)"
+    assert _left_out({**summary, "victims": victims[:2], "scored": _scored(victims[:2])}) == ""
