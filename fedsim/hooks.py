@@ -212,7 +212,9 @@ def _parameters(fn) -> str:
 # Functions ``plugin(sim) -> None`` run at the end of ``Simulation.__init__``;
 # a defense area uses them to attach per-round metrics (e.g. the DP accountant
 # adds ``epsilon``/``delta`` through ``sim.round_callbacks``) without the
-# engine importing it.
+# engine importing it. A round callback is ``cb(round, row) -> dict`` (merged
+# into the round's metrics row), or ``cb(round, row, *, state)`` to be given
+# the server state after the round (PriPrune reads its clients' masks there).
 SIMULATION_PLUGINS: list[Callable[[Any], None]] = []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import resource
 import sys
 import time
@@ -132,7 +133,7 @@ def _run_rounds(cfg, sim, state, start, log, ckpt, watch, progress, on_round, ac
             acc, loss = sim.evaluate(state.params)
             row["test_accuracy"], row["test_loss"] = acc, loss
         for cb in sim.round_callbacks:
-            row.update(cb(r, row) or {})
+            row.update(_call_round_callback(cb, r, row, state) or {})
         log.append(row)
         if on_round is not None:
             on_round(res, row)
@@ -152,6 +153,16 @@ def _run_rounds(cfg, sim, state, start, log, ckpt, watch, progress, on_round, ac
             log_line(f"{error}", echo=False)  # the command prints it as it exits
             raise error
     return state, acc, loss
+
+
+def _call_round_callback(cb, round_idx: int, row: dict, state) -> dict | None:
+    """``cb(round, row)``, or ``cb(round, row, state=...)`` where it takes the
+    server state after the round (e.g. to report the clients' defense states)."""
+    try:
+        takes_state = "state" in inspect.signature(cb).parameters
+    except (TypeError, ValueError):  # a callable without a signature
+        takes_state = False
+    return cb(round_idx, row, state=state) if takes_state else cb(round_idx, row)
 
 
 def _log_line(out: Path, text: str, quiet: bool) -> None:

@@ -72,7 +72,8 @@ import jax.numpy as jnp
 import optax
 
 from fedsim.client import LocalTraining, epoch_order, masked_mean_loss
-from fedsim.hooks import Defense, DefenseContext, identity, register_defense
+from fedsim.hooks import (Defense, DefenseContext, identity, register_defense,
+                          register_simulation_plugin)
 from fedsim.typing import ClientOutput, CohortData
 from defenses.pruning.gumbel import gumbel_tree
 from defenses.pruning.masks import check_upload, pseudo_pruning_begin, withhold
@@ -282,3 +283,31 @@ def defense_rate(withheld) -> jax.Array:
     """p̂: the fraction of coordinates PriPrune withholds (Fig 5b)."""
     leaves = jax.tree_util.tree_leaves(withheld)
     return sum(jnp.sum(l) for l in leaves) / sum(l.size for l in leaves)
+
+
+@register_simulation_plugin
+def report_defense_rate(sim) -> None:
+    """Log ``priprune_rate`` each round: p̂ averaged over the round's cohort (Fig 5b).
+
+    Attached to a simulation whose upload defense is PriPrune (from a config
+    or built by hand); reads each cohort client's withheld mask from the
+    server state after the round (a client skipped for a non-finite update
+    keeps its previous mask).
+    """
+    up = sim.defenses.get("upload")
+    if up is None or not up.name.startswith("priprune"):
+        return
+
+    @jax.jit
+    def cohort_rate(withheld, ids):
+        rates = jax.vmap(lambda i: defense_rate(jax.tree_util.tree_map(lambda w: w[i], withheld))
+                         )(ids)
+        return jnp.mean(rates)
+
+    def callback(round_idx: int, row: dict, *, state) -> dict:
+        del row
+        ids = jnp.asarray(sim.cohort(round_idx), jnp.int32)
+        return {"priprune_rate": float(cohort_rate(state.client_states["upload"]["withheld"],
+                                                   ids))}
+
+    sim.round_callbacks.append(callback)

@@ -79,6 +79,13 @@ def test_a_config_run_is_the_library_run_and_uploads_neither_pruned_nor_withheld
             assert np.all(u[wh > 0] == 0)
             withheld_any |= bool(np.any((wh > 0) & (base == 1)))
     assert withheld_any  # α moved: the check above is not vacuous
+    # The per-round log of p̂ (Fig 5b): the last round's cohort's mean withheld share.
+    (report,) = sim.round_callbacks
+    cohort = sim.cohort(1)
+    expected = np.mean([np.mean(np.asarray(flatten(jax.tree_util.tree_map(
+        lambda w, c=c: w[c], state.client_states["upload"]["withheld"])))) for c in cohort])
+    assert 0 < expected < 1
+    assert report(1, {}, state=state)["priprune_rate"] == pytest.approx(expected, rel=1e-6)
     assert np.all(np.asarray(flatten(state.params))[base == 0] == 0)
 
 
@@ -128,6 +135,8 @@ def test_fedsim_run_and_attack_take_priprune_on_prunefl_from_a_config_file(tmp_p
     assert main(["run", str(path), "--quiet", "--set", f"output.dir={tmp_path / 'run'}"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert np.isfinite(summary["test_accuracy"]) and summary["mask_density"] < 1
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert len(rows) == 2 and all(0 <= r["priprune_rate"] <= 1 for r in rows)
     assert main(["attack", str(path), "--quiet", "--set", f"output.dir={tmp_path / 'atk'}"]) == 0
     attacked = json.loads((tmp_path / "atk" / "attack_summary.json").read_text())
     assert attacked["attack"] == "sgi" and len(attacked["victims"]) == 2
