@@ -58,9 +58,15 @@ def config_fingerprint(cfg) -> str:
 def _without_dense_pruning(d: dict) -> dict:
     """``d`` without a ``pruning`` section that prunes nothing: configs gained
     that section on 2026-11-27, and checkpoints written before (which never
-    pruned) must keep their fingerprints."""
-    if (d.get("pruning") or {}).get("scheme") is None:
+    pruned) must keep their fingerprints. A fixed mask's section is hashed
+    without ``reconfigurations`` and ``reconfigure_every``, which came a day
+    later and do nothing then."""
+    pruning = d.get("pruning") or {}
+    if pruning.get("scheme") is None:
         d.pop("pruning", None)
+    elif pruning.get("reconfigurations", 1) == 1:
+        d["pruning"] = {k: v for k, v in pruning.items()
+                        if k not in ("reconfigurations", "reconfigure_every")}
     return d
 
 

@@ -118,7 +118,8 @@ class ObserverConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PruningConfig:
-    """Pruned FL (paper 002, Chu et al. 2023, Alg 1): a global mask from round 0."""
+    """Pruned FL (paper 002, Chu et al. 2023, Alg 1): a global mask from round 0,
+    re-made during training by the iterative schemes (PruneFL, FedDST)."""
 
     scheme: str | None = _f(None, doc="base pruning scheme of the global mask (random, snip, "
                                       "grasp, synflow, prunefl, feddst); none: a dense model")
@@ -126,6 +127,10 @@ class PruningConfig:
     examples: int = _f(64, min=1, doc="training examples SNIP and GraSP score the initial "
                                       "model on")
     synflow_iterations: int = _f(100, min=1)
+    reconfigurations: int = _f(1, min=1, doc="masks made in a run, at rounds 0, E, 2E, ... "
+                                             "(E = reconfigure_every); more than 1 only for "
+                                             "an iterative scheme (prunefl, feddst)")
+    reconfigure_every: int = _f(10, min=1, doc="rounds between two reconfigurations")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,6 +373,14 @@ def validate(cfg: Config) -> None:
         if cfg.pruning.scheme not in mask_schemes():
             raise ConfigError(f"config key 'pruning.scheme': {cfg.pruning.scheme!r} is not "
                               f"allowed; allowed values: {', '.join(mask_schemes())}")
+        from fedsim.hooks import reconfigurable_schemes
+
+        if cfg.pruning.reconfigurations > 1 and \
+                cfg.pruning.scheme not in reconfigurable_schemes():
+            raise ConfigError(
+                f"config key 'pruning.reconfigurations': {cfg.pruning.reconfigurations} needs "
+                f"an iterative scheme ({', '.join(reconfigurable_schemes())}); "
+                f"{cfg.pruning.scheme!r} makes its mask once, on the initial model")
     for r in cfg.observer.rounds:
         if not 0 <= r < t.rounds:
             raise ConfigError(f"config key 'observer.rounds': round {r} is outside 0..{t.rounds - 1}")

@@ -247,6 +247,36 @@ def register_mask_scheme(name: str):
     return _registering(MASK_SCHEMES, "mask scheme", name)
 
 
+# ``reconfigure(params, mask, p, *, k, num, key) -> mask``: an iterative
+# scheme's reconfiguration k (1-based; k = 0 is the initial mask) of ``num``,
+# made by the server on the global model during training.
+MASK_RECONFIGURATIONS: dict[str, Callable[..., PyTree]] = {}
+
+
+def register_mask_reconfiguration(name: str):
+    """Decorator registering scheme ``name``'s reconfiguration (it is iterative)."""
+    return _registering(MASK_RECONFIGURATIONS, "mask reconfiguration", name)
+
+
+def reconfigurable_schemes() -> tuple[str, ...]:
+    """The iterative schemes' names (those with a reconfiguration), sorted."""
+    _load_defenses()
+    return tuple(sorted(MASK_RECONFIGURATIONS))
+
+
+def reconfigure_mask(scheme: str, params: PyTree, mask: PyTree, p: float, *, k: int, num: int,
+                     key) -> PyTree:
+    """Scheme ``scheme``'s reconfiguration ``k`` of ``num`` of ``mask`` on ``params``.
+
+    Raises:
+      ValueError: the scheme is not iterative.
+    """
+    if scheme not in reconfigurable_schemes():
+        raise ValueError(f"pruning scheme {scheme!r} makes its mask once; iterative schemes: "
+                         f"{', '.join(reconfigurable_schemes()) or '(none registered)'}")
+    return MASK_RECONFIGURATIONS[scheme](params, mask, p, k=k, num=num, key=key)
+
+
 def mask_schemes() -> tuple[str, ...]:
     """The registered base schemes' names, sorted."""
     _load_defenses()
@@ -255,6 +285,10 @@ def mask_schemes() -> tuple[str, ...]:
 
 def build_mask(scheme: str, params: PyTree, p: float, **kwargs) -> PyTree:
     """The global mask of base scheme ``scheme`` at rate ``p`` on ``params``.
+
+    An iterative scheme run with several reconfigurations is passed
+    ``reconfigurations=K`` (its first mask may differ: PruneFL's first step
+    prunes to p/K).
 
     Raises:
       ValueError: an unknown scheme (listing the known ones), or what the

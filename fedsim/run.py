@@ -65,6 +65,7 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     ckpt = checkpoint.Checkpointer(ckpt_dir) if every else None
     if meta is not None:
         state, meta = ckpt.restore(state, checkpoint.accepted_fingerprints(cfg))
+        sim.adopt(state)  # a pruning mask re-made before the checkpoint
         start = int(state.round)
         checkpoint.load_callback_states(sim.round_callbacks, meta.get("callbacks"))
         log_line(f"resumed from {ckpt_dir}: {start} rounds done")

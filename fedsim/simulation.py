@@ -50,7 +50,7 @@ from fedsim.client import LocalTraining, init_client_state, make_client_update
 from fedsim.config import Config, ConfigError
 from fedsim.data import Dataset, load_dataset
 from fedsim.hooks import (SIMULATION_PLUGINS, Defense, build_defense, build_mask, chain,
-                          mask_around, mask_defense)
+                          mask_around, mask_defense, reconfigure_mask)
 from fedsim.keys import ENGINE_INIT, ENGINE_ROUNDS
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.observer import ObservedUpload
@@ -216,23 +216,15 @@ class Simulation:
         _check_model_fits(self.model, cfg.model.name, ds.input_shape)
         self.key = jax.random.key(cfg.seed)
         self.defenses = build_defenses(cfg.defenses) if defenses is None else dict(defenses)
+        self._own_defenses = dict(self.defenses)  # before a pruning mask goes around them
         self.global_mask = None
         if cfg.pruning.scheme is not None:
             self._prune()
         self.settings = LocalTraining(t.algorithm, t.local_epochs, t.batch_size, self.n_max)
         self.client_tx = make_client_optimizer(t) if t.algorithm == "fedavg" else optax.sgd(t.lr)
         self.server_tx = make_server_optimizer(t.server_optimizer, t.server_lr)
-        factory = client_update_factory or _local_training(self.defenses)
-        if factory is None:
-            factory = make_client_update
-        try:
-            self.client_update = factory(self.apply_fn, self.client_tx, self.settings,
-                                         self.defenses)
-        except ValueError as e:
-            if client_update_factory is not None:  # the caller's own: not the config's
-                raise
-            # A defense's own local training refusing the config's other defenses.
-            raise ConfigError(f"config key 'defenses': {e}") from None
+        self._client_update_factory = client_update_factory
+        self._build_client_update()
         self.strategy = strategy or t.client_parallelism
         self.strategy_reason = f"client_parallelism={self.strategy} (fixed by config)"
         distributed.check_same_config(cfg)
@@ -281,6 +273,21 @@ class Simulation:
         return init_params(self.model, self.dataset.input_shape,
                            jax.random.fold_in(self.key, ENGINE_INIT))
 
+    def _build_client_update(self) -> None:
+        """``self.client_update`` from the factory given, a defense's own, or the engine's."""
+        given = self._client_update_factory
+        factory = given or _local_training(self.defenses)
+        if factory is None:
+            factory = make_client_update
+        try:
+            self.client_update = factory(self.apply_fn, self.client_tx, self.settings,
+                                         self.defenses)
+        except ValueError as e:
+            if given is not None:  # the caller's own: not the config's
+                raise
+            # A defense's own local training refusing the config's other defenses.
+            raise ConfigError(f"config key 'defenses': {e}") from None
+
     def _prune(self) -> None:
         """Pruned FL from ``cfg.pruning`` (paper 002, Chu et al. 2023, Alg 1).
 
@@ -293,9 +300,15 @@ class Simulation:
         before and after the config's own defenses of those stages
         (:func:`fedsim.hooks.mask_defense`), and so the server's average stays
         masked (Alg 1 line 11).
-        Deviation: the mask is fixed, also for PruneFL and FedDST, which
-        re-prune during training (their first step is taken at once,
-        :func:`defenses.pruning.schemes.one_shot_mask`).
+        With ``pruning.reconfigurations`` K > 1 (an iterative scheme: PruneFL,
+        FedDST) the server makes the mask again at rounds E, 2E, ...,
+        (K − 1)E (E = ``pruning.reconfigure_every``), on the global model it
+        holds then (:meth:`_reconfigure`); the current mask is carried in
+        ``ServerState.mask`` and the global model is masked after every round's
+        server step, so that no server optimizer state can bring a weight pruned
+        by a later mask back. With K = 1 the mask is fixed; PruneFL and FedDST
+        then take their first step at once
+        (:func:`defenses.pruning.schemes.one_shot_mask`).
 
         Raises:
           ConfigError: the scheme cannot build its mask, naming ``pruning``.
@@ -304,18 +317,66 @@ class Simulation:
         rng = keys.numpy_generator(self.cfg.seed, "pruning/examples")
         pick = np.sort(rng.choice(len(ds.y_train), min(pc.examples, len(ds.y_train)),
                                   replace=False))
+        extra = {"reconfigurations": pc.reconfigurations} if pc.reconfigurations > 1 else {}
         try:
             mask = build_mask(pc.scheme, self._initial_params(), pc.p,
                               key=keys.experiment_key(self.cfg.seed, "pruning/mask"),
                               apply_fn=self.apply_fn, x=jnp.asarray(ds.x_train[pick]),
                               y=jnp.asarray(ds.y_train[pick]), input_shape=ds.input_shape,
-                              synflow_iterations=pc.synflow_iterations)
+                              synflow_iterations=pc.synflow_iterations, **extra)
         except ValueError as e:
             raise ConfigError(f"config key 'pruning' ({pc.scheme}): {e}") from None
-        self.global_mask = mask
+        self._use_mask(mask)
+
+    def _use_mask(self, mask) -> None:
+        """Put ``mask`` around the layer and upload defenses (before and after the config's own)."""
+        self.global_mask = jax.tree_util.tree_map(lambda m: jnp.asarray(m, jnp.float32), mask)
+        self.defenses = dict(self._own_defenses)
         for stage in ("layer", "upload"):
-            self.defenses[stage] = (mask_around(mask, self.defenses[stage])
-                                    if stage in self.defenses else mask_defense(mask, stage))
+            self.defenses[stage] = (mask_around(self.global_mask, self.defenses[stage])
+                                    if stage in self.defenses
+                                    else mask_defense(self.global_mask, stage))
+
+    @property
+    def _mask_in_state(self) -> bool:
+        """Whether the mask changes during the run (and so is carried in the state)."""
+        pc = self.cfg.pruning
+        return pc.scheme is not None and pc.reconfigurations > 1
+
+    def reconfiguration_at(self, round_idx: int) -> int | None:
+        """k if the server re-makes the mask before round ``round_idx`` (k ≥ 1), else None."""
+        pc = self.cfg.pruning
+        if not self._mask_in_state or round_idx == 0:
+            return None
+        k, rest = divmod(round_idx, pc.reconfigure_every)
+        return k if rest == 0 and k < pc.reconfigurations else None
+
+    def _reconfigure(self, state: ServerState, k: int) -> ServerState:
+        """Reconfiguration ``k``: the scheme's new mask on the global model, the
+        model masked with it, and the round step compiled again around it (the
+        mask is a constant of the compiled step)."""
+        pc = self.cfg.pruning
+        key = jax.random.fold_in(keys.experiment_key(self.cfg.seed, "pruning/reconfigure"), k)
+        mask = reconfigure_mask(pc.scheme, state.params, state.mask, pc.p, k=k,
+                                num=pc.reconfigurations, key=key)
+        self._set_mask(mask)
+        return state._replace(params=_apply_mask(state.params, self.global_mask),
+                              mask=self.global_mask)
+
+    def _set_mask(self, mask) -> None:
+        self._use_mask(mask)
+        self._build_client_update()
+        self._compile()
+
+    def adopt(self, state: ServerState) -> None:
+        """Take the mask a restored ``state`` carries (a run resumed after a
+        reconfiguration); nothing to do for any other state."""
+        if not self._mask_in_state or not jax.tree_util.tree_leaves(state.mask):
+            return
+        same = all(bool(jnp.array_equal(a, b)) for a, b in zip(
+            jax.tree_util.tree_leaves(state.mask), jax.tree_util.tree_leaves(self.global_mask)))
+        if not same:
+            self._set_mask(state.mask)
 
     def init_state(self) -> ServerState:
         """The initial server state: fresh model, optimizer, per-client states.
@@ -324,13 +385,12 @@ class Simulation:
         """
         params = self._initial_params()
         if self.global_mask is not None:
-            params = jax.tree_util.tree_map(lambda w, m: w * m.astype(w.dtype), params,
-                                            self.global_mask)
+            params = _apply_mask(params, self.global_mask)
         one = init_client_state(self.defenses, params)
         client_states = jax.tree_util.tree_map(
             lambda s: jnp.broadcast_to(s, (self.num_clients,) + jnp.shape(s)).copy(), one)
         return ServerState(params, self.server_tx.init(params), jnp.zeros((), jnp.int32),
-                           client_states)
+                           client_states, self.global_mask if self._mask_in_state else ())
 
     def round_keys(self, round_idx: int):
         rk = jax.random.fold_in(jax.random.fold_in(self.key, ENGINE_ROUNDS), round_idx)
@@ -465,7 +525,9 @@ class Simulation:
             params, opt_state = server_update(self.server_tx, state.params, state.opt_state, mean)
             cs = jax.tree_util.tree_map(lambda a, n: a.at[ids].set(n), state.client_states,
                                         new_cstates)
-            return ServerState(params, opt_state, state.round + 1, cs)
+            if jax.tree_util.tree_leaves(state.mask):  # a mask that changes: Alg 1 line 11
+                params = _apply_mask(params, state.mask)
+            return ServerState(params, opt_state, state.round + 1, cs, state.mask)
 
         # Clients vmapped in groups of more than one: fedsim's Conv layers take im2col
         # there (XLA:CPU runs a conv with a per-client kernel as a grouped conv; see
@@ -565,11 +627,17 @@ class Simulation:
         step for the real cohort is planned against the free memory
         (:func:`fedsim.memory.check_cohort_step`).
 
+        Pruned FL with reconfigurations: at a reconfiguration round the server
+        first makes its new mask (:meth:`_reconfigure`).
+
         Raises:
           NonFiniteError: if a client's loss/update is NaN/Inf and
             ``training.on_nonfinite`` is "stop" (the state is left unchanged).
           InsufficientMemoryError: the cohort step plans more memory than is free.
         """
+        k = self.reconfiguration_at(round_idx)
+        if k is not None:
+            state = self._reconfigure(state, k)
         checked = self.__dict__.setdefault("_memory_checked", set())
         if self.strategy in memory.COHORT_STEP_STRATEGIES and self.strategy not in checked:
             memory.check_cohort_step(self)  # its compile serves the round below
@@ -691,6 +759,11 @@ class Simulation:
             input_shape=self.dataset.input_shape, num_classes=self.dataset.num_classes,
             client_id=cid, round=round_idx)
         return ObservedUpload(obs, x, y)
+
+
+def _apply_mask(params, mask):
+    """w ⊙ m, leaf by leaf, in each weight's dtype."""
+    return jax.tree_util.tree_map(lambda w, m: w * m.astype(w.dtype), params, mask)
 
 
 def _check_model_fits(model, name: str, input_shape) -> None:

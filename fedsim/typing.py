@@ -43,12 +43,17 @@ class ServerState(NamedTuple):
       round: int32 scalar, rounds completed so far.
       client_states: per-client defense states stacked over all N clients
         (leaves [N, ...]); ``()`` when every defense is stateless.
+      mask: pruned FL whose global mask changes during training
+        (``pruning.reconfigurations`` > 1): the current mask, a pytree like
+        ``params`` of float32 {0, 1}, carried so that a resumed run goes on
+        with it; ``()`` otherwise (a fixed mask follows from the config).
     """
 
     params: Params
     opt_state: PyTree
     round: jax.Array
     client_states: PyTree
+    mask: PyTree = ()
 
 
 class ClientOutput(NamedTuple):

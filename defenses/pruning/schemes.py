@@ -39,11 +39,13 @@ deviation).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
 from fedsim.client import masked_mean_loss
-from fedsim.hooks import register_mask_scheme
+from fedsim.hooks import register_mask_reconfiguration, register_mask_scheme
 from fedsim.typing import PRNGKey, PyTree
 from defenses.pruning.masks import check_rate, mask_from_scores, num_params, unflatten
 
@@ -234,13 +236,44 @@ def one_shot_mask(scheme: str, key: PRNGKey, params, p: float, *, apply_fn=None,
                         input_shape=input_shape, synflow_iterations=synflow_iterations)
 
 
+FEDDST_DROP_FRACTION = 0.2
+
+
 def _register(scheme: str) -> None:
     @register_mask_scheme(scheme)
     def build(params, p, *, key, apply_fn=None, x=None, y=None, input_shape=None,
-              synflow_iterations: int = 100):
+              synflow_iterations: int = 100, reconfigurations: int = 1):
+        if scheme == "prunefl" and reconfigurations > 1:  # the first of K steps: rate p/K
+            return prunefl_reprune(params, initial_mask("prunefl", key, params, p), p, 1,
+                                   reconfigurations)
         return one_shot_mask(scheme, key, params, p, apply_fn=apply_fn, x=x, y=y,
-                             input_shape=input_shape, synflow_iterations=synflow_iterations)
+                             input_shape=input_shape, synflow_iterations=synflow_iterations,
+                             drop_fraction=FEDDST_DROP_FRACTION)
 
 
 for _scheme in SCHEMES:
     _register(_scheme)
+
+
+@register_mask_reconfiguration("prunefl")
+def prunefl_reconfiguration(params, mask, p: float, *, k: int, num: int, key=None) -> PyTree:
+    """PruneFL's reconfiguration k of ``num`` (k = 0 made the initial mask):
+    magnitude re-pruning of the global model to rate p·(k+1)/num among the weights
+    still alive (:func:`prunefl_reprune`), the same schedule part B of the
+    reproduction runs. Deviation: PruneFL (Jiang et al.) scores by importance
+    (accumulated squared gradients over the time a step costs); magnitude is the
+    importance proxy used throughout this package."""
+    del key
+    return prunefl_reprune(params, mask, p, k + 1, num)
+
+
+@register_mask_reconfiguration("feddst")
+def feddst_reconfiguration(params, mask, p: float, *, k: int, num: int, key) -> PyTree:
+    """FedDST's reconfiguration k of ``num``: one prune-and-regrow at constant
+    density (:func:`feddst_prune_regrow`), its drop fraction annealed as
+    0.2·(1 + cos(π k / num))/2 (FedDST, Bibikar et al. 2022, after RigL's
+    cosine schedule). Deviation: made on the server's model, not on the
+    clients with mask aggregation."""
+    del p
+    drop = FEDDST_DROP_FRACTION * (1 + math.cos(math.pi * k / num)) / 2
+    return feddst_prune_regrow(key, params, mask, drop)

@@ -83,3 +83,55 @@ def test_fedsim_run_and_attack_take_pruning_from_a_config_file(tmp_path, capsys)
     assert main(["run", str(path), "--quiet", "--set", "pruning.scheme=snipp"]) == 2
     assert "config key 'pruning.scheme': 'snipp' is not allowed; allowed values: feddst, " \
            "grasp, prunefl, random, snip, synflow" in capsys.readouterr().err
+
+
+def _kernel_pruned_share(mask, params) -> float:
+    m, e = np.asarray(flatten(mask)), np.asarray(flatten(prunable(params)))
+    return float(np.sum((m == 0) & (e == 1)) / np.sum(e == 1))
+
+
+def test_prunefl_reconfigured_in_a_run_follows_part_bs_schedule():
+    """K = 3 reconfigurations every round: rate p/3, then 2p/3 and p, each a
+    magnitude re-pruning of the global model the server holds before the round
+    (``prunefl_reprune``, as part B of the reproduction runs it)."""
+    from defenses.pruning.schemes import prunefl_reprune
+
+    cfg = small_config(**{"pruning.scheme": "prunefl", "pruning.p": 0.6,
+                          "pruning.reconfigurations": 3, "pruning.reconfigure_every": 1,
+                          "training.rounds": 4})
+    sim = Simulation(cfg, dataset=small_dataset())
+    state = sim.init_state()
+    params0 = sim._initial_params()
+    shares = [_kernel_pruned_share(sim.global_mask, params0)]
+    expected = prunefl_reprune(params0, jax.tree_util.tree_map(jnp.ones_like, prunable(params0)),
+                               0.6, 1, 3)
+    masks_equal = [all(np.array_equal(a, b) for a, b in zip(
+        jax.tree_util.tree_leaves(sim.global_mask), jax.tree_util.tree_leaves(expected)))]
+    for r in range(4):
+        before = state.params
+        k = sim.reconfiguration_at(r)
+        state, _ = sim.run_round(state, r)
+        if k is not None:
+            expected = prunefl_reprune(before, expected, 0.6, k + 1, 3)
+            masks_equal.append(all(np.array_equal(a, b) for a, b in zip(
+                jax.tree_util.tree_leaves(sim.global_mask), jax.tree_util.tree_leaves(expected))))
+            shares.append(_kernel_pruned_share(sim.global_mask, params0))
+    assert masks_equal == [True, True, True]
+    np.testing.assert_allclose(shares, [0.2, 0.4, 0.6], atol=1e-3)
+
+
+def test_feddst_reconfigured_in_a_run_moves_its_mask_at_constant_density():
+    cfg = small_config(**{"pruning.scheme": "feddst", "pruning.p": 0.5,
+                          "pruning.reconfigurations": 3, "pruning.reconfigure_every": 1,
+                          "training.rounds": 3})
+    sim = Simulation(cfg, dataset=small_dataset())
+    state, params0 = sim.init_state(), sim._initial_params()
+    masks = [sim.global_mask]
+    for r in range(3):
+        state, _ = sim.run_round(state, r)
+        masks.append(sim.global_mask)
+    shares = [_kernel_pruned_share(m, params0) for m in masks]
+    np.testing.assert_allclose(shares, 0.5, atol=1e-3)
+    moved = [not np.array_equal(np.asarray(flatten(a)), np.asarray(flatten(b)))
+             for a, b in zip(masks, masks[1:])]
+    assert moved == [False, True, True]  # reconfigurations before rounds 1 and 2 only
