@@ -330,7 +330,11 @@ class Simulation:
 
     def _use_mask(self, mask) -> None:
         """Put ``mask`` around the layer and upload defenses (before and after the config's own)."""
-        self.global_mask = jax.tree_util.tree_map(lambda m: jnp.asarray(m, jnp.float32), mask)
+        # A copy of its own: the mask a state carries (a restored one, or the
+        # state's after a reconfiguration) is donated to the round step with it,
+        # and a constant of the compiled step must outlive that.
+        self.global_mask = jax.tree_util.tree_map(
+            lambda m: jnp.array(m, dtype=jnp.float32, copy=True), mask)
         self.defenses = dict(self._own_defenses)
         for stage in ("layer", "upload"):
             self.defenses[stage] = (mask_around(self.global_mask, self.defenses[stage])
@@ -361,7 +365,7 @@ class Simulation:
                                 num=pc.reconfigurations, key=key)
         self._set_mask(mask)
         return state._replace(params=_apply_mask(state.params, self.global_mask),
-                              mask=self.global_mask)
+                              mask=_copy(self.global_mask))
 
     def _set_mask(self, mask) -> None:
         self._use_mask(mask)
@@ -390,7 +394,7 @@ class Simulation:
         client_states = jax.tree_util.tree_map(
             lambda s: jnp.broadcast_to(s, (self.num_clients,) + jnp.shape(s)).copy(), one)
         return ServerState(params, self.server_tx.init(params), jnp.zeros((), jnp.int32),
-                           client_states, self.global_mask if self._mask_in_state else ())
+                           client_states, _copy(self.global_mask) if self._mask_in_state else ())
 
     def round_keys(self, round_idx: int):
         rk = jax.random.fold_in(jax.random.fold_in(self.key, ENGINE_ROUNDS), round_idx)
@@ -759,6 +763,11 @@ class Simulation:
             input_shape=self.dataset.input_shape, num_classes=self.dataset.num_classes,
             client_id=cid, round=round_idx)
         return ObservedUpload(obs, x, y)
+
+
+def _copy(tree):
+    """New buffers for ``tree`` (a state's leaves may be donated to the round step)."""
+    return jax.tree_util.tree_map(jnp.copy, tree)
 
 
 def _apply_mask(params, mask):

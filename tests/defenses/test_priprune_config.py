@@ -145,3 +145,24 @@ def test_fedsim_run_and_attack_take_priprune_on_prunefl_from_a_config_file(tmp_p
                  "defenses=[{name: priprune, tau: 0}, {name: update_gaussian, sigma: 1}]"]) == 2
     assert "config key 'defenses[0]': priprune tau and alpha_lr must be > 0" \
         in capsys.readouterr().err
+
+
+def test_the_priprune_on_prunefl_config_is_part_bs_setting():
+    """configs/chu2023_priprune_prunefl.yaml: valid, attackable, and its λ_sha
+    is part B's scaling (2e-5 · N_PAPER / N) for the model it names."""
+    from attacks.cli import validate_attack_section
+    from benchmarks.reproduce_chu2023 import N_PAPER
+    from fedsim.config import load_config
+    from fedsim.models import build_model, init_params
+
+    cfg = load_config("configs/chu2023_priprune_prunefl.yaml")
+    validate_attack_section(cfg)
+    params = jax.eval_shape(lambda k: init_params(build_model(cfg.model.name, 10),
+                                                  (cfg.data.image_size,) * 2 + (1,), k),
+                            jax.random.key(0))
+    n = sum(int(np.prod(l.shape)) for l in jax.tree_util.tree_leaves(params))
+    (spec,) = cfg.defenses
+    assert spec["name"] == "priprune"
+    assert spec["lambda_sha"] == pytest.approx(2e-5 * N_PAPER / n, rel=1e-4)
+    assert (cfg.pruning.scheme, cfg.pruning.reconfigurations * cfg.pruning.reconfigure_every) \
+        == ("prunefl", cfg.training.rounds)

@@ -232,7 +232,9 @@ def test_the_server_remakes_the_mask_at_its_rounds_and_every_upload_follows_it(s
                                                                                strategy):
     cfg = small_config(**{**OBSERVED, **RECONF, "observer.rounds": "[0, 1, 2, 3, 4, 5]",
                           "training.client_parallelism": strategy})
-    sim = Simulation(cfg, dataset=small_dataset())
+    # donate: as `fedsim run` builds it; the round step takes the state's buffers,
+    # the mask's included, which the compiled step's own copy must outlive.
+    sim = Simulation(cfg, dataset=small_dataset(), donate=True)
     assert [sim.reconfiguration_at(r) for r in range(7)] == [None, None, 1, None, 2, None, None]
     state = sim.init_state()
     masks = []
@@ -279,11 +281,11 @@ def test_a_run_resumed_after_a_reconfiguration_goes_on_with_that_mask(shrinking,
     ds = small_dataset()
     base = {**RECONF, "output.checkpoint_every": 1, "training.rounds": 5}
     cfg_a = small_config(**base, **{"output.dir": str(tmp_path / "a")})
-    a = run_simulation(cfg_a, sim=Simulation(cfg_a, dataset=ds), quiet=True)
+    a = run_simulation(cfg_a, sim=Simulation(cfg_a, dataset=ds, donate=True), quiet=True)
     cfg_b1 = small_config(**{**base, "training.rounds": 3, "output.dir": str(tmp_path / "b")})
-    run_simulation(cfg_b1, sim=Simulation(cfg_b1, dataset=ds), quiet=True)
+    run_simulation(cfg_b1, sim=Simulation(cfg_b1, dataset=ds, donate=True), quiet=True)
     cfg_b = small_config(**base, **{"output.dir": str(tmp_path / "b")})
-    sim_b = Simulation(cfg_b, dataset=ds)
+    sim_b = Simulation(cfg_b, dataset=ds, donate=True)
     b = run_simulation(cfg_b, sim=sim_b, quiet=True)
     assert "resumed from" in (tmp_path / "b" / "run.log").read_text()
     for x, y in zip(jax.tree_util.tree_leaves(a["final_state"]),
