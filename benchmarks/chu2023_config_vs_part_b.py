@@ -1,0 +1,151 @@
+"""Does ``configs/chu2023_priprune_prunefl.yaml`` run part B's PriPrune federation?
+
+Part B of ``benchmarks/reproduce_chu2023.py`` builds PriPrune on PruneFL from
+Python (``train_b``). The config writes the same federation for the engine
+(``pruning.reconfigurations``, ``defenses: [{name: priprune}]``). This runs
+both on real Fashion-MNIST at the current commit, with the settings recorded in
+``benchmarks/results/chu2023_B.json``, and compares the global model's test
+accuracy after every round: config run against ``train_b`` (expected: equal
+to the last bit), and both against the accuracies that JSON recorded when it
+was written (its own commit; float rounding may have moved since).
+
+Usage: ``python -m benchmarks.chu2023_config_vs_part_b [--rounds R]``
+(default: the config's 30). Writes
+``benchmarks/results/chu2023_config_vs_part_b.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.provenance import git_commit, short_commit  # noqa: E402
+from benchmarks.results_io import write_json_and_markdown  # noqa: E402
+
+CONFIG = ROOT / "configs" / "chu2023_priprune_prunefl.yaml"
+PART_B = ROOT / "benchmarks" / "results" / "chu2023_B.json"
+# Settings the config must share with part B's recorded run (else the comparison is moot).
+SHARED = {"clients": "data.num_clients", "local_batch": "data.examples_per_client",
+          "clients_per_round": "training.clients_per_round", "lr": "training.lr",
+          "image_size": "data.image_size", "dataset": "data.dataset"}
+
+
+def _get(cfg, dotted: str):
+    section, key = dotted.split(".")
+    return getattr(getattr(cfg, section), key)
+
+
+def config_run(cfg, ds) -> list[float]:
+    """The config's federation in the engine: test accuracy after each round."""
+    from fedsim.simulation import Simulation
+
+    sim = Simulation(cfg, dataset=ds, donate=True)
+    state, acc = sim.init_state(), []
+    for r in range(cfg.training.rounds):
+        state, _ = sim.run_round(state, r)
+        acc.append(sim.evaluate(state.params)[0])
+    return acc
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds of both runs (default: the config's); reconfigurations "
+                         "stay at rounds 0 and R/2")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args_cli = ap.parse_args(argv)
+
+    from benchmarks.reproduce_chu2023 import N_PAPER, fl_config, train_b
+    from fedsim.config import load_config
+    from fedsim.data import load_dataset
+
+    recorded = json.loads(PART_B.read_text())
+    args = argparse.Namespace(**recorded["settings"])
+    rounds = args_cli.rounds or args.rounds
+    args.rounds = rounds
+    overrides = [f"training.rounds={rounds}",
+                 f"pruning.reconfigure_every={max(rounds // args.reconfigs, 1)}",
+                 "output.progress=false", "output.plots=false", "observer.rounds=[0]"]
+    cfg = load_config(str(CONFIG), overrides)
+    mismatched = {k: (getattr(args, k), _get(cfg, v)) for k, v in SHARED.items()
+                  if getattr(args, k) != _get(cfg, v)}
+    if mismatched or cfg.pruning.reconfigurations != args.reconfigs:
+        raise SystemExit(f"{CONFIG.name} no longer matches part B's recorded settings: "
+                         f"{mismatched or 'reconfigurations'}")
+    ds = load_dataset(args.dataset, image_size=args.image_size)
+
+    t0 = time.perf_counter()
+    ref = train_b(args, ds, fl_config(args, recorded["seed"], rounds, [0]), "priprune")
+    t_ref = time.perf_counter() - t0
+    n_params = ref["n_params"]
+    (spec,) = cfg.defenses
+    if abs(spec["lambda_sha"] / (args.lambda_sha * N_PAPER / n_params) - 1) > 1e-4:
+        raise SystemExit(f"{CONFIG.name}: lambda_sha {spec['lambda_sha']} is not part B's "
+                         f"{args.lambda_sha * N_PAPER / n_params:.6g} for N = {n_params}")
+    t0 = time.perf_counter()
+    acc_cfg = config_run(cfg, ds)
+    t_cfg = time.perf_counter() - t0
+    acc_ref = [float(a) for a in ref["acc_by_round"]]
+    row = next(r for r in recorded["rows"] if r.get("part") == "B"
+               and r.get("defense") == "priprune")
+    # Another round count moves the reconfiguration (round R/2): then the recorded
+    # accuracies are of another federation and are not compared.
+    acc_rec = ([float(a) for a in row["accuracy_by_round"]]
+               if rounds == recorded["settings"]["rounds"] else [])
+    equal = [a == b for a, b in zip(acc_cfg, acc_ref)]
+    same_as_recorded = [a == b for a, b in zip(acc_cfg, acc_rec)]
+    first_diff = next((i for i, s in enumerate(same_as_recorded) if not s), None)
+    result = {
+        "commit": git_commit(), "device": f"{jax.default_backend()} ({platform.machine()})",
+        "rounds": rounds, "config": str(CONFIG.relative_to(ROOT)),
+        "recorded_commit": recorded["commit"],
+        "config_equals_train_b_every_round": all(equal),
+        "rounds_equal_to_recorded": int(sum(same_as_recorded)),
+        "first_round_differing_from_recorded": first_diff,
+        "max_abs_diff_to_recorded": max((abs(a - b) for a, b in zip(acc_cfg, acc_rec)),
+                                        default=0.0),
+        "accuracy": {"config": acc_cfg, "train_b": acc_ref, "recorded": acc_rec},
+        "seconds": {"train_b": t_ref, "config": t_cfg},
+    }
+    lines = [
+        "# chu2023: PriPrune on PruneFL as a config vs part B's own federation",
+        "",
+        f"Commit {short_commit(result['commit'])}, {result['device']}; "
+        f"`python -m benchmarks.chu2023_config_vs_part_b"
+        f"{'' if args_cli.rounds is None else f' --rounds {rounds}'}`. "
+        f"Fashion-MNIST 16×16, part B's recorded settings ({PART_B.name}, written at "
+        f"{short_commit(recorded['commit'])}), {rounds} rounds. Global model's test accuracy "
+        "after each round.",
+        "",
+        f"- Config run equals `train_b` at every round (to the last bit): "
+        f"**{'yes' if all(equal) else 'NO'}**",
+        (f"- Rounds equal to the accuracies recorded in {PART_B.name}: "
+         f"{sum(same_as_recorded)} of {len(acc_rec)}; largest difference "
+         f"{result['max_abs_diff_to_recorded']:.2e}"
+         + ("" if first_diff is None else f" (first differing round: {first_diff})")
+         if acc_rec else f"- Not compared with {PART_B.name}: it recorded "
+         f"{recorded['settings']['rounds']} rounds, whose reconfiguration round differs"),
+        f"- Seconds: train_b {t_ref:.0f}, config {t_cfg:.0f}",
+        "",
+        "| round | config | train_b | recorded |",
+        "|---|---|---|---|",
+    ] + [f"| {r} | {a:.4f} | {b:.4f} | {acc_rec[r]:.4f} |" if acc_rec else
+         f"| {r} | {a:.4f} | {b:.4f} | — |" for r, (a, b) in enumerate(zip(acc_cfg, acc_ref))]
+    write_json_and_markdown(args_cli.out, "chu2023_config_vs_part_b", result,
+                            "\n".join(lines) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
