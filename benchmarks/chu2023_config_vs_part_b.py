@@ -74,9 +74,12 @@ def main(argv=None) -> dict:
     args = argparse.Namespace(**recorded["settings"])
     rounds = args_cli.rounds or args.rounds
     args.rounds = rounds
+    # Part B observes rounds 0, R/2 and R − 1 (its rounds axis); both runs here do too.
+    observe = sorted({0, rounds // 2, rounds - 1})
     overrides = [f"training.rounds={rounds}",
                  f"pruning.reconfigure_every={max(rounds // args.reconfigs, 1)}",
-                 "output.progress=false", "output.plots=false", "observer.rounds=[0]"]
+                 "output.progress=false", "output.plots=false",
+                 f"observer.rounds={json.dumps(observe)}"]
     cfg = load_config(str(CONFIG), overrides)
     mismatched = {k: (getattr(args, k), _get(cfg, v)) for k, v in SHARED.items()
                   if getattr(args, k) != _get(cfg, v)}
@@ -86,11 +89,11 @@ def main(argv=None) -> dict:
     ds = load_dataset(args.dataset, image_size=args.image_size)
 
     t0 = time.perf_counter()
-    ref = train_b(args, ds, fl_config(args, recorded["seed"], rounds, [0]), "priprune")
+    ref = train_b(args, ds, fl_config(args, recorded["seed"], rounds, observe), "priprune")
     t_ref = time.perf_counter() - t0
     n_params = ref["n_params"]
     (spec,) = cfg.defenses
-    if abs(spec["lambda_sha"] / (args.lambda_sha * N_PAPER / n_params) - 1) > 1e-4:
+    if spec["lambda_sha"] != args.lambda_sha * N_PAPER / n_params:
         raise SystemExit(f"{CONFIG.name}: lambda_sha {spec['lambda_sha']} is not part B's "
                          f"{args.lambda_sha * N_PAPER / n_params:.6g} for N = {n_params}")
     t0 = time.perf_counter()
