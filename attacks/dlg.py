@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from attacks.api import Reconstruction, register_attack
-from attacks.gradient_inversion import check_inversion_config, run_inversion
+from attacks.gradient_inversion import config_checker, run_inversion
 from fedsim.typing import Observation
 
 DEFAULTS = {"loss": "l2", "tv": 0.0, "optimizer": "lbfgs", "lr": 1.0, "iterations": 300,
@@ -25,13 +25,7 @@ DEFAULTS = {"loss": "l2", "tv": 0.0, "optimizer": "lbfgs", "lr": 1.0, "iteration
             "label_mode": "infer"}
 
 
-def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = None,
-                 algorithm: str | None = None) -> None:
-    """Raise :class:`~attacks.gradient_inversion.AttackConfigError` for a bad
-    ``config``, or one the threat model's ``grants`` (where given) leave short
-    for uploads of ``algorithm`` (``training.algorithm``, where given), before
-    any victim is observed (``fedsim attack`` calls it first)."""
-    check_inversion_config(config, DEFAULTS, grants, algorithm)
+check_config = config_checker(DEFAULTS)
 
 
 def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key

@@ -622,6 +622,21 @@ def check_inversion_config(config: Mapping[str, Any], defaults: Mapping[str, Any
         raise AttackConfigError(_UNKNOWN_BATCH_SIZE)
 
 
+def config_checker(defaults: Mapping[str, Any]) -> Callable[..., None]:
+    """A gradient-matching attack's ``check_config`` over its ``defaults``
+    (:func:`check_inversion_config`)."""
+
+    def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = None,
+                     algorithm: str | None = None) -> None:
+        """Raise :class:`AttackConfigError` for a bad ``config``, or one the threat
+        model's ``grants`` (where given) leave short for uploads of ``algorithm``
+        (``training.algorithm``, where given), before any victim is observed
+        (``fedsim attack`` calls it first)."""
+        check_inversion_config(config, defaults, grants, algorithm)
+
+    return check_config
+
+
 _UNKNOWN_BATCH_SIZE = ("the victim's batch size is unknown: grant 'batch_size' (or 'num_examples') "
                        "in the threat model (attack.grants), or set attack.config.batch_size")
 

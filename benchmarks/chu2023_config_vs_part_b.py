@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import jax
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
