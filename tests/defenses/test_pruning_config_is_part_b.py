@@ -17,17 +17,18 @@ import pytest
 from benchmarks.reproduce_chu2023 import N_PAPER, fl_config, train_b, upload_state
 from fedsim.config import load_config
 from fedsim.simulation import Simulation
-from tests.fedsim.helpers import small_dataset
+from fedsim.data import synthetic_dataset
 
 ROUNDS, RECONFIGS = 4, 2
 
 
 def _args(upload: str) -> argparse.Namespace:
     return argparse.Namespace(
-        dataset="synthetic", partition="dirichlet", image_size=16, b_model="conv2",
+        dataset="synthetic", partition="dirichlet", image_size=8, b_model="conv2",
         clients=6, clients_per_round=3, local_batch=4, lr=0.1, rounds=ROUNDS,
         reconfigs=RECONFIGS, upload=upload, defense_rate=0.3, lambda_acc=1.0,
-        lambda_pri=10.0, lambda_sha=2e-5, tau=0.5, alpha_lr=0.5, alpha_init=0.1)
+        # α starts near ½ so that PriPrune withholds within these few rounds.
+        lambda_pri=10.0, lambda_sha=2e-5, tau=0.5, alpha_lr=0.5, alpha_init=0.45)
 
 
 def _config_defenses(name: str, upload: str, n_params: int) -> str:
@@ -37,20 +38,20 @@ def _config_defenses(name: str, upload: str, n_params: int) -> str:
         return f"[{{name: prune_largest, p: 0.3, pseudo: true, upload: {upload}}}]"
     return (f"[{{name: priprune, lambda_acc: 1.0, lambda_pri: 10.0, "
             f"lambda_sha: {2e-5 * N_PAPER / n_params!r}, tau: 0.5, alpha_lr: 0.5, "
-            f"alpha_init: 0.1, upload: {upload}}}]")
+            f"alpha_init: 0.45, upload: {upload}}}]")
 
 
-SLOW = pytest.mark.slow  # ~30 s each on 2 cores (two federations, two compiles each)
-
-
+# 40-100 s each on 2 cores (two federations, each compiled twice): slow. The fast
+# suite covers the pieces: test_priprune_config (a config run is the library
+# run) and test_pruning_fl_config (PruneFL's masks follow prunefl_reprune).
+@pytest.mark.slow
 @pytest.mark.parametrize("name,upload", [
-    pytest.param("none", "weights", marks=SLOW),
-    pytest.param("largest_pseudo", "weights", marks=SLOW),
+    ("none", "weights"), ("largest_pseudo", "weights"),
     ("priprune", "weights"),  # the paper's headline: PriPrune on PruneFL, weight uploads
-    pytest.param("priprune", "update", marks=SLOW),
+    ("priprune", "update"),
 ])
 def test_a_pruned_config_run_ends_where_part_b_ends(name, upload):
-    ds = small_dataset(n=200)
+    ds = synthetic_dataset(seed=0, image_size=8, num_train=200, num_test=50)
     args = _args(upload)
     cfg = fl_config(args, 0, ROUNDS, [0])
     ref = train_b(args, ds, cfg, name)
@@ -80,3 +81,5 @@ def test_a_pruned_config_run_ends_where_part_b_ends(name, upload):
     same(state.opt_state, ref["state"].opt_state)
     if name != "none":
         same(state.client_states["upload"], upload_state(ref["state"].client_states, name))
+        withheld = jax.tree_util.tree_leaves(state.client_states["upload"]["withheld"])
+        assert any(np.any(np.asarray(w) > 0) for w in withheld)  # the defense did withhold
