@@ -86,12 +86,16 @@ def _cmd_report(args) -> int:
     summary = read_json_object(summary_path)
     rows = read_metrics(run_dir / "metrics.jsonl")
     print(json.dumps(summary, indent=2))
-    print(f"{'round':>6} {'train_loss':>11} {'test_acc':>9} {'seconds':>8}")
+    extra = _extra_columns(rows)
+    print(f"{'round':>6} {'train_loss':>11} {'test_acc':>9} {'seconds':>8}"
+          + "".join(f" {k:>{max(len(k), 10)}}" for k in extra))
     for r in rows:
         acc = r.get("test_accuracy")
         print(f"{r['round']:>6} {_number(r['train_loss']):>11.4f} "
               f"{'' if acc is None else f'{_number(acc):.4f}':>9} "
-              f"{_number(r.get('seconds', 0)):>8.2f}")
+              f"{_number(r.get('seconds', 0)):>8.2f}"
+              + "".join(f" {'' if k not in r else f'{_number(r[k]):.4g}':>{max(len(k), 10)}}"
+                        for k in extra))
     if rows:
         plot_learning_curve(rows, run_dir / "learning_curve.png")
     attack_path = run_dir / "attack_summary.json"
@@ -110,6 +114,23 @@ def _cmd_report(args) -> int:
                   + _metric_columns(v))
         print(f"{'mean':>13} " + _metric_columns(mean))
     return 0
+
+
+# metrics.jsonl keys every run has (the table's first columns, or not per-round numbers).
+_BASE_ROW_KEYS = {"round", "train_loss", "test_accuracy", "test_loss", "seconds", "clients",
+                  "skipped_clients"}
+
+
+def _extra_columns(rows: list[dict]) -> list[str]:
+    """The numeric keys a defense's round callbacks added to the rows (``epsilon``,
+    ``leakage_total``, ``priprune_rate``, ...), in the order they first appear."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        for k, v in r.items():
+            if k not in _BASE_ROW_KEYS and isinstance(v, (int, float)) \
+                    and not isinstance(v, bool):
+                seen.setdefault(k)
+    return list(seen)
 
 
 def _number(value) -> float:

@@ -107,6 +107,23 @@ def test_report_command(tmp_path, capsys):
     assert capsys.readouterr().out == (sweep / "results.md").read_text()
 
 
+def test_report_shows_what_a_defense_logged_each_round(tmp_path, capsys):
+    """epsilon (DP), priprune_rate (PriPrune), ...: a column each, blank where absent."""
+    (tmp_path / "summary.json").write_text('{"test_accuracy": 0.5}')
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"round": 0, "train_loss": 1.0, "seconds": 1.0, "dp_mechanism": "gaussian", '
+        '"epsilon": 0.25, "clients": 3}\n'
+        '{"round": 1, "train_loss": 0.5, "seconds": 1.0, "epsilon": 0.5, '
+        '"priprune_rate": 0.0375, "test_accuracy": 0.75}\n')
+    assert main(["report", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["round"])
+    assert lines[head].split() == ["round", "train_loss", "test_acc", "seconds", "epsilon",
+                                   "priprune_rate"]
+    assert lines[head + 1].split() == ["0", "1.0000", "1.00", "0.25"]
+    assert lines[head + 2].split() == ["1", "0.5000", "0.7500", "1.00", "0.5", "0.0375"]
+
+
 def test_metrics_files_are_read_strictly_but_a_torn_last_line_is_forgiven(tmp_path, capsys):
     from fedsim.results import RunFileError, read_metrics
 
