@@ -90,11 +90,11 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     ref = train_b(args, ds, fl_config(args, recorded["seed"], rounds, observe), "priprune")
     t_ref = time.perf_counter() - t0
-    n_params = ref["n_params"]
     (spec,) = cfg.defenses
-    if spec["lambda_sha"] != args.lambda_sha * N_PAPER / n_params:
-        raise SystemExit(f"{CONFIG.name}: lambda_sha {spec['lambda_sha']} is not part B's "
-                         f"{args.lambda_sha * N_PAPER / n_params:.6g} for N = {n_params}")
+    if (spec["lambda_sha"], spec.get("reference_size")) != (args.lambda_sha, N_PAPER):
+        raise SystemExit(f"{CONFIG.name}: lambda_sha {spec['lambda_sha']} for reference_size "
+                         f"{spec.get('reference_size')} is not part B's {args.lambda_sha} "
+                         f"for N_PAPER = {N_PAPER}")
     t0 = time.perf_counter()
     acc_cfg = config_run(cfg, ds)
     t_cfg = time.perf_counter() - t0

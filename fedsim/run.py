@@ -61,6 +61,9 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     log_line = ((lambda text, echo=True: _log_line(out, text, quiet or not echo)) if primary
                 else (lambda text, echo=True: None))
     log_line(sim.strategy_reason)
+    note = pruning_schedule_note(cfg)
+    if note is not None:
+        log_line(note)
     state, start = sim.init_state(), 0
     ckpt = checkpoint.Checkpointer(ckpt_dir) if every else None
     if meta is not None:
@@ -154,6 +157,24 @@ def _run_rounds(cfg, sim, state, start, log, ckpt, watch, progress, on_round, ac
             log_line(f"{error}", echo=False)  # the command prints it as it exits
             raise error
     return state, acc, loss
+
+
+def pruning_schedule_note(cfg: Config) -> str | None:
+    """A warning when ``training.rounds`` cuts the mask schedule of ``cfg.pruning``
+    short (fewer masks than ``pruning.reconfigurations``: PruneFL then never
+    reaches its rate p); None when the run makes every mask. Not an error: a
+    finished run may be extended to more rounds later."""
+    pc, rounds = cfg.pruning, cfg.training.rounds
+    if pc.scheme is None or pc.reconfigurations == 1:
+        return None
+    made = min(pc.reconfigurations, -(-rounds // pc.reconfigure_every))
+    if made == pc.reconfigurations:
+        return None
+    return (f"warning: pruning: {rounds} rounds make {made} of the "
+            f"{pc.reconfigurations} masks pruning.reconfigurations asks for (one every "
+            f"{pc.reconfigure_every} rounds, the last at round "
+            f"{(pc.reconfigurations - 1) * pc.reconfigure_every}); {pc.scheme} stops short of "
+            "its schedule")
 
 
 def _call_round_callback(cb, round_idx: int, row: dict, state) -> dict | None:

@@ -53,6 +53,8 @@ mean |g| of its layer. L_pri is normalised, λ_sha·Σα is not, so the same λ'
 mean a different threshold for a different N; the reproduction scales λ_sha
 by N_paper/N (FEMNIST Conv-2, N_paper = 6.6·10⁶) to keep the paper's
 threshold (6.6× the layer mean for λ_pri = 10, λ_sha = 2e-5).
+``PriPruneConfig.reference_size`` = N_paper makes the client update do that
+scaling for whatever model it trains.
 
 Base pruning is composed through the engine's "layer" defense (e.g.
 :func:`defenses.pruning.global_mask.masked_gradient`): pruned weights get no
@@ -91,9 +93,17 @@ class PriPruneConfig:
     alpha_init: float = 0.1
     upload: str = "update"
     alpha_state: str = "persist"
+    # λ_sha is meant for a model of this many parameters: the client update uses
+    # λ_sha · reference_size / N for its model's N (module docstring, "Balance
+    # point"); None: λ_sha as given.
+    reference_size: int | None = None
 
     def __post_init__(self):
         check_upload(self.upload)
+        r = self.reference_size
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 1):
+            raise ValueError(f"priprune reference_size must be a positive integer (a model's "
+                             f"parameter count) or absent, got {r!r}")
         if self.alpha_state not in ("persist", "fresh"):
             raise ValueError(f"priprune alpha_state must be 'persist' or 'fresh', got "
                              f"{self.alpha_state!r}")
@@ -147,7 +157,8 @@ def priprune_defense(hp: PriPruneConfig) -> Defense:
 @register_defense("priprune")
 def priprune(lambda_acc: float = 1.0, lambda_pri: float = 10.0, lambda_sha: float = 2e-5,
              tau: float = 0.5, alpha_lr: float = 0.1, alpha_init: float = 0.1,
-             upload: str = "update", alpha_state: str = "persist") -> Defense:
+             upload: str = "update", alpha_state: str = "persist",
+             reference_size: int | None = None) -> Defense:
     """PriPrune for configs: ``defenses: [{name: priprune, ...}]`` (Alg 3, Eq 6–8).
 
     :func:`priprune_defense` carrying :func:`priprune_client_update` as its
@@ -158,12 +169,13 @@ def priprune(lambda_acc: float = 1.0, lambda_pri: float = 10.0, lambda_sha: floa
     other "upload", "data" or "example" defenses (a ConfigError names them).
     The arguments are :class:`PriPruneConfig`'s. λ_sha is not normalised by the
     model size (module docstring, "Balance point"): to keep the paper's
-    threshold on a model of N parameters, pass λ_sha·N_paper/N, as
-    ``benchmarks/reproduce_chu2023.py`` does.
+    threshold on a model of N parameters, give the paper's λ_sha with
+    ``reference_size`` = N_paper (FEMNIST Conv-2: 6,603,710), and the client
+    update uses λ_sha·N_paper/N, as ``benchmarks/reproduce_chu2023.py`` does.
     """
     hp = PriPruneConfig(lambda_acc=lambda_acc, lambda_pri=lambda_pri, lambda_sha=lambda_sha,
                         tau=tau, alpha_lr=alpha_lr, alpha_init=alpha_init, upload=upload,
-                        alpha_state=alpha_state)
+                        alpha_state=alpha_state, reference_size=reference_size)
     return priprune_defense(hp)._replace(local_training=priprune_client_update(hp))
 
 
@@ -209,6 +221,10 @@ def priprune_client_update(hp: PriPruneConfig):
 
         def client_update(global_params, data: CohortData, client_state, key) -> ClientOutput:
             cs = dict(client_state)
+            lambda_sha = hp.lambda_sha
+            if hp.reference_size is not None:  # N is static: the model's shapes
+                n = sum(l.size for l in jax.tree_util.tree_leaves(global_params))
+                lambda_sha = hp.lambda_sha * hp.reference_size / n
             k_begin, k_order, k_steps, k_up = jax.random.split(key, 4)
             params, cs["upload"] = up.begin_round(global_params, cs["upload"], key=k_begin)
             epochs = settings.num_steps // spe
@@ -247,7 +263,7 @@ def priprune_client_update(hp: PriPruneConfig):
                         acc = masked_mean_loss(apply_fn, shared, x, y, mask)
                         pri = privacy_loss(th, jax.lax.stop_gradient(g))
                         sha = sum(jnp.sum(jax.nn.sigmoid(t)) for t in jax.tree_util.tree_leaves(th))
-                        return hp.lambda_acc * acc + hp.lambda_pri * pri + hp.lambda_sha * sha
+                        return hp.lambda_acc * acc + hp.lambda_pri * pri + lambda_sha * sha
 
                     gt = jax.grad(objective)(theta)
                     upd_t, new_a = alpha_tx.update(gt, a_state, theta)

@@ -110,6 +110,8 @@ def test_what_priprune_cannot_run_with_is_named(extra, match):
     ("lambda_pri: true", "priprune lambda_pri must be a finite number, got True"),
     ("upload: grads", "upload must be one of"),
     ("lambda_privacy: 1.0", "bad arguments"),
+    ("reference_size: 0", "reference_size must be a positive integer"),
+    ("reference_size: 1.5e6", "reference_size must be a positive integer"),
 ])
 def test_bad_priprune_settings_are_named(hp, match):
     cfg = small_config(defenses=f"[{{name: priprune, {hp}}}]")
@@ -163,8 +165,28 @@ def test_the_priprune_on_prunefl_config_is_part_bs_setting():
     n = sum(int(np.prod(l.shape)) for l in jax.tree_util.tree_leaves(params))
     (spec,) = cfg.defenses
     assert spec["name"] == "priprune"
-    # Exactly: with λ_sha rounded to 5 digits the run left part B's numbers once
-    # PriPrune began to withhold (round 7 of benchmarks/chu2023_config_vs_part_b.py).
-    assert spec["lambda_sha"] == 2e-5 * N_PAPER / n
+    assert spec["lambda_sha"] == 2e-5 and spec["reference_size"] == N_PAPER
+    assert n != N_PAPER  # the scaling matters here
     assert (cfg.pruning.scheme, cfg.pruning.reconfigurations * cfg.pruning.reconfigure_every) \
         == ("prunefl", cfg.training.rounds)
+
+
+def test_reference_size_scales_lambda_sha_by_the_models_size_as_the_reproduction_does():
+    """λ_sha with reference_size R trains as λ_sha·R/N given outright (the
+    reproduction's λ_sha·N_PAPER/N, the same float), N the model's size."""
+    ds = small_dataset()
+    base = small_config(**OBSERVED, **{"pruning.scheme": "random", "pruning.p": 0.3})
+    params = Simulation(base, dataset=ds).init_state().params
+    n = sum(int(np.prod(l.shape)) for l in jax.tree_util.tree_leaves(params))
+    hp = {**HP, "lambda_pri": 1.0}
+    finals = []
+    for spec in ({"lambda_sha": 0.05, "reference_size": 3 * n},
+                 {"lambda_sha": 0.05 * (3 * n) / n},
+                 {"lambda_sha": 0.05}):
+        cfg = small_config(**OBSERVED, **{"pruning.scheme": "random", "pruning.p": 0.3,
+                                          "defenses": _defenses(**hp, **spec)})
+        sim = Simulation(cfg, dataset=ds)
+        finals.append(_rounds(sim, sim.init_state())[0].client_states["upload"]["theta"])
+    same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(
+        jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+    assert same(finals[0], finals[1]) and not same(finals[0], finals[2])

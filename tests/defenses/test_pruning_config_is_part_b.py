@@ -36,9 +36,10 @@ def _config_defenses(name: str, upload: str, n_params: int) -> str:
         return "[]"
     if name == "largest_pseudo":
         return f"[{{name: prune_largest, p: 0.3, pseudo: true, upload: {upload}}}]"
-    return (f"[{{name: priprune, lambda_acc: 1.0, lambda_pri: 10.0, "
-            f"lambda_sha: {2e-5 * N_PAPER / n_params!r}, tau: 0.5, alpha_lr: 0.5, "
-            f"alpha_init: 0.45, upload: {upload}}}]")
+    del n_params  # PriPrune scales λ_sha by N_PAPER / N itself (reference_size)
+    return (f"[{{name: priprune, lambda_acc: 1.0, lambda_pri: 10.0, lambda_sha: 2.0e-5, "
+            f"reference_size: {N_PAPER}, tau: 0.5, alpha_lr: 0.5, alpha_init: 0.45, "
+            f"upload: {upload}}}]")
 
 
 # 40-100 s each on 2 cores (two federations, each compiled twice): slow. The fast

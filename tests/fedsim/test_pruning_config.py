@@ -317,3 +317,15 @@ def test_only_an_iterative_scheme_is_reconfigured(alternate, shrinking):
         small_config(**{**RECONF, "pruning.scheme": "alternate"})
     with pytest.raises(ConfigError, match=r"'pruning.reconfigure_every'"):
         small_config(**{**RECONF, "pruning.reconfigure_every": 0})
+
+
+def test_a_run_too_short_for_its_mask_schedule_says_so(shrinking, tmp_path):
+    from fedsim.run import pruning_schedule_note, run_simulation
+
+    cfg = small_config(**{**RECONF, "training.rounds": 3, "output.dir": str(tmp_path)})
+    run_simulation(cfg, sim=Simulation(cfg, dataset=small_dataset()), quiet=True)
+    assert ("warning: pruning: 3 rounds make 2 of the 3 masks pruning.reconfigurations asks "
+            "for (one every 2 rounds, the last at round 4); shrinking stops short of its "
+            "schedule") in (tmp_path / "run.log").read_text()
+    assert pruning_schedule_note(small_config(**{**RECONF, "training.rounds": 5})) is None
+    assert pruning_schedule_note(small_config(**{"pruning.scheme": "alternate"})) is None
