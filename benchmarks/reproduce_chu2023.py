@@ -62,7 +62,7 @@ from defenses.pruning.schemes import (SCHEMES, initial_mask, one_shot_mask, prun
                                       prunefl_reprune)
 from fedsim.client import masked_mean_loss
 from fedsim.config import load_config
-from fedsim.hooks import chain
+from fedsim.hooks import chain, mask_start
 from fedsim.keys import ENGINE_INIT, experiment_key, numpy_generator
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.observer import restrict
@@ -420,12 +420,13 @@ def label_mix(sim, cid, num_classes):
     return np.bincount(y[m], minlength=num_classes) / max(int(m.sum()), 1)
 
 
-def client_model_accuracy(sim, state, name, ds, rounds, max_clients=20):
+def client_model_accuracy(sim, state, name, ds, rounds, max_clients=20, mask=None):
     """Accuracies of the models the clients train from next round.
 
     With Pseudo-Pruning (and PriPrune) a client's model is
     w_g ⊙ (1 − m̂) + w_local ⊙ m̂ (its withheld weights stay on the client,
-    §5 Insight 2); without it the client restarts from the global model, so
+    §5 Insight 2), times the global ``mask`` when one is given (``pseudo_start``
+    masked); without it the client restarts from the global model, so
     its model is the global one. Evaluated for the first ``max_clients``
     clients (by id) that took part in some round — the same clients for every
     defense (the cohorts depend on the seed only). Returns ``global``: the
@@ -447,6 +448,8 @@ def client_model_accuracy(sim, state, name, ds, rounds, max_clients=20):
         if pseudo:
             cs = jax.tree_util.tree_map(lambda a: a[c], st)
             start, _ = pseudo_pruning_begin(state.params, cs)
+            if mask is not None:
+                start = apply_mask(start, mask)
             accs.append(sim.evaluate(start)[0])
             local.append(float(h @ per_class_accuracy(sim, start, ds)))
         else:
@@ -465,10 +468,24 @@ def part_b_attack_key(seed: int) -> jax.Array:
     return experiment_key(seed, PART_B_ATTACK_STREAM)
 
 
+#: What a Pseudo-Pruning (and PriPrune) client's start model holds at a weight it
+#: withheld that the server has pruned since (PruneFL re-prunes): ``masked`` — 0,
+#: a pruned weight is in no model a client trains (the engine's pruned FL,
+#: ``fedsim.hooks.mask_around``, since Nov 27 2026); ``kept`` — its old local value,
+#: which its masked gradient then never moves (part B's runs before that).
+PSEUDO_STARTS = ("masked", "kept")
+
+
+def pseudo_start_of(args) -> str:
+    """``args.pseudo_start``; ``kept`` for settings recorded before the option existed."""
+    return getattr(args, "pseudo_start", "kept")
+
+
 def train_b(args, ds, cfg, name):
     """Part B's federation under defense ``name``: PruneFL (p = 0.3, re-pruned
     ``args.reconfigs`` times), the defense on the uploads, ``args.rounds`` rounds,
-    the global mask applied after each (Alg 1 line 11).
+    the global mask applied after each (Alg 1 line 11). With Pseudo-Pruning, the
+    start model follows ``pseudo_start_of(args)`` (:data:`PSEUDO_STARTS`).
 
     Returns ``{"state", "sim", "mask", "observed", "acc_by_round", "rates",
     "n_params"}``: the final state and the simulation that ran the last round,
@@ -500,6 +517,8 @@ def train_b(args, ds, cfg, name):
             else:
                 defs = {"layer": masked_gradient(mask),
                         "upload": chain(*([masked_upload(mask)] + ([d] if d is not None else [])))}
+            if pseudo_start_of(args) == "masked":  # as the engine's pruned FL does
+                defs["upload"] = mask_start(mask, defs["upload"])
             sim = Simulation(cfg, dataset=ds, defenses=defs, **kw)
             if state is None:
                 state = sim.init_state()
@@ -531,7 +550,8 @@ def part_b(args, ds, rows, seed):
         # round to the next; the mean over the last LAST_ROUNDS rounds is the steadier
         # reading (as reproduce_sun2021 reports accuracy).
         acc_last = float(np.mean(acc_by_round[-LAST_ROUNDS:]))
-        cm = client_model_accuracy(sim, state, name, ds, R)
+        cm = client_model_accuracy(sim, state, name, ds, R, mask=(
+            run["mask"] if pseudo_start_of(args) == "masked" else None))
         cacc = cm["global"]
         mean_rate = None
         if name == "priprune":
@@ -983,7 +1003,7 @@ def _same_b_settings(other: dict, main: dict, skip_extra=()) -> str:
     skip = {"seed", "parts", "combine", "out", "tag", *skip_extra}
     # Options added after a run was made are absent from its settings: their default then.
     defaults = {"a_trained_rounds": 0, "upload": "weights", "a_protocol": "pruned_model",
-                "dataset": DEFAULT_DATASET, "partition": "dirichlet"}
+                "dataset": DEFAULT_DATASET, "partition": "dirichlet", "pseudo_start": "kept"}
     get = lambda s, k: s.get(k, defaults.get(k))
     diff = [k for k in sorted(set(other) | set(main)) if k not in skip
             and get(other, k) != get(main, k)]
@@ -1664,6 +1684,12 @@ def main(argv=None):
                          "uploads weights, Pseudo-Pruning and PriPrune updates (upload_of), or "
                          "'sender': updates, averaged per coordinate over the clients that sent "
                          "it (training.aggregation=sender_mean)")
+    ap.add_argument("--pseudo-start", choices=PSEUDO_STARTS, default="masked",
+                    help="parts B-D with Pseudo-Pruning or PriPrune: a weight a client withheld "
+                         "and PruneFL pruned since is 0 in the client's next start model "
+                         "(masked, as the engine does) or keeps its old local value (kept, as "
+                         "part B's runs recorded before Nov 27 2026 did; their settings have "
+                         "no pseudo_start)")
     ap.add_argument("--a-trained-rounds", type=int, default=0, metavar="R",
                     help="part A: train each pruned Conv-2 by FedAvg for R rounds (part B's "
                          "clients, the scheme's mask fixed) and attack uploads at the trained "

@@ -329,9 +329,17 @@ def mask_around(mask: PyTree, defense: Defense) -> Defense:
     It sees the masked value, and what it puts on pruned coordinates (noise, a
     replaced layer gradient) is taken off again, as the server's mask would
     (Alg 1 line 11). The mask is stateless and keyless, so the result keeps
-    ``defense``'s state, key, ``begin_round`` and ``local_training`` as they
-    are: a defense that brings its own local training (PriPrune) still finds
-    its state where it put it.
+    ``defense``'s state, key and ``local_training`` as they are: a defense that
+    brings its own local training (PriPrune) still finds its state where it
+    put it.
+
+    A ``begin_round`` (Pseudo-Pruning's start model, which puts the client's
+    withheld weights back) is masked too: a pruned weight is 0 in every model
+    a client trains. With a fixed mask this changes nothing (a withheld weight
+    was never pruned); when the server prunes again during training
+    (PruneFL, FedDST) it keeps a weight the client withheld before it was
+    pruned from coming back into the client's forward pass, where its masked
+    gradient would leave it at its old value for good.
     """
     _check_stage(defense.stage)
 
@@ -339,4 +347,22 @@ def mask_around(mask: PyTree, defense: Defense) -> Defense:
         value, state = defense.apply(_masked(value, mask), state, key=key, context=context)
         return _masked(value, mask), state
 
-    return defense._replace(apply=apply, name=f"{defense.name}+global_mask")
+    return mask_start(mask, defense)._replace(apply=apply, name=f"{defense.name}+global_mask")
+
+
+def mask_start(mask: PyTree, defense: Defense) -> Defense:
+    """``defense`` with the start model its ``begin_round`` makes multiplied by ``mask``.
+
+    Everything else (apply, state, name) is left as it is; a defense without
+    ``begin_round`` is returned unchanged. See :func:`mask_around` for why a
+    pruned weight must not re-enter a client's start model.
+    """
+    if defense.begin_round is None:
+        return defense
+    begin = defense.begin_round
+
+    def begin_round(global_params, state, *, key=None, context=None):
+        start, state = begin(global_params, state, key=key, context=context)
+        return _masked(start, mask), state
+
+    return defense._replace(begin_round=begin_round)

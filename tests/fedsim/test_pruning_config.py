@@ -275,6 +275,29 @@ def test_the_server_step_keeps_a_newly_pruned_weight_at_zero(shrinking):
     assert any(np.any(np.asarray(t)[p] != 0) for t, p in zip(momentum, pruned_late))
 
 
+def test_a_weight_withheld_before_it_was_pruned_does_not_come_back(shrinking):
+    """Pseudo-Pruning keeps withheld weights on the client and puts them back
+    into its next start model. A weight the client withheld and the server then
+    pruned must not come back: its gradient is masked, so it would sit at its
+    old value in the client's forward pass from then on."""
+    cfg = small_config(**{**RECONF, "training.clients_per_round": 6, "training.rounds": 3})
+    upload = hooks.build_defense("prune_largest", p=0.5, pseudo=True)
+    sim = Simulation(cfg, dataset=small_dataset(), defenses={"upload": upload}, donate=True)
+    state = sim.init_state()
+    for r in range(3):
+        state, _ = sim.run_round(state, r)
+    local = state.client_states["upload"]["local"]
+    withheld = state.client_states["upload"]["withheld"]
+    newly = [(np.asarray(m0) == 1) & (np.asarray(m) == 0) for m0, m in zip(
+        jax.tree_util.tree_leaves(shrinking[1]["mask"]),
+        jax.tree_util.tree_leaves(sim.global_mask))]
+    assert any(np.any(p) for p in newly)
+    for leaf, m in zip(jax.tree_util.tree_leaves(local), jax.tree_util.tree_leaves(
+            sim.global_mask)):  # every client's local model after the round
+        assert np.all(np.asarray(leaf)[:, np.asarray(m) == 0] == 0)
+    assert any(np.any(np.asarray(w) == 1) for w in jax.tree_util.tree_leaves(withheld))
+
+
 def test_a_run_resumed_after_a_reconfiguration_goes_on_with_that_mask(shrinking, tmp_path):
     from fedsim.run import run_simulation
 
