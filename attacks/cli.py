@@ -292,24 +292,32 @@ def _scored(victims: list[dict]) -> dict:
     return {k: int(sum(not np.isnan(v[k]) for v in victims)) for k in ATTACK_MEANS}
 
 
-def _left_out(summary: dict) -> str:
-    """A note of the metrics whose mean leaves NaN-scored victims out ("" if none)."""
+def _short_means(summary: dict) -> str:
+    """The metrics whose mean leaves NaN-scored victims out, e.g. "nmi over 2 of 3"
+    ("" if none; summaries written before ``scored`` existed give "")."""
     n = len(summary["victims"])
     short = {k: c for k, c in summary.get("scored", {}).items() if c < n}
-    if not short:
-        return ""
-    return " (NaN scores left out: " + ", ".join(
-        f"{k} over {c} of {n}" for k, c in short.items()) + ")"
+    return ", ".join(f"{k} over {c} of {n}" for k, c in short.items())
 
 
-# A sweep's table: the simulation's columns, then the attack's means over victims.
-ATTACK_TABLE_FIELDS = TABLE_FIELDS + tuple(f"attack_{k}" for k in ATTACK_MEANS) + ("attack_seconds",)
+def _left_out(summary: dict) -> str:
+    """A note of the metrics whose mean leaves NaN-scored victims out ("" if none)."""
+    short = _short_means(summary)
+    return f" (NaN scores left out: {short})" if short else ""
+
+
+# A sweep's table: the simulation's columns, then the attack's means over victims
+# (and, in a cell where some mean leaves NaN-scored victims out, which and how many).
+ATTACK_TABLE_FIELDS = (TABLE_FIELDS + tuple(f"attack_{k}" for k in ATTACK_MEANS)
+                       + ("attack_seconds", "attack_left_out"))
 
 
 def _sweep_row(simulated: dict, attacked: dict) -> dict:
-    """One sweep cell's summary: the run's, plus ``attack_<mean>`` and ``attack_seconds``."""
+    """One sweep cell's summary: the run's, plus ``attack_<mean>``, ``attack_seconds``
+    and, where a mean is over fewer than all victims, ``attack_left_out``."""
+    short = _short_means(attacked)
     return {**simulated, **{f"attack_{k}": attacked["mean"][k] for k in ATTACK_MEANS},
-            "attack_seconds": attacked["seconds"]}
+            "attack_seconds": attacked["seconds"], **({"attack_left_out": short} if short else {})}
 
 
 def run_attack_sweep(config_path, grid_items: list[str], out_dir,

@@ -308,3 +308,25 @@ def test_a_mean_that_leaves_nan_scores_out_says_over_how_many_victims():
     assert summary["scored"] == {**{k: 3 for k in ATTACK_MEANS}, "nmi": 2}
     assert _left_out(summary) == " (NaN scores left out: nmi over 2 of 3)"
     assert _left_out({**summary, "victims": victims[:2], "scored": _scored(victims[:2])}) == ""
+
+
+def test_an_attack_sweep_table_says_where_a_mean_leaves_victims_out(tmp_path):
+    from attacks.cli import ATTACK_MEANS, ATTACK_TABLE_FIELDS, _means, _scored, _sweep_row
+    from fedsim.sweep import write_table
+
+    victims = [{k: 1.0 for k in ATTACK_MEANS}, {**{k: 3.0 for k in ATTACK_MEANS},
+                                                 "ssim": float("nan")}]
+    attacked = {"victims": victims, "mean": _means(victims), "scored": _scored(victims),
+                "seconds": 1.5}
+    run = {"cell": "a", "status": "done", "seed": 0}
+    short = _sweep_row(run, attacked)
+    full = _sweep_row({**run, "cell": "b", "seed": 1},
+                      {**attacked, "victims": victims[:1], "scored": _scored(victims[:1])})
+    old = _sweep_row({**run, "cell": "c", "seed": 2},  # written before "scored" existed
+                     {k: v for k, v in attacked.items() if k != "scored"})
+    assert short["attack_left_out"] == "ssim over 1 of 2"
+    assert "attack_left_out" not in full and "attack_left_out" not in old
+    write_table(tmp_path, ["seed"], [short, full, old], ATTACK_TABLE_FIELDS)
+    table = (tmp_path / "results.md").read_text().splitlines()
+    assert table[0].endswith("| attack_seconds | attack_left_out |")
+    assert table[2].endswith("| 1.5 | ssim over 1 of 2 |") and table[3].endswith("| 1.5 |  |")
