@@ -60,7 +60,8 @@ def engine(clients: int, repeats: int, strategy: str) -> dict:
     sim = Simulation(cfg, dataset=ds, donate=True)
     state = sim.init_state()
     _, ckey = sim.round_keys(0)
-    cost = sim._run_client.lower(state.params, sim._x, sim._y, sim._idx, jnp.int32(0),
+    cost = sim._run_client.lower(state.params, sim._mask_arg(), sim._x, sim._y, sim._idx,
+                                 jnp.int32(0),
                                  jax.tree_util.tree_map(lambda s: s[0], state.client_states),
                                  ckey).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost

@@ -70,7 +70,8 @@ def cohort_step_bytes(sim, clients: int) -> int | None:
     _, ckey = sim.round_keys(0)
     state = jax.eval_shape(sim.init_state)  # shapes only: nothing allocated
     with sim.numerics():
-        return planned_bytes(sim._cohort_step, state, sim._x, sim._y, sim._idx, ids, ckey)
+        return planned_bytes(sim._cohort_step, state, sim._mask_arg(), sim._x, sim._y, sim._idx,
+                             ids, ckey)
 
 
 def planned_bytes(jitted, *args) -> int | None:

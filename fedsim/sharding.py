@@ -58,27 +58,27 @@ def sharded_cohort_step(run_client: Callable, finish: Callable, mesh: Mesh,
     """The ``sharded`` strategy's cohort step (to be jitted by the caller).
 
     Args:
-      run_client: ``(params, x_all, y_all, idx_all, cid, cstate, ckey) ->
+      run_client: ``(params, gmask, x_all, y_all, idx_all, cid, cstate, ckey) ->
         (ClientOutput, finite)`` for one client (weights already zeroed for
-        non-finite clients).
+        non-finite clients); ``gmask`` is the global pruning mask (``()`` without).
       finish: ``(state, wsum, wtot, ids, new_client_states) -> ServerState``.
       mesh: a mesh with a ``clients`` axis.
       aggregation: ``"mean"`` or ``"sender_mean"`` (:func:`fedsim.server.zero_total`).
 
     Returns:
-      ``step(state, x_all, y_all, idx_all, ids, ckey) -> (new_state, losses,
+      ``step(state, gmask, x_all, y_all, idx_all, ids, ckey) -> (new_state, losses,
       weights, finite)`` with the same contract as the single-device steps.
     """
     n_dev = mesh.shape[CLIENTS]
 
-    def local(params, x_all, y_all, idx_all, ids, valid, cstates, ckey):
+    def local(params, gmask, x_all, y_all, idx_all, ids, valid, cstates, ckey):
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
         wtot0 = zero_total(params, aggregation)
 
         def body(carry, item):
             wsum, wtot = carry
             cid, ok, cs = item
-            out, fin = run_client(params, x_all, y_all, idx_all, cid, cs, ckey)
+            out, fin = run_client(params, gmask, x_all, y_all, idx_all, cid, cs, ckey)
             w = out.num_examples * ok
             wsum = jax.tree_util.tree_map(lambda s, u: s + w * u, wsum, out.update)
             wtot = add_weight(wtot, w, out.update, aggregation)
@@ -87,7 +87,7 @@ def sharded_cohort_step(run_client: Callable, finish: Callable, mesh: Mesh,
         (wsum, wtot), (outs, fin) = jax.lax.scan(body, (zeros, wtot0), (ids, valid, cstates))
         return jax.lax.psum(wsum, CLIENTS), jax.lax.psum(wtot, CLIENTS), outs, fin
 
-    def step(state, x_all, y_all, idx_all, ids, ckey):
+    def step(state, gmask, x_all, y_all, idx_all, ids, ckey):
         C = ids.shape[0]
         pad = (-C) % n_dev
         ids_p = jnp.concatenate([ids, jnp.repeat(ids[:1], pad)])
@@ -95,10 +95,10 @@ def sharded_cohort_step(run_client: Callable, finish: Callable, mesh: Mesh,
         cstates = jax.tree_util.tree_map(lambda s: s[ids_p], state.client_states)
         wsum, wtot, outs, fin = jax.shard_map(
             local, mesh=mesh,
-            in_specs=(P(), P(), P(), P(), P(CLIENTS), P(CLIENTS), P(CLIENTS), P()),
+            in_specs=(P(), P(), P(), P(), P(), P(CLIENTS), P(CLIENTS), P(CLIENTS), P()),
             out_specs=(P(), P(), P(CLIENTS), P(CLIENTS)),
             check_vma=False,
-        )(state.params, x_all, y_all, idx_all, ids_p, valid, cstates, ckey)
+        )(state.params, gmask, x_all, y_all, idx_all, ids_p, valid, cstates, ckey)
         outs = jax.tree_util.tree_map(lambda a: a[:C], outs)
         new_state = finish(state, wsum, wtot, ids, outs.client_state)
         # Everything returned is replicated. Where the cohort divides evenly over

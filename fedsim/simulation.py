@@ -110,6 +110,17 @@ def build_defenses(specs: list[dict]) -> dict[str, Defense]:
         raise ConfigError(f"config key 'defenses': {e}") from None
 
 
+def _defenses_around(own: dict[str, Defense], mask) -> dict[str, Defense]:
+    """``own`` with the global pruning ``mask`` around the layer and upload stages
+    (:func:`fedsim.hooks.mask_around`; :func:`~fedsim.hooks.mask_defense` where the
+    config has no defense of that stage)."""
+    defenses = dict(own)
+    for stage in ("layer", "upload"):
+        defenses[stage] = (mask_around(mask, own[stage]) if stage in own
+                           else mask_defense(mask, stage))
+    return defenses
+
+
 def _local_training(defenses: dict[str, Defense]) -> Callable | None:
     """The ``client_update_factory`` a defense brings (``Defense.local_training``), if any.
 
@@ -275,18 +286,32 @@ class Simulation:
 
     def _build_client_update(self) -> None:
         """``self.client_update`` from the factory given, a defense's own, or the engine's."""
-        given = self._client_update_factory
-        factory = given or _local_training(self.defenses)
-        if factory is None:
-            factory = make_client_update
         try:
-            self.client_update = factory(self.apply_fn, self.client_tx, self.settings,
-                                         self.defenses)
+            self.client_update = self._make_client_update(self.defenses)
         except ValueError as e:
-            if given is not None:  # the caller's own: not the config's
+            if self._client_update_factory is not None:  # the caller's own: not the config's
                 raise
             # A defense's own local training refusing the config's other defenses.
             raise ConfigError(f"config key 'defenses': {e}") from None
+
+    def _make_client_update(self, defenses: dict[str, Defense]) -> Callable:
+        factory = self._client_update_factory or _local_training(defenses)
+        if factory is None:
+            factory = make_client_update
+        return factory(self.apply_fn, self.client_tx, self.settings, defenses)
+
+    def _client_update_around(self, gmask) -> Callable:
+        """The client update with the global mask ``gmask`` (a traced argument of
+        the compiled steps; ``()`` without pruning) around the config's defenses.
+
+        Built while the step traces, so the mask is an input of the compiled
+        step, not a constant in it: a reconfiguration does not compile again,
+        and a large model's mask is not written into the program (a 9M-weight
+        VGG-11 mask made its HLO ~74 MB; benchmarks/pruned_round_step.py).
+        """
+        if not jax.tree_util.tree_leaves(gmask):
+            return self.client_update
+        return self._make_client_update(_defenses_around(self._own_defenses, gmask))
 
     def _prune(self) -> None:
         """Pruned FL from ``cfg.pruning`` (paper 002, Chu et al. 2023, Alg 1).
@@ -335,11 +360,23 @@ class Simulation:
         # and a constant of the compiled step must outlive that.
         self.global_mask = jax.tree_util.tree_map(
             lambda m: jnp.array(m, dtype=jnp.float32, copy=True), mask)
-        self.defenses = dict(self._own_defenses)
-        for stage in ("layer", "upload"):
-            self.defenses[stage] = (mask_around(self.global_mask, self.defenses[stage])
-                                    if stage in self.defenses
-                                    else mask_defense(self.global_mask, stage))
+        self.defenses = _defenses_around(self._own_defenses, self.global_mask)
+        self._placed_mask = None  # the round step's copy (_mask_arg)
+
+    def _mask_arg(self):
+        """The global mask as the compiled steps take it: ``()`` without pruning;
+        replicated over the mesh for the sharded strategy."""
+        if self.global_mask is None:
+            return ()
+        placed = self.__dict__.get("_placed_mask")
+        if placed is None or placed[0] is not self.mesh:
+            if self.mesh is not None:
+                from fedsim import sharding
+                arg = sharding.replicate(self.mesh, self.global_mask)
+            else:
+                arg = self.global_mask
+            placed = self._placed_mask = (self.mesh, arg)
+        return placed[1]
 
     @property
     def _mask_in_state(self) -> bool:
@@ -356,9 +393,9 @@ class Simulation:
         return k if rest == 0 and k < pc.reconfigurations else None
 
     def _reconfigure(self, state: ServerState, k: int) -> ServerState:
-        """Reconfiguration ``k``: the scheme's new mask on the global model, the
-        model masked with it, and the round step compiled again around it (the
-        mask is a constant of the compiled step)."""
+        """Reconfiguration ``k``: the scheme's new mask on the global model, and
+        the model masked with it. The compiled steps take the mask as an input,
+        so nothing compiles again."""
         pc = self.cfg.pruning
         key = jax.random.fold_in(keys.experiment_key(self.cfg.seed, "pruning/reconfigure"), k)
         mask = reconfigure_mask(pc.scheme, state.params, state.mask, pc.p, k=k,
@@ -369,8 +406,7 @@ class Simulation:
 
     def _set_mask(self, mask) -> None:
         self._use_mask(mask)
-        self._build_client_update()
-        self._compile()
+        self._build_client_update()  # the one outside the compiled steps (same shapes)
 
     def adopt(self, state: ServerState) -> None:
         """Take the mask a restored ``state`` carries (a run resumed after a
@@ -482,14 +518,14 @@ class Simulation:
             self._x, self._y, self._idx = self._device_data
 
     def _build_jitted(self):
-        client_update = self.client_update
+        client_update_around = self._client_update_around
         strategy = self.strategy  # fixed at build time: a reused cohort step may be retraced
         weighting = self.cfg.training.weighting
         aggregation = self.cfg.training.aggregation
 
-        def run_client(params, x_all, y_all, idx_all, cid, cstate, ckey):
+        def run_client(params, gmask, x_all, y_all, idx_all, cid, cstate, ckey):
             data = _gather(x_all, y_all, idx_all, cid)
-            out = client_update(params, data, cstate, jax.random.fold_in(ckey, cid))
+            out = client_update_around(gmask)(params, data, cstate, jax.random.fold_in(ckey, cid))
             finite = _all_finite(out.update) & jnp.isfinite(out.loss)
             weight = out.num_examples if weighting == "examples" else jnp.ones_like(out.num_examples)
             weight = jnp.where(finite, weight, 0.0)
@@ -498,31 +534,32 @@ class Simulation:
 
         self._run_client = jax.jit(run_client)
 
-        def run_and_accumulate(params, wsum, wtot, x_all, y_all, idx_all, cid, cstates, ckey):
+        def run_and_accumulate(params, gmask, wsum, wtot, x_all, y_all, idx_all, cid, cstates,
+                               ckey):
             # The loop strategy's per-client step: one dispatch, no host sync.
             cs = jax.tree_util.tree_map(lambda s: s[cid], cstates)
-            out, fin = run_client(params, x_all, y_all, idx_all, cid, cs, ckey)
+            out, fin = run_client(params, gmask, x_all, y_all, idx_all, cid, cs, ckey)
             wsum = jax.tree_util.tree_map(lambda s, u: s + out.num_examples * u, wsum, out.update)
             wtot = add_weight(wtot, out.num_examples, out.update, aggregation)
             return wsum, wtot, out._replace(update=None), fin
 
-        self._run_and_accumulate = jax.jit(run_and_accumulate, donate_argnums=(1, 2))
+        self._run_and_accumulate = jax.jit(run_and_accumulate, donate_argnums=(2, 3))
 
-        def run_and_accumulate_many(params, wsum, wtot, x_all, y_all, idx_all, cids, cstates,
-                                    ckey):
+        def run_and_accumulate_many(params, gmask, wsum, wtot, x_all, y_all, idx_all, cids,
+                                    cstates, ckey):
             # ``len(cids)`` clients one after another in one call (Python-unrolled,
             # same summation order as one call per client): fewer dispatches, and
             # XLA:CPU can overlap independent clients' ops across cores.
             outs, fins = [], []
             for i in range(cids.shape[0]):
-                wsum, wtot, out, fin = run_and_accumulate(params, wsum, wtot, x_all, y_all,
-                                                          idx_all, cids[i], cstates, ckey)
+                wsum, wtot, out, fin = run_and_accumulate(params, gmask, wsum, wtot, x_all,
+                                                          y_all, idx_all, cids[i], cstates, ckey)
                 outs.append(out)
                 fins.append(fin)
             stack = lambda *a: jnp.stack(a)
             return wsum, wtot, jax.tree_util.tree_map(stack, *outs), jnp.stack(fins)
 
-        self._run_and_accumulate_many = jax.jit(run_and_accumulate_many, donate_argnums=(1, 2))
+        self._run_and_accumulate_many = jax.jit(run_and_accumulate_many, donate_argnums=(2, 3))
 
         def finish(state, wsum, wtot, ids, new_cstates):
             mean = mean_update(wsum, wtot)
@@ -541,13 +578,14 @@ class Simulation:
                                              if strategy == "chunked" else None)
         vectorised = (contextlib.nullcontext if group == 1 else models.vmapped_instances)
 
-        def cohort_step(state, x_all, y_all, idx_all, ids, ckey):
+        def cohort_step(state, gmask, x_all, y_all, idx_all, ids, ckey):
             with vectorised():
-                return vectorised_cohort_step(state, x_all, y_all, idx_all, ids, ckey)
+                return vectorised_cohort_step(state, gmask, x_all, y_all, idx_all, ids, ckey)
 
-        def vectorised_cohort_step(state, x_all, y_all, idx_all, ids, ckey):
+        def vectorised_cohort_step(state, gmask, x_all, y_all, idx_all, ids, ckey):
             cstates = jax.tree_util.tree_map(lambda s: s[ids], state.client_states)
-            one = lambda cid, cs: run_client(state.params, x_all, y_all, idx_all, cid, cs, ckey)
+            one = lambda cid, cs: run_client(state.params, gmask, x_all, y_all, idx_all, cid, cs,
+                                             ckey)
             if strategy == "vmap":
                 outs, finite = jax.vmap(one)(ids, cstates)
                 wsum = weighted_sum(outs.update, outs.num_examples)
@@ -670,6 +708,7 @@ class Simulation:
         """
         observed: list[ObservedUpload] = []
         stop = self.cfg.training.on_nonfinite == "stop"
+        gmask = self._mask_arg()
         if self.mesh is not None:
             # The sharded step returns the state replicated over the mesh, while
             # round 0's (from init_state or a checkpoint) sits on one device: a
@@ -686,7 +725,7 @@ class Simulation:
             # up to float rounding between a client alone and under vmap.
             for cid in (int(c) for c in ids if int(c) in observed_ids):
                 cs = jax.tree_util.tree_map(lambda s: s[cid], state.client_states)
-                out, _ = self._run_client(state.params, self._x, self._y, self._idx,
+                out, _ = self._run_client(state.params, gmask, self._x, self._y, self._idx,
                                           jnp.int32(cid), cs, ckey)
                 observed.append(self._observation(out, state.params, cid, round_idx))
         if self.strategy == "loop":
@@ -700,7 +739,7 @@ class Simulation:
                 if len(group) == per_call > 1 and not observed_ids.intersection(
                         int(c) for c in group):
                     wsum, wtot, outs, fins = self._run_and_accumulate_many(
-                        state.params, wsum, wtot, self._x, self._y, self._idx,
+                        state.params, gmask, wsum, wtot, self._x, self._y, self._idx,
                         jnp.asarray(group, jnp.int32), state.client_states, ckey)
                     losses.append(outs.loss)
                     weights.append(outs.num_examples)
@@ -712,14 +751,14 @@ class Simulation:
                 pos += 1
                 if int(cid) in observed_ids:
                     cs = jax.tree_util.tree_map(lambda s: s[cid], state.client_states)
-                    out, fin = self._run_client(state.params, self._x, self._y, self._idx,
-                                                jnp.int32(cid), cs, ckey)
+                    out, fin = self._run_client(state.params, gmask, self._x, self._y,
+                                                self._idx, jnp.int32(cid), cs, ckey)
                     observed.append(self._observation(out, state.params, int(cid), round_idx))
                     wsum, wtot = self._accumulate(wsum, wtot, out.update, out.num_examples)
                 else:
                     wsum, wtot, out, fin = self._run_and_accumulate(
-                        state.params, wsum, wtot, self._x, self._y, self._idx, jnp.int32(cid),
-                        state.client_states, ckey)
+                        state.params, gmask, wsum, wtot, self._x, self._y, self._idx,
+                        jnp.int32(cid), state.client_states, ckey)
                 one = lambda a: jnp.expand_dims(a, 0)
                 losses.append(one(out.loss))
                 weights.append(one(out.num_examples))
@@ -735,7 +774,7 @@ class Simulation:
             if stop and self.donate:
                 state = jax.tree_util.tree_map(jnp.copy, state)
             new_state, losses, weights, finite = self._cohort_step(
-                state, self._x, self._y, self._idx, jnp.asarray(ids), ckey)
+                state, gmask, self._x, self._y, self._idx, jnp.asarray(ids), ckey)
             losses, weights, finite = np.asarray(losses), np.asarray(weights), np.asarray(finite)
             self._raise_if_nonfinite(round_idx, ids, finite, stop)
         return new_state, losses, weights, finite, observed

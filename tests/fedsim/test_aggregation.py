@@ -58,7 +58,8 @@ def test_engine_sender_mean_matches_hand_aggregation_of_the_uploads():
     ups, ws = [], []
     for cid in ids:
         cs = jax.tree_util.tree_map(lambda s: s[cid], state.client_states)
-        out, _ = sim._run_client(state.params, sim._x, sim._y, sim._idx, jnp.int32(cid), cs, ckey)
+        out, _ = sim._run_client(state.params, sim._mask_arg(), sim._x, sim._y, sim._idx,
+                                 jnp.int32(cid), cs, ckey)
         ups.append(out.update)
         ws.append(out.num_examples)
     stack = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *ups)

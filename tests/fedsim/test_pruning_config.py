@@ -123,7 +123,9 @@ def test_the_mask_keeps_the_defenses_state_and_local_training(alternate):
                         stage="upload", name="counting", local_training=factory)
     sim, state, _ = _run(small_config(**{"pruning.scheme": "alternate"}),
                          defenses={"upload": own})
-    assert seen == ["counting+global_mask"]
+    # Built once outside the compiled step and again while it traces (around the
+    # mask it takes as an input): the mask goes around the defense every time.
+    assert seen and set(seen) == {"counting+global_mask"}
     assert set(state.client_states["upload"]) == {"count"}
     assert int(np.sum(np.asarray(state.client_states["upload"]["count"]))) == 6  # 2 rounds × 3
 
@@ -254,6 +256,33 @@ def test_the_server_remakes_the_mask_at_its_rounds_and_every_upload_follows_it(s
     # Reconfiguration k is made on the global model after round 2k − 1, with its own key.
     assert not jax.random.key_data(shrinking[1]["key"]).tolist() == \
         jax.random.key_data(shrinking[2]["key"]).tolist()
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap"])
+def test_the_mask_is_an_input_of_the_compiled_step_not_a_constant(shrinking, strategy):
+    """A reconfiguration changes an input of the round step: nothing compiles
+    again, and the mask is not written into the program (where a large model's
+    mask is tens of MB of HLO)."""
+    cfg = small_config(**{**RECONF, "training.client_parallelism": strategy})
+    sim = Simulation(cfg, dataset=small_dataset(), donate=True)
+    step = sim._run_and_accumulate if strategy == "loop" else sim._cohort_step
+    state = sim.init_state()
+    for r in range(5):  # reconfigurations 1 and 2 at rounds 2 and 4
+        state, _ = sim.run_round(state, r)
+    now = sim._run_and_accumulate if strategy == "loop" else sim._cohort_step
+    assert now is step and step._cache_size() == 1
+
+    dense = Simulation(small_config(), dataset=small_dataset())
+
+    def program(s):
+        st = s.init_state()
+        cs = jax.tree_util.tree_map(lambda a: a[0], st.client_states)
+        return s._run_client.lower(st.params, s._mask_arg(), s._x, s._y, s._idx, jnp.int32(0),
+                                   cs, jax.random.key(0)).as_text()
+
+    entries = sum(m.size for m in jax.tree_util.tree_leaves(sim.global_mask))
+    # An embedded float mask takes ≥ 1 character per entry; the masking ops a few lines.
+    assert len(program(sim)) - len(program(dense)) < entries / 4
 
 
 def test_the_server_step_keeps_a_newly_pruned_weight_at_zero(shrinking):
