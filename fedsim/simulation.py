@@ -357,7 +357,7 @@ class Simulation:
         """Put ``mask`` around the layer and upload defenses (before and after the config's own)."""
         # A copy of its own: the mask a state carries (a restored one, or the
         # state's after a reconfiguration) is donated to the round step with it,
-        # and a constant of the compiled step must outlive that.
+        # and the mask the step takes as its own input (_mask_arg) must outlive that.
         self.global_mask = jax.tree_util.tree_map(
             lambda m: jnp.array(m, dtype=jnp.float32, copy=True), mask)
         self.defenses = _defenses_around(self._own_defenses, self.global_mask)
