@@ -122,3 +122,47 @@ def test_auto_times_sharded_where_one_process_has_several_devices_and_can_choose
     for a, b in zip(out["auto"], out["map"]):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
     assert out["back_mesh"] is None and out["back_devices"] == 1
+
+
+PRUNED_SCRIPT = textwrap.dedent("""
+    import json, jax, numpy as np
+    from tests.fedsim.helpers import small_config, small_dataset
+    from fedsim.simulation import Simulation
+    ds = small_dataset()
+    out = {}
+    for strategy in ("map", "sharded"):
+        # PruneFL re-makes the mask before round 1: the sharded step takes it as an
+        # input replicated over the mesh, like the state.
+        cfg = small_config(**{"training.client_parallelism": strategy,
+                              "training.clients_per_round": 3, "training.rounds": 3,
+                              "pruning.scheme": "prunefl", "pruning.p": 0.5,
+                              "pruning.reconfigurations": 2, "pruning.reconfigure_every": 1})
+        sim = Simulation(cfg, dataset=ds, donate=True)
+        state = sim.init_state()
+        for r in range(3):
+            state, res = sim.run_round(state, r)
+        leaves = jax.tree_util.tree_leaves
+        out[strategy] = {
+            "params": [np.asarray(l).ravel().tolist() for l in leaves(state.params)],
+            "mask": [np.asarray(m).ravel().tolist() for m in leaves(sim.global_mask)],
+            "mesh": None if sim.mesh is None else dict(sim.mesh.shape)}
+    print("RESULT" + json.dumps(out))
+""")
+
+
+def test_a_pruned_run_with_reconfigurations_is_the_same_sharded_over_two_devices():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", PRUNED_SCRIPT], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][0]
+    out = json.loads(line[len("RESULT"):])
+    sharded, single = out["sharded"], out["map"]
+    assert sharded["mesh"] == {"clients": 2} and single["mesh"] is None
+    assert sharded["mask"] == single["mask"]
+    for w, m, w1 in zip(sharded["params"], sharded["mask"], single["params"]):
+        w, m = np.asarray(w), np.asarray(m)
+        assert np.all(w[m == 0] == 0)  # the global model is masked
+        assert np.allclose(w, np.asarray(w1), atol=1e-5, rtol=1e-5)
+    assert 0.4 < np.mean(np.concatenate([np.asarray(m) for m in sharded["mask"]])) < 0.9
