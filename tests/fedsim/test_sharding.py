@@ -10,6 +10,18 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
+def _run_script(script: str, devices: int, **env) -> dict:
+    """Run ``script`` in a fresh process with ``devices`` forced CPU devices and
+    return the JSON it prints after ``RESULT``."""
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), **env)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][0]
+    return json.loads(line[len("RESULT"):])
+
 SCRIPT = textwrap.dedent("""
     import itertools, json, jax, numpy as np
     from tests.fedsim.helpers import random_zeroing_upload, small_config, small_dataset
@@ -42,13 +54,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_four_device_sharded_run_equals_one_device_run():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][0]
-    out = json.loads(line[len("RESULT"):])
+    out = _run_script(SCRIPT, 4)
     assert out["devices"] == 4
     for aggregation in ("mean", "sender_mean"):
         sharded, single = out["sharded/" + aggregation], out["map/" + aggregation]
@@ -105,13 +111,7 @@ def test_auto_times_sharded_where_one_process_has_several_devices_and_can_choose
     from fedsim import calibrate
 
     assert calibrate.strategies_to_time() == calibrate.CANDIDATES  # one device here
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), FEDSIM_CACHE_DIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", AUTO_SCRIPT], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][0]
-    out = json.loads(line[len("RESULT"):])
+    out = _run_script(AUTO_SCRIPT, 4, FEDSIM_CACHE_DIR=str(tmp_path))
     assert out["to_time"] == [*calibrate.CANDIDATES, "sharded"]
     timed = dict(re.findall(r"(loop|vmap|map|chunked|sharded) (\d+\.\d+)",
                             out["timed_reason"].split(": ", 2)[2]))
@@ -151,13 +151,7 @@ PRUNED_SCRIPT = textwrap.dedent("""
 
 
 def test_a_pruned_run_with_reconfigurations_is_the_same_sharded_over_two_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", PRUNED_SCRIPT], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][0]
-    out = json.loads(line[len("RESULT"):])
+    out = _run_script(PRUNED_SCRIPT, 2)
     sharded, single = out["sharded"], out["map"]
     assert sharded["mesh"] == {"clients": 2} and single["mesh"] is None
     assert sharded["mask"] == single["mask"]
