@@ -171,6 +171,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
+    if not models:
+        ap.error("--models names no model")
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    from fedsim.config import ConfigError
+
+    try:  # a bad model name, round count or schedule is named by the config check
+        for m in models:
+            _config(m, args.rounds, True, args.reconfigs, args.every)
+    except ConfigError as e:
+        ap.error(str(e))
     result = {"commit": git_commit(), "device": f"{jax.default_backend()} ({platform.machine()})",
               "models": models, "rounds": args.rounds, "reconfigs": args.reconfigs,
               "every": args.every, "repeats": args.repeats,
