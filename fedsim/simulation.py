@@ -418,6 +418,46 @@ class Simulation:
         if not same:
             self._set_mask(state.mask)
 
+    def use_global_mask(self, mask, state: ServerState) -> ServerState:
+        """Pruned FL from Python with a global mask of your own (paper 002, Alg 1).
+
+        What ``cfg.pruning`` does with a scheme's mask, for a mask made
+        anywhere: from the next round on, ``mask`` goes around the layer and
+        upload defenses (:func:`fedsim.hooks.mask_around`; a Pseudo-Pruning
+        start model included) as an input of the compiled steps, so a new mask
+        compiles nothing again and a large model's mask is not written into the
+        program (``benchmarks/results/pruned_round_step.md``). The returned
+        state holds w ⊙ m and carries m, so the global model is masked after
+        every server step (Alg 1 line 11): no server optimizer state brings a
+        pruned weight back. Call it again with the next mask at a
+        reconfiguration (PruneFL, FedDST); the defenses' client states are
+        kept.
+
+        Args:
+          mask: a pytree like the params with values in {0, 1} (1 = kept).
+          state: the server state to go on from.
+
+        Returns:
+          ``state`` with its params masked and ``mask`` carried.
+
+        Raises:
+          ConfigError: ``cfg.pruning.scheme`` is set (the config makes the masks).
+          ValueError: the mask's structure or a leaf's shape differs from the
+            params', or a value is not 0 or 1 (NaN included).
+        """
+        if self.cfg.pruning.scheme is not None:
+            raise ConfigError(f"config key 'pruning.scheme' ({self.cfg.pruning.scheme}): the "
+                              "config makes the global masks; use_global_mask is for a run "
+                              "without pruning.scheme")
+        _check_global_mask(mask, state.params)
+        self._set_mask(mask)
+        # A stage the run had no defense at now has the mask's (stateless) one.
+        added = {s: d for s, d in self.defenses.items() if s not in state.client_states}
+        return state._replace(params=_apply_mask(state.params, self.global_mask),
+                              client_states={**state.client_states,
+                                             **self._client_states(added, state.params)},
+                              mask=_copy(self.global_mask))
+
     def init_state(self) -> ServerState:
         """The initial server state: fresh model, optimizer, per-client states.
 
@@ -426,11 +466,15 @@ class Simulation:
         params = self._initial_params()
         if self.global_mask is not None:
             params = _apply_mask(params, self.global_mask)
-        one = init_client_state(self.defenses, params)
-        client_states = jax.tree_util.tree_map(
-            lambda s: jnp.broadcast_to(s, (self.num_clients,) + jnp.shape(s)).copy(), one)
         return ServerState(params, self.server_tx.init(params), jnp.zeros((), jnp.int32),
-                           client_states, _copy(self.global_mask) if self._mask_in_state else ())
+                           self._client_states(self.defenses, params),
+                           _copy(self.global_mask) if self._mask_in_state else ())
+
+    def _client_states(self, defenses: dict[str, Defense], params) -> dict:
+        """Every client's initial state of ``defenses`` (a leading client axis)."""
+        one = init_client_state(defenses, params)
+        return jax.tree_util.tree_map(
+            lambda s: jnp.broadcast_to(s, (self.num_clients,) + jnp.shape(s)).copy(), one)
 
     def round_keys(self, round_idx: int):
         rk = jax.random.fold_in(jax.random.fold_in(self.key, ENGINE_ROUNDS), round_idx)
@@ -812,6 +856,30 @@ def _copy(tree):
 def _apply_mask(params, mask):
     """w ⊙ m, leaf by leaf, in each weight's dtype."""
     return jax.tree_util.tree_map(lambda w, m: w * m.astype(w.dtype), params, mask)
+
+
+def _check_global_mask(mask, params) -> None:
+    """Raise ValueError, naming the leaf, unless ``mask`` is a {0, 1} pytree like ``params``."""
+    want, got = jax.tree_util.tree_structure(params), jax.tree_util.tree_structure(mask)
+    if want != got:
+        raise ValueError(f"global mask: its tree structure differs from the params' "
+                         f"(got {got}, want {want})")
+    for path, m in jax.tree_util.tree_flatten_with_path(mask)[0]:
+        w = _leaf_at(params, path)
+        name = jax.tree_util.keystr(path)
+        if np.shape(m) != np.shape(w):
+            raise ValueError(f"global mask{name}: shape {np.shape(m)}, the params' is "
+                             f"{np.shape(w)}")
+        values = np.asarray(m)
+        if not np.isin(values, (0, 1)).all():  # NaN is neither
+            bad = values[~np.isin(values, (0, 1))].ravel()[0]
+            raise ValueError(f"global mask{name}: values must be 0 or 1, found {bad!r}")
+
+
+def _leaf_at(tree, path):
+    for k in path:
+        tree = tree[getattr(k, "key", getattr(k, "idx", None))]
+    return tree
 
 
 def _check_model_fits(model, name: str, input_shape) -> None:

@@ -11,7 +11,12 @@ three pure pieces:
 * :func:`masked_upload` (stage "upload"): Δ ⊙ m, so a pruned coordinate is
   exactly 0 in what the server receives;
 * :func:`apply_global_mask`: the server-side ``params ⊙ m`` after averaging
-  (the round driver in :mod:`defenses.pruning.fl` calls it).
+  (call it on the state after each round).
+
+These close over m, so m is a constant of every compiled step and a new mask
+needs a new ``Simulation``. :meth:`fedsim.simulation.Simulation.use_global_mask`
+does the same with m as an input of the compiled steps (as configs'
+``pruning`` does), for masks that change during training.
 """
 
 from __future__ import annotations

@@ -381,3 +381,74 @@ def test_a_run_too_short_for_its_mask_schedule_says_so(shrinking, tmp_path):
             "schedule") in (tmp_path / "run.log").read_text()
     assert pruning_schedule_note(small_config(**{**RECONF, "training.rounds": 5})) is None
     assert pruning_schedule_note(small_config(**{"pruning.scheme": "alternate"})) is None
+
+
+# --- pruned FL from Python: Simulation.use_global_mask -----------------------
+
+
+def _python_masks(sim, shrinking_calls, state, r, every=2, num=3):
+    """The mask the config run would use from round ``r`` on, made by the same
+    stand-in scheme (k = 0 at round 0, k at round k * every), or None."""
+    scheme, reconfigure = hooks.MASK_SCHEMES["shrinking"], hooks.MASK_RECONFIGURATIONS["shrinking"]
+    if r == 0:
+        return scheme(state.params, 0.3, reconfigurations=num, key=None, apply_fn=None, x=None,
+                      y=None, input_shape=None, synflow_iterations=None)
+    k, rest = divmod(r, every)
+    if rest or k >= num:
+        return None
+    return reconfigure(state.params, sim.global_mask, 0.3, k=k, num=num, key=None)
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap"])
+def test_a_python_run_with_use_global_mask_is_the_config_run(shrinking, strategy):
+    """Masks set from Python at the config's rounds give the config run's
+    uploads, global models and client states, to the bit, and a new mask
+    compiles nothing again."""
+    over = {**OBSERVED, **RECONF, "observer.rounds": "[0, 1, 2, 3, 4, 5]",
+            "training.client_parallelism": strategy}
+    upload = lambda: {"upload": hooks.build_defense("prune_largest", p=0.5, pseudo=True)}
+    config_sim = Simulation(small_config(**over), dataset=small_dataset(), defenses=upload())
+    py_sim = Simulation(small_config(**{k: v for k, v in over.items()
+                                        if not k.startswith("pruning.")}),
+                        dataset=small_dataset(), defenses=upload())
+    a, b = config_sim.init_state(), py_sim.init_state()
+    for r in range(6):
+        mask = _python_masks(py_sim, shrinking, b, r)
+        if mask is not None:
+            b = py_sim.use_global_mask(mask, b)
+        if r == 1:
+            step = py_sim._run_and_accumulate if strategy == "loop" else py_sim._cohort_step
+            compiled = step._cache_size()
+        a, res_a = config_sim.run_round(a, r)
+        b, res_b = py_sim.run_round(b, r)
+        for x, y in zip(jax.tree_util.tree_leaves((a.params, a.client_states, a.mask)),
+                        jax.tree_util.tree_leaves((b.params, b.client_states, b.mask))):
+            np.testing.assert_array_equal(x, y)
+        assert len(res_a.observed) == len(res_b.observed) > 0
+        for oa, ob in zip(res_a.observed, res_b.observed):
+            for x, y in zip(jax.tree_util.tree_leaves(oa.observation.update),
+                            jax.tree_util.tree_leaves(ob.observation.update)):
+                np.testing.assert_array_equal(x, y)
+    assert _density(py_sim.global_mask) < _density(_python_masks(py_sim, shrinking, b, 0))
+    now = py_sim._run_and_accumulate if strategy == "loop" else py_sim._cohort_step
+    assert now is step and step._cache_size() == compiled  # two new masks, no new program
+
+
+def test_use_global_mask_names_a_bad_mask(alternate):
+    sim = Simulation(small_config(), dataset=small_dataset())
+    state = sim.init_state()
+    ones = jax.tree_util.tree_map(jnp.ones_like, state.params)
+    leaves, tree = jax.tree_util.tree_flatten(ones)
+    with pytest.raises(ValueError, match=r"global mask: its tree structure differs"):
+        sim.use_global_mask(leaves, state)
+    bad = jax.tree_util.tree_unflatten(tree, [leaves[0][..., :1]] + leaves[1:])
+    with pytest.raises(ValueError, match=r"global mask\[.*\]: shape .* the params' is"):
+        sim.use_global_mask(bad, state)
+    for value in (0.5, np.nan):
+        bad = jax.tree_util.tree_unflatten(tree, [leaves[0].at[0].set(value)] + leaves[1:])
+        with pytest.raises(ValueError, match=r"global mask\[.*\]: values must be 0 or 1, found"):
+            sim.use_global_mask(bad, state)
+    pruned = Simulation(small_config(**{"pruning.scheme": "alternate"}), dataset=small_dataset())
+    with pytest.raises(ConfigError, match=r"config key 'pruning.scheme' \(alternate\): the "
+                                          r"config makes the global masks"):
+        pruned.use_global_mask(ones, pruned.init_state())
