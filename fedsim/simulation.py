@@ -431,7 +431,9 @@ class Simulation:
         every server step (Alg 1 line 11): no server optimizer state brings a
         pruned weight back. Call it again with the next mask at a
         reconfiguration (PruneFL, FedDST); the defenses' client states are
-        kept.
+        kept. A state restored from a checkpoint carries its mask, but a new
+        ``Simulation`` does not know it: call
+        ``use_global_mask(state.mask, state)`` on it again.
 
         Args:
           mask: a pytree like the params with values in {0, 1} (1 = kept).
