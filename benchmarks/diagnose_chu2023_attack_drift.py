@@ -110,6 +110,9 @@ def markdown(result: dict) -> str:
         "--parts B --pseudo-start kept` (seed 0) in its own process and is compared with "
         f"`{result['record']}` (commit {result['record_commit'][:7]}), row by row.",
         "",
+        "Commits the reruns recorded: " + ", ".join(
+            f"{rule} {result['run_commits'][rule]}" for rule in RULES) + ".",
+        "",
         "| rule | seconds | rows matched | " + " | ".join(
             f"{m}: equal / largest abs. difference" for m in METRICS) + " |",
         "|---|---|---|" + "---|" * len(METRICS),
@@ -147,12 +150,14 @@ def main(argv=None) -> dict:
         ap.error(f"--rounds must be at least 3 (part B observes rounds 0, R/2 and R-1), "
                  f"got {args.rounds}")
     record = json.loads(RECORD.read_text())
+    commit = git_commit()  # before the reruns: the code they load
     runs, seconds = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for rule in RULES:
             runs[rule], seconds[rule] = run_rule(rule, Path(tmp) / rule, args.rounds)
     result = {
-        "commit": short_commit(git_commit()), "device": f"cpu ({platform.machine()})",
+        "commit": short_commit(commit), "device": f"cpu ({platform.machine()})",
+        "run_commits": {rule: runs[rule].get("commit") for rule in RULES},
         "rounds": args.rounds, "record": str(RECORD.relative_to(ROOT)),
         "record_commit": record["commit"], "seconds": seconds,
         "comparison": {rule: compare_rows(record, runs[rule]) for rule in RULES},

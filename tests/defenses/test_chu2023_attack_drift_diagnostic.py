@@ -45,12 +45,13 @@ def test_the_report_puts_each_rules_psnr_beside_the_record():
         (19.274, 19.798, 19.274), (14.75, 15.016, 14.75)]
     result = {"commit": "abc1234", "device": "cpu", "rounds": None,
               "record": "benchmarks/results/chu2023_B.json", "record_commit": "06191dbd",
-              "seconds": {"auto": 1.0, "xla": 2.0},
+              "seconds": {"auto": 1.0, "xla": 2.0}, "run_commits": {"auto": "abc", "xla": "abc"},
               "comparison": {rule: drift.compare_rows(RECORD, runs[rule]) for rule in runs},
               "psnr_by_row": table}
     md = drift.markdown(result)
     assert "| xla | 2 | 2 of 2 | 2 / 0 | 2 / 0 | 2 / 0 |" in md
     assert "| none | sgi | 0 | 0 | 19.274 | 19.798 | 19.274 |" in md
+    assert "Commits the reruns recorded: auto abc, xla abc." in md
 
 
 def test_too_few_rounds_are_refused_by_name(capsys):
