@@ -139,13 +139,27 @@ PRUNED_SCRIPT = textwrap.dedent("""
                               "pruning.reconfigurations": 2, "pruning.reconfigure_every": 1})
         sim = Simulation(cfg, dataset=ds, donate=True)
         state = sim.init_state()
+        used = []  # the mask each round trained under
         for r in range(3):
             state, res = sim.run_round(state, r)
+            used.append(jax.tree_util.tree_map(np.array, sim.global_mask))
         leaves = jax.tree_util.tree_leaves
         out[strategy] = {
             "params": [np.asarray(l).ravel().tolist() for l in leaves(state.params)],
             "mask": [np.asarray(m).ravel().tolist() for m in leaves(sim.global_mask)],
             "mesh": None if sim.mesh is None else dict(sim.mesh.shape)}
+    # The same masks set from Python (Simulation.use_global_mask), sharded.
+    cfg = small_config(**{"training.client_parallelism": "sharded",
+                          "training.clients_per_round": 3, "training.rounds": 3})
+    sim = Simulation(cfg, dataset=ds, donate=True)
+    state = sim.init_state()
+    for r in range(3):
+        if r == 0 or any(np.any(a != b) for a, b in zip(leaves(used[r]), leaves(used[r - 1]))):
+            state = sim.use_global_mask(used[r], state)
+        state, res = sim.run_round(state, r)
+    out["python_sharded"] = {
+        "params": [np.asarray(l).ravel().tolist() for l in leaves(state.params)],
+        "mesh": None if sim.mesh is None else dict(sim.mesh.shape)}
     print("RESULT" + json.dumps(out))
 """)
 
@@ -160,3 +174,5 @@ def test_a_pruned_run_with_reconfigurations_is_the_same_sharded_over_two_devices
         assert np.all(w[m == 0] == 0)  # the global model is masked
         assert np.allclose(w, np.asarray(w1), atol=1e-5, rtol=1e-5)
     assert 0.4 < np.mean(np.concatenate([np.asarray(m) for m in sharded["mask"]])) < 0.9
+    # The config's masks set from Python give the config run, to the bit.
+    assert out["python_sharded"] == {"params": sharded["params"], "mesh": {"clients": 2}}
