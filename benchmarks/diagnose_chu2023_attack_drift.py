@@ -71,7 +71,11 @@ def run_rule(rule: str, out_dir: Path, rounds: int | None) -> tuple[dict, float]
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", _RUN_ONE, rule, *argv], cwd=ROOT, check=True)
     seconds = time.perf_counter() - t0
-    return json.loads((out_dir / "chu2023_B.json").read_text()), seconds
+    result = json.loads((out_dir / "chu2023_B.json").read_text())
+    recorded = result.get("convolution", {}).get("implementation", rule)  # absent before 2026-11-27
+    if recorded != rule:
+        raise RuntimeError(f"the {rule!r} rerun recorded convolution {recorded!r}")
+    return result, seconds
 
 
 def compare_rows(record: dict, run: dict) -> dict:

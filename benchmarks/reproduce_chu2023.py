@@ -64,6 +64,7 @@ from fedsim.client import masked_mean_loss
 from fedsim.config import load_config
 from fedsim.hooks import chain, mask_start
 from fedsim.keys import ENGINE_INIT, experiment_key, numpy_generator
+from fedsim import models
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.observer import restrict
 from fedsim.simulation import Simulation
@@ -1844,6 +1845,7 @@ def main(argv=None):
               "image_size": args.image_size, "dataset": args.dataset,
               "partition": args.partition, "input_shape": list(ds.input_shape),
               "num_classes": ds.num_classes, "stem": stem, "commit": commit,
+              "convolution": models.conv_settings(),
               "device": f"{jax.default_backend()} ({platform.processor() or platform.machine()})",
               "seconds": time.perf_counter() - t0, "settings": {
                   k: v for k, v in vars(args).items() if k not in ("quick",)},

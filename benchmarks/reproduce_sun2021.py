@@ -63,7 +63,8 @@ from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.config import load_config  # noqa: E402
 from fedsim.hooks import Defense, DefenseContext  # noqa: E402
 from fedsim.keys import experiment_key, numpy_generator  # noqa: E402
-from fedsim.models import MODEL_REGISTRY, ConvNet, LeNetDLG, register_model  # noqa: E402
+from fedsim.models import (MODEL_REGISTRY, ConvNet, LeNetDLG, conv_settings,  # noqa: E402
+                           register_model)
 from fedsim.simulation import Simulation  # noqa: E402
 
 PAPER = {
@@ -800,6 +801,7 @@ def main(argv=None):
                 result.pop(key, None)
     for part in parts:
         result["parts_run"][part] = {"command": command, "git_commit": git_commit(),
+                                     "convolution": conv_settings(),
                                      "settings": settings, "complete": False,
                                      "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     grids = {}

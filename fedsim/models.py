@@ -218,6 +218,22 @@ def trace_settings() -> tuple:
     return (CONV_IMPLEMENTATION, IM2COL_MAX_BATCH, VMAPPED_IM2COL_MAX_BATCH, _VMAPPED_DEPTH)
 
 
+def conv_settings() -> dict:
+    """The convolution rule :class:`Conv` traces under now, by name, for a results
+    file: :data:`CONV_IMPLEMENTATION`, :data:`IM2COL_MAX_BATCH` and
+    :data:`VMAPPED_IM2COL_MAX_BATCH`.
+
+    The two paths add the same products in another order, and an attack's
+    hundreds of iterations amplify that: part B of the chu2023 reproduction
+    moved by up to 0.52 dB PSNR per victim between them
+    (``benchmarks/results/chu2023_attack_drift.md``). The commit fixes the
+    rule unless a caller overrides it (:func:`conv_implementation`), so
+    reproductions record it beside the commit.
+    """
+    return {"implementation": CONV_IMPLEMENTATION, "im2col_max_batch": IM2COL_MAX_BATCH,
+            "vmapped_im2col_max_batch": VMAPPED_IM2COL_MAX_BATCH}
+
+
 def conv_implementation(name: str) -> ContextManager[None]:
     """Make :class:`Conv` trace ``name`` ("auto", "xla" or "im2col") inside the block.
 

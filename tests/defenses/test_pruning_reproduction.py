@@ -151,7 +151,10 @@ def test_part_b_smoke_with_sender_mean(tmp_path):
     from benchmarks.reproduce_chu2023 import main
     main(["--smoke", "--parts", "B", "--upload", "sender", "--out", str(tmp_path),
           "--defenses", "none,largest_pseudo"])
-    rows = json.loads((tmp_path / "chu2023_B_sender_uploads.json").read_text())["rows"]
+    result = json.loads((tmp_path / "chu2023_B_sender_uploads.json").read_text())
+    assert result["convolution"] == {"implementation": "auto", "im2col_max_batch": 4,
+                                     "vmapped_im2col_max_batch": 64}
+    rows = result["rows"]
     assert {(r["defense"], r["upload"], r["aggregation"]) for r in rows} == {
         ("none", "update", "sender_mean"), ("largest_pseudo", "update", "sender_mean")}
 

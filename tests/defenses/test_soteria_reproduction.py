@@ -152,6 +152,7 @@ def test_smoke_pipeline_writes_seeded_rows_and_the_exact_check(tmp_path):
         assert len(r["accuracy_seeds"]) == len(r["fl_seeds"]) == 2
         assert len(r["mse_per_victim"]) == 2 and r["train_stage"] in (None, "layer")
     assert res["parts_run"]["dlg"]["complete"] and res["parts_run"]["exact"]["complete"]
+    assert res["parts_run"]["dlg"]["convolution"]["implementation"] == "auto"
     assert set(res["exact_check"]["runs"]) == {"none", "sketch", "exact"}
     assert res["acceptance"]["dlg"]["verdict"].startswith("VACUOUS")  # 2 rounds: at chance
     assert "Verdict" in (tmp_path / "sun2021.md").read_text()

@@ -215,6 +215,12 @@ def test_conv_implementation_block_sets_and_restores_and_rejects_bad_names():
             assert models.CONV_IMPLEMENTATION == "xla"
             raise RuntimeError("inside")
     assert models.CONV_IMPLEMENTATION == before == "auto"
+    # What a results file records follows the block.
+    assert models.conv_settings()["implementation"] == "auto"
+    with models.conv_implementation("xla"), models.im2col_max_batch(7):
+        assert models.conv_settings() == {"implementation": "xla", "im2col_max_batch": 7,
+                                          "vmapped_im2col_max_batch":
+                                              models.VMAPPED_IM2COL_MAX_BATCH}
     for bad in ("XLA", "lax", None, 0):
         with pytest.raises(ValueError, match="conv_implementation: name must be one of"):
             with models.conv_implementation(bad):
