@@ -866,8 +866,9 @@ def _check_global_mask(mask, params) -> None:
     if want != got:
         raise ValueError(f"global mask: its tree structure differs from the params' "
                          f"(got {got}, want {want})")
-    for path, m in jax.tree_util.tree_flatten_with_path(mask)[0]:
-        w = _leaf_at(params, path)
+    # Equal structures: the params' leaves come in the mask's order.
+    for (path, m), w in zip(jax.tree_util.tree_flatten_with_path(mask)[0],
+                            jax.tree_util.tree_leaves(params)):
         name = jax.tree_util.keystr(path)
         if np.shape(m) != np.shape(w):
             raise ValueError(f"global mask{name}: shape {np.shape(m)}, the params' is "
@@ -875,13 +876,7 @@ def _check_global_mask(mask, params) -> None:
         values = np.asarray(m)
         if not np.isin(values, (0, 1)).all():  # NaN is neither
             bad = values[~np.isin(values, (0, 1))].ravel()[0]
-            raise ValueError(f"global mask{name}: values must be 0 or 1, found {bad!r}")
-
-
-def _leaf_at(tree, path):
-    for k in path:
-        tree = tree[getattr(k, "key", getattr(k, "idx", None))]
-    return tree
+            raise ValueError(f"global mask{name}: values must be 0 or 1, found {float(bad)}")
 
 
 def _check_model_fits(model, name: str, input_shape) -> None:
