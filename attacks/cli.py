@@ -45,6 +45,7 @@ import numpy as np
 from fedsim import distributed
 from fedsim.config import Config, ConfigError, load_config
 from fedsim.observer import GRANTS, ObservedUpload, restrict
+from fedsim.provenance import environment
 from fedsim.sweep import TABLE_FIELDS
 
 ATTACK_KEYS = ("name", "grants", "config")
@@ -274,7 +275,11 @@ def _simulate_and_attack(cfg: Config, quiet: bool) -> tuple[dict, dict]:
                "mean_by_round": {str(r): _means([v for v in victims if v["round"] == r])
                                  for r in rounds},
                # observed rounds read from RUN_DIR/observations instead of simulated again
-               "rounds_from_disk": stored_rounds}
+               "rounds_from_disk": stored_rounds,
+               # the code, JAX, device and convolution rule the attack ran with
+               # (summation order alone moved a victim's PSNR by up to 0.5 dB:
+               # benchmarks/results/chu2023_attack_drift.md)
+               "environment": environment()}
     if primary:
         write_json(out / "attack_summary.json", summary)
     return simulated, summary

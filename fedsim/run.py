@@ -14,6 +14,7 @@ import numpy as np
 
 from fedsim import checkpoint, distributed, preemption
 from fedsim.config import Config, dump_config
+from fedsim.provenance import environment
 from fedsim.results import MetricsLog, atomic_write_text, plot_learning_curve, write_json
 from fedsim.simulation import RoundResult, Simulation
 
@@ -102,6 +103,9 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
         "seed": cfg.seed,
         "seconds": time.perf_counter() - t_start,
         "peak_rss_mb": peak_rss_mb(),
+        # the code, JAX and device the numbers came from (same config and seed on
+        # another of these can differ in the last bits, which training amplifies)
+        "environment": environment(),
     }
     for key in ("epsilon", "delta", "leakage_total"):
         if key in log.rows[-1]:

@@ -54,6 +54,28 @@ def test_git_commit_outside_a_repository_says_unknown(tmp_path):
     assert provenance.git_state(tmp_path / "missing") == {"commit": None, "dirty": None}
 
 
+def test_a_folder_inside_a_checkout_is_not_taken_for_its_code(repo):
+    # fedsim installed into a virtual environment inside another repository: git
+    # would answer with that repository's HEAD, which is not fedsim's code.
+    site = repo / ".venv" / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    assert provenance.git_state(site) == {"commit": None, "dirty": None}
+    assert provenance.git_commit(site) == "unknown"
+
+
+def test_environment_names_the_code_jax_device_and_convolution():
+    import jax
+
+    from fedsim import models
+    env = provenance.environment()
+    assert env["commit"] == provenance.git_commit()
+    assert env["jax"] == jax.__version__ and env["backend"] == jax.default_backend()
+    assert env["local_devices"] == jax.local_device_count() and env["processes"] == 1
+    assert env["convolution"] == models.conv_settings()
+    with models.conv_implementation("xla"):
+        assert provenance.environment()["convolution"]["implementation"] == "xla"
+
+
 def test_a_declared_commit_is_used_only_where_git_cannot_tell(tmp_path, monkeypatch, repo):
     # A copy of the tree without .git (a lent GPU machine's) records the commit
     # its sender declares, marked as declared; a real checkout ignores it.

@@ -225,6 +225,10 @@ def test_a_finished_attack_run_is_attacked_again_without_simulating(tmp_path, ca
     again = _attack(tmp_path / "run")
     assert again["rounds_from_disk"] == [0, 2]
     assert _numbers(again) == _numbers(first)
+    # What the numbers came from besides the config (the code, JAX, the device,
+    # the convolution rule) is recorded with them.
+    from fedsim.provenance import environment
+    assert again["environment"] == first["environment"] == environment()
     # Other attack settings take effect, and nothing is simulated. (That they give
     # a fresh run's numbers: test_an_attack_sweep_over_attack_settings_simulates_once.)
     changed = _attack(tmp_path / "run", "attack.config={iterations: 10, restarts: 1}")

@@ -83,6 +83,8 @@ def test_run_writes_files_and_is_deterministic(tmp_path):
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
     for k in ("test_accuracy", "rounds", "num_clients", "seconds"):
         assert k in sa
+    from fedsim.provenance import environment
+    assert sa["environment"] == environment()  # the code, JAX, device, convolution rule
     timing = {"seconds", "peak_rss_mb"}
     assert {k: v for k, v in sa.items() if k not in timing} == \
            {k: v for k, v in sb.items() if k not in timing}
