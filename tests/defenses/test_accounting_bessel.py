@@ -32,7 +32,8 @@ def test_log_bessel_p13700_at_1e5_matches_mpmath():
 def test_log_bessel_matches_scipy_where_finite():
     nu = np.array([0.0, 2.0, 20.0, 60.0, 120.0, 300.0])[:, None]
     x = np.array([0.1, 3.0, 40.0, 200.0, 650.0])[None, :]
-    ref = np.log(special.iv(nu, x))
+    with np.errstate(divide="ignore"):  # scipy's I_nu underflows to 0 there: left out below
+        ref = np.log(special.iv(nu, x))
     ok = np.isfinite(ref) & (ref > -700)
     np.testing.assert_allclose(log_bessel_iv(nu, x)[ok], ref[ok], rtol=1e-9, atol=1e-9)
 
