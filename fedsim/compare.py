@@ -17,6 +17,11 @@ from fedsim.results import finite_number, read_json_object, read_metrics
 #: Columns shown where at least one run has them, after the ones every run has.
 OPTIONAL_COLUMNS = ("epsilon", "leakage_total", "attack_psnr", "attack_nmi")
 
+#: The fields of ``summary.json``'s ``environment`` (:func:`fedsim.provenance.environment`)
+#: that a comparison names where the runs differ in them.
+ENVIRONMENT_FIELDS = ("commit", "fedsim", "jax", "jaxlib", "backend", "device_kind",
+                      "local_devices", "processes", "convolution")
+
 
 class CompareError(FileNotFoundError):
     """A path that is neither a run directory nor a sweep's directory."""
@@ -116,6 +121,39 @@ def markdown_table(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def environment_note(names: list[str], runs: list[dict]) -> str:
+    """A line naming the environment fields in which the runs differ, or ``""``.
+
+    Runs that recorded no ``environment`` (unfinished, or written before it
+    existed) are left out. Two runs of one config and seed on another commit,
+    JAX, device or convolution rule can differ by float rounding, which
+    training and attacks amplify (``benchmarks/results/chu2023_attack_drift.md``),
+    so a table of runs that differ there says so.
+    """
+    envs = [(n, r["summary"].get("environment")) for n, r in zip(names, runs)]
+    envs = [(n, e) for n, e in envs if isinstance(e, dict)]
+    if len(envs) < 2:
+        return ""
+    differ = []
+    for field in ENVIRONMENT_FIELDS:
+        values = [(n, e.get(field)) for n, e in envs]
+        if len({json.dumps(v, sort_keys=True) for _, v in values}) > 1:
+            differ.append(f"{field} (" + ", ".join(f"{n}: {_short(v)}" for n, v in values)
+                          + ")")
+    if not differ:
+        return ""
+    return ("\nThe runs' environments differ (summary.json): " + "; ".join(differ)
+            + ". Their numbers can differ by float rounding as well as by their configs.\n")
+
+
+def _short(value) -> str:
+    """A commit's first 7 characters (its -dirty mark kept); anything else as JSON."""
+    if isinstance(value, str) and len(value) >= 40 and all(
+            c in "0123456789abcdef" for c in value[:40]):
+        return value[:7] + value[40:]
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
 def _cell(value) -> str:
     if value is None:
         return "–"
@@ -172,4 +210,5 @@ def compare(paths: list[str | Path], out: str | Path | None = None) -> str:
     runs = [load_run(d) for d in dirs]
     if out is not None:
         plot_learning_curves(names, runs, Path(out))
-    return markdown_table([table_row(n, r) for n, r in zip(names, runs)])
+    return (markdown_table([table_row(n, r) for n, r in zip(names, runs)])
+            + environment_note(names, runs))

@@ -116,3 +116,24 @@ def test_a_plot_that_cannot_be_written_is_named(tmp_path, capsys, where):
         compare([run], out)
     assert main(["compare", str(run), "--out", str(out)]) == 1
     assert f"fedsim: error: --out {out}: cannot write" in capsys.readouterr().err
+
+
+def test_runs_from_other_environments_are_named(tmp_path):
+    """Runs whose summary.json environments differ (commit, convolution rule)
+    get a line naming how; equal environments, or runs without one, none."""
+    head = "0123456789abcdef0123456789abcdef01234567"
+    env = {"commit": head, "jax": "0.4.38", "backend": "cpu", "device_kind": "cpu",
+           "convolution": {"implementation": "auto", "im2col_max_batch": 4}}
+    other = {**env, "commit": "f" * 40 + "-dirty",
+             "convolution": {"implementation": "xla", "im2col_max_batch": 4}}
+    a = _write_run(tmp_path / "a", [0.5], [2.0], summary={"environment": env})
+    b = _write_run(tmp_path / "b", [0.5], [2.0], summary={"environment": other})
+    same = _write_run(tmp_path / "same", [0.5], [2.0], summary={"environment": env})
+    old = _write_run(tmp_path / "old", [0.5], [2.0], summary={"seconds": 1.0})
+    text = compare([a, b, old])
+    assert ("The runs' environments differ (summary.json): commit (a: 0123456, b: "
+            "fffffff-dirty); convolution (a: {\"im2col_max_batch\": 4, \"implementation\": "
+            "\"auto\"}, b: {\"im2col_max_batch\": 4, \"implementation\": \"xla\"}).") in text
+    assert len(_table(text)) == 3  # the table itself is unchanged
+    assert "environments differ" not in compare([a, same, old])
+    assert "environments differ" not in compare([a, old])
