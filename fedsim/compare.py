@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fedsim.provenance import short_commit
 from fedsim.results import finite_number, read_json_object, read_metrics
 
 #: Columns shown where at least one run has them, after the ones every run has.
@@ -138,7 +139,7 @@ def environment_note(names: list[str], runs: list[dict]) -> str:
     for field in ENVIRONMENT_FIELDS:
         values = [(n, e.get(field)) for n, e in envs]
         if len({json.dumps(v, sort_keys=True) for _, v in values}) > 1:
-            differ.append(f"{field} (" + ", ".join(f"{n}: {_short(v)}" for n, v in values)
+            differ.append(f"{field} (" + ", ".join(f"{n}: {_short(field, v)}" for n, v in values)
                           + ")")
     if not differ:
         return ""
@@ -146,11 +147,11 @@ def environment_note(names: list[str], runs: list[dict]) -> str:
             + ". Their numbers can differ by float rounding as well as by their configs.\n")
 
 
-def _short(value) -> str:
-    """A commit's first 7 characters (its -dirty mark kept); anything else as JSON."""
-    if isinstance(value, str) and len(value) >= 40 and all(
-            c in "0123456789abcdef" for c in value[:40]):
-        return value[:7] + value[40:]
+def _short(field: str, value) -> str:
+    """A commit as markdown shows it (:func:`fedsim.provenance.short_commit`), other
+    strings as they are, anything else as JSON."""
+    if field == "commit" and isinstance(value, str):
+        return short_commit(value)
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
