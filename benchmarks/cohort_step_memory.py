@@ -19,7 +19,11 @@ machine).
 Linux only (``/proc``); the measurement is the host's, so on an accelerator
 it measures nothing of the device and the script refuses to run there.
 
-Usage: ``python -m benchmarks.cohort_step_memory [--runs vmap:16 vmap:256 ...]``
+``sharded`` rows (``sharded:CLIENTS:DEVICES``) run on ``DEVICES`` forced CPU
+devices (``--xla_force_host_platform_device_count``) in one process: they share
+the host's memory, and the plan counts one device's share once per device.
+
+Usage: ``python -m benchmarks.cohort_step_memory [--runs vmap:16 vmap:256 sharded:1000:2 ...]``
 Writes ``benchmarks/results/cohort_step_memory.{json,md}``.
 """
 
@@ -35,8 +39,9 @@ from benchmarks.provenance import ROOT, git_commit, short_commit
 from benchmarks.results_io import write_json_and_markdown
 from benchmarks.worker_rows import run_worker, worker_env
 
-DEFAULT_RUNS = ("vmap:16", "vmap:256", "vmap:1000", "chunked:1000", "map:1000", "vmap:5000")
-STRATEGIES = ("vmap", "chunked", "map")
+DEFAULT_RUNS = ("vmap:16", "vmap:256", "vmap:1000", "chunked:1000", "map:1000",
+                "sharded:1000:2", "vmap:5000")
+STRATEGIES = ("vmap", "chunked", "map", "sharded")
 
 
 def _status_kib(field: str) -> int:
@@ -46,7 +51,7 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def worker(strategy: str, clients: int) -> dict:
+def worker(strategy: str, clients: int, devices: int = 1) -> dict:
     import jax
 
     from benchmarks.engine_throughput import workload
@@ -55,10 +60,12 @@ def worker(strategy: str, clients: int) -> dict:
 
     if jax.default_backend() != "cpu":
         raise SystemExit("cohort_step_memory measures host memory: run it with JAX_PLATFORMS=cpu")
+    if jax.device_count() != devices:
+        raise SystemExit(f"expected {devices} CPU devices, got {jax.device_count()}")
     cfg, ds = workload(clients, strategy)
     sim = Simulation(cfg, dataset=ds, donate=True)
     planned = memory.cohort_step_bytes(sim, clients)
-    row = {"strategy": strategy, "clients": clients, "planned_bytes": planned,
+    row = {"strategy": strategy, "clients": clients, "devices": devices, "planned_bytes": planned,
            "available_bytes": memory.available_bytes()}
     state = jax.block_until_ready(sim.init_state())
     try:
@@ -97,24 +104,32 @@ def resident_growth(call):
     return out, seconds, (_status_kib("VmHWM") - start) * 1024
 
 
-def run_one(strategy: str, clients: int, timeout: float) -> dict:
-    env = worker_env(JAX_PLATFORMS="cpu")
+def run_one(strategy: str, clients: int, devices: int, timeout: float) -> dict:
+    env = worker_env(JAX_PLATFORMS="cpu",
+                     XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     cmd = [sys.executable, "-m", "benchmarks.cohort_step_memory", "--worker",
-           f"{strategy}:{clients}"]
-    row = {"strategy": strategy, "clients": clients}
+           f"{strategy}:{clients}" + (f":{devices}" if strategy == "sharded" else "")]
+    row = {"strategy": strategy, "clients": clients, "devices": devices}
     run_worker(cmd, row, timeout, env)
     print(json.dumps(row), flush=True)
     return row
 
 
-def parse_run(text: str) -> tuple[str, int]:
-    """``"vmap:1000"`` -> ("vmap", 1000), with an error naming what is wrong."""
-    strategy, sep, clients = text.partition(":")
-    if not sep or strategy not in STRATEGIES or not clients.isdigit() or int(clients) < 1:
+def parse_run(text: str) -> tuple[str, int, int]:
+    """``"vmap:1000"`` -> ("vmap", 1000, 1), ``"sharded:1000:2"`` -> ("sharded", 1000, 2)
+    (the last: forced CPU devices, sharded only), with an error naming what is wrong."""
+    parts = text.split(":")
+    strategy = parts[0]
+    numbers = parts[1:]
+    ok = (strategy in STRATEGIES and len(numbers) in (1, 2)
+          and all(n.isdigit() and int(n) >= 1 for n in numbers)
+          and (len(numbers) == 1 or strategy == "sharded"))
+    if not ok:
         raise argparse.ArgumentTypeError(
             f"--runs entry {text!r}: expected STRATEGY:CLIENTS with STRATEGY one of "
-            f"{', '.join(STRATEGIES)} and CLIENTS a positive integer")
-    return strategy, int(clients)
+            f"{', '.join(STRATEGIES)} and CLIENTS a positive integer, or "
+            "sharded:CLIENTS:DEVICES (forced CPU devices)")
+    return strategy, int(numbers[0]), int(numbers[1]) if len(numbers) == 2 else 1
 
 
 def markdown(result: dict) -> str:
@@ -131,13 +146,16 @@ def markdown(result: dict) -> str:
         "less the resident memory at its start (after `malloc_trim(0)`); round 0 reuses "
         "the plan's executable. `auto` skips a strategy whose planned bytes exceed "
         f"{result['headroom']:.0%} of the free memory; a fixed strategy whose plan exceeds "
-        "the free memory is refused.",
+        "the free memory is refused. `sharded` runs on forced CPU devices in one process, "
+        "which share the host's memory: its plan is one device's share times the devices.",
         "",
         "| strategy | clients | planned GiB | measured GiB, round 0 | round 0 / planned | "
         "measured GiB, round 1 | round 1 / planned | round 1 s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
+        if r.get("devices", 1) > 1:
+            r = dict(r, strategy=f"{r['strategy']} ({r['devices']} CPU devices)")
         if "error" in r:
             lines.append(f"| {r['strategy']} | {r['clients']} | error: {r['error']} |"
                          + " |" * 5)
@@ -173,7 +191,7 @@ def main(argv=None) -> None:
     from fedsim.memory import HEADROOM
 
     result = {"commit": git_commit(), "device": device_description(), "headroom": HEADROOM,
-              "rows": [run_one(s, n, args.timeout) for s, n in args.runs]}
+              "rows": [run_one(s, n, d, args.timeout) for s, n, d in args.runs]}
     write_json_and_markdown(args.out, "cohort_step_memory", result, markdown(result))
 
 

@@ -160,7 +160,7 @@ def measure(sim, candidates=None, clients: int | None = None,
     docs/scale.md). A candidate more than 3× slower than the best median so
     far is dropped after its first timed call.
 
-    A vmap, map or chunked step whose memory plan does not fit the free memory
+    A vmap, map, chunked or sharded step whose memory plan does not fit the free memory
     is not run and counts as failed (:func:`_too_big_to_time`).
 
     Mutates ``sim.strategy`` while measuring; the caller sets the final one.
@@ -323,13 +323,12 @@ def _first_that_fits(sim, ranked: list[str], timed_on: dict[str, int],
                      cohort: int) -> tuple[str, str]:
     """The first of ``ranked`` whose cohort step fits the real cohort in memory.
 
-    A strategy already run on the whole cohort, the loop (whose per-client
-    step does not grow with the cohort) and ``sharded`` (whose devices each
-    scan their clients one at a time, as ``map`` does, but which
-    :func:`fedsim.memory.cohort_step_bytes` does not plan) are not checked.
-    Any other is compiled for the real cohort, without running it, and XLA's
-    planned bytes compared with the memory free now (:mod:`fedsim.memory`). Not
-    cached: what is free changes between runs.
+    A strategy already run on the whole cohort and the loop (whose per-client
+    step does not grow with the cohort) are not checked. Any other (``sharded``
+    included: one device's share, times the devices that share the host's
+    memory on a CPU) is compiled for the real cohort, without running it, and
+    XLA's planned bytes compared with the memory free now (:mod:`fedsim.memory`).
+    Not cached: what is free changes between runs.
 
     Returns:
       (strategy, note for the reason line: "" where nothing was checked).
@@ -339,7 +338,7 @@ def _first_that_fits(sim, ranked: list[str], timed_on: dict[str, int],
     """
     notes = []
     for name in ranked:
-        if name in ("loop", SHARDED) or cohort <= timed_on[name]:
+        if name == "loop" or cohort <= timed_on[name]:
             return name, "".join(f"; {n}" for n in notes)
         sim.strategy = name
         try:

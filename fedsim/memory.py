@@ -29,7 +29,7 @@ import numpy as np
 from fedsim.config import ConfigError
 
 #: Strategies with one jitted cohort step, whose memory :func:`cohort_step_bytes` plans.
-COHORT_STEP_STRATEGIES = ("vmap", "map", "chunked")
+COHORT_STEP_STRATEGIES = ("vmap", "map", "chunked", "sharded")
 #: Set to ``0`` to skip :func:`check_cohort_step` before a fixed strategy's first round.
 CHECK_ENV = "FEDSIM_MEMORY_CHECK"
 #: A cap on what fedsim counts as free, e.g. ``8G`` on a machine shared with others
@@ -44,17 +44,27 @@ HEADROOM = 0.8
 
 
 def cohort_step_bytes(sim, clients: int) -> int | None:
-    """Bytes XLA plans for one cohort step of ``sim.strategy`` on ``clients`` clients.
+    """Bytes XLA plans for one cohort step of ``sim.strategy`` on ``clients`` clients,
+    out of the memory :func:`available_bytes` reports.
 
     The step is lowered and compiled for the cohort of round 0 truncated to
     ``clients`` (nothing runs). Counted: the step's temporaries and outputs,
     less the outputs that reuse donated inputs. Not counted: its inputs, which
     (the data, the server state) are already resident.
 
+    ``sharded`` compiles one program per device, and XLA plans one device's
+    share. Where the mesh's devices share this process's memory (forced CPU
+    devices: ``--xla_force_host_platform_device_count``) that share is counted
+    once per local device of the mesh, since they all run at once; an
+    accelerator's devices each have their own memory, and one device's share is
+    what is compared with one device's free memory. The server state is given
+    replicated over the mesh, as the round passes it, so the round reuses the
+    executable compiled here.
+
     Args:
       sim: a :class:`fedsim.simulation.Simulation` whose strategy is ``vmap``,
-        ``map`` or ``chunked`` (the loop's per-client step does not grow with
-        the cohort).
+        ``map``, ``chunked`` or ``sharded`` (the loop's per-client step does not
+        grow with the cohort).
       clients: cohort size to plan for (at most ``clients_per_round``).
 
     Returns:
@@ -69,9 +79,28 @@ def cohort_step_bytes(sim, clients: int) -> int | None:
     ids = jnp.asarray(np.asarray(sim.cohort(0))[:clients])
     _, ckey = sim.round_keys(0)
     state = jax.eval_shape(sim.init_state)  # shapes only: nothing allocated
+    sharing = 1
+    if sim.mesh is not None:
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        everywhere = NamedSharding(sim.mesh, PartitionSpec())
+        state = jax.tree_util.tree_map(
+            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=everywhere), state)
+        sharing = devices_sharing_memory(sim.mesh)
     with sim.numerics():
-        return planned_bytes(sim._cohort_step, state, sim._mask_arg(), sim._x, sim._y, sim._idx,
-                             ids, ckey)
+        per_device = planned_bytes(sim._cohort_step, state, sim._mask_arg(), sim._x, sim._y,
+                                   sim._idx, ids, ckey)
+    return None if per_device is None else sharing * per_device
+
+
+def devices_sharing_memory(mesh) -> int:
+    """How many of ``mesh``'s devices draw on the same memory as this process's
+    first: all its local devices on a CPU (forced host devices are one host's
+    memory), one on an accelerator (each device has its own)."""
+    local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    if local and local[0].platform == "cpu":
+        return len(local)
+    return 1
 
 
 def planned_bytes(jitted, *args) -> int | None:
@@ -217,8 +246,13 @@ def check_cohort_step(sim) -> None:
     record_plan(sim, cohort, need, free)
     if need is None or free is None:
         return
+    per = ""
+    if sim.mesh is not None:
+        n = devices_sharing_memory(sim.mesh)
+        per = (f" ({n} devices sharing this host's memory)" if n > 1
+               else " per device")
     what = (f"training.client_parallelism={sim.strategy}: one round's cohort step for "
-            f"training.clients_per_round={cohort} plans {gib(need)}, {gib(free)} free")
+            f"training.clients_per_round={cohort} plans {gib(need)}{per}, {gib(free)} free")
     if need > free:
         raise InsufficientMemoryError(
             f"{what}: it would run out of memory. Use client_parallelism chunked "

@@ -711,7 +711,7 @@ class Simulation:
     def run_round(self, state: ServerState, round_idx: int) -> tuple[ServerState, RoundResult]:
         """One round: cohort, local training, defenses, aggregation, server step.
 
-        Before the first round of a vmap, map or chunked strategy, its cohort
+        Before the first round of a vmap, map, chunked or sharded strategy, its cohort
         step for the real cohort is planned against the free memory
         (:func:`fedsim.memory.check_cohort_step`).
 

@@ -9,7 +9,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("spec", ["vmap", "loop:10", "vmap:0", "vmap:x"])
+@pytest.mark.parametrize("spec", ["vmap", "loop:10", "vmap:0", "vmap:x", "vmap:10:2",
+                                  "sharded:10:0", "sharded:10:2:1"])
 def test_a_bad_run_is_named_before_anything_runs(spec):
     p = subprocess.run([sys.executable, "-m", "benchmarks.cohort_step_memory", "--runs", spec],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -17,15 +18,18 @@ def test_a_bad_run_is_named_before_anything_runs(spec):
     assert f"--runs entry {spec!r}: expected STRATEGY:CLIENTS" in p.stderr
 
 
-def test_a_small_vmap_cohort_is_planned_and_measured(tmp_path):
+def test_small_vmap_and_sharded_cohorts_are_planned_and_measured(tmp_path):
     import json
     p = subprocess.run([sys.executable, "-m", "benchmarks.cohort_step_memory", "--runs",
-                        "vmap:4", "--out", str(tmp_path)],
+                        "vmap:4", "sharded:4:2", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert p.returncode == 0, p.stderr
-    (row,) = json.loads((tmp_path / "cohort_step_memory.json").read_text())["rows"]
-    assert "error" not in row and row["planned_bytes"] > 0 and row["measured_bytes"] >= 0
-    assert "| vmap | 4 |" in (tmp_path / "cohort_step_memory.md").read_text()
+    vmap, sharded = json.loads((tmp_path / "cohort_step_memory.json").read_text())["rows"]
+    for row in (vmap, sharded):
+        assert "error" not in row and row["planned_bytes"] > 0 and row["measured_bytes"] >= 0
+    assert (vmap["devices"], sharded["devices"]) == (1, 2)
+    md = (tmp_path / "cohort_step_memory.md").read_text()
+    assert "| vmap | 4 |" in md and "| sharded (2 CPU devices) | 4 |" in md
 
 
 @pytest.mark.parametrize("module", ["benchmarks.cohort_step_memory", "benchmarks.attack_memory"])

@@ -124,6 +124,64 @@ def test_auto_times_sharded_where_one_process_has_several_devices_and_can_choose
     assert out["back_mesh"] is None and out["back_devices"] == 1
 
 
+MEMORY_SCRIPT = textwrap.dedent("""
+    import json, logging, jax
+    from tests.fedsim.helpers import small_config, small_dataset
+    from fedsim import memory
+    from fedsim.simulation import Simulation
+    compiled = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            if "XLA compilation of jit(step)" in record.getMessage():
+                compiled.append(record.getMessage())
+    logging.getLogger("jax").addHandler(Keep())
+    ds = small_dataset()
+    cfg = small_config(**{"model.name": "lenet5", "training.client_parallelism": "sharded",
+                          "data.num_clients": 8, "training.clients_per_round": 8})
+    sim = Simulation(cfg, dataset=ds, donate=True)
+    out = {"mesh": dict(sim.mesh.shape)}
+    with jax.log_compiles(True):
+        state, _ = sim.run_round(sim.init_state(), 0)
+        out["step_compiles_round_0"] = len(compiled)
+        state, _ = sim.run_round(state, 1)
+        out["step_compiles_round_1"] = len(compiled) - out["step_compiles_round_0"]
+    out["plan"] = sim.memory_plan
+    # One device's share, as XLA reports it for the compiled SPMD program.
+    state = jax.eval_shape(sim.init_state)
+    everywhere = jax.sharding.NamedSharding(sim.mesh, jax.sharding.PartitionSpec())
+    state = jax.tree_util.tree_map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=everywhere), state)
+    ids = jax.numpy.asarray(sim.cohort(0))
+    out["one_device"] = memory.planned_bytes(sim._cohort_step, state, sim._mask_arg(), sim._x,
+                                             sim._y, sim._idx, ids, sim.round_keys(0)[1])
+    need = out["plan"]["planned_bytes"]
+    memory.available_bytes = lambda: need - 1
+    fresh = Simulation(cfg, dataset=ds, donate=True)
+    try:
+        fresh.run_round(fresh.init_state(), 0)
+        out["refused"] = None
+    except memory.InsufficientMemoryError as e:
+        out["refused"] = str(e)
+    print("RESULT" + json.dumps(out))
+""")
+
+
+def test_a_sharded_step_is_planned_against_the_hosts_memory_before_its_first_round():
+    out = _run_script(MEMORY_SCRIPT, 2)
+    assert out["mesh"] == {"clients": 2}
+    plan = out["plan"]
+    assert plan["strategy"] == "sharded" and plan["clients"] == 8
+    # Two forced CPU devices run at once on one host's memory: twice one device's share.
+    assert out["one_device"] > 0 and plan["planned_bytes"] == 2 * out["one_device"]
+    # The check compiled the step the round runs (the state replicated, as the round
+    # passes it): one compile in round 0, none after.
+    assert out["step_compiles_round_0"] == 1 and out["step_compiles_round_1"] == 0
+    assert out["refused"] is not None
+    assert re.search(r"training.client_parallelism=sharded: one round's cohort step for "
+                     r"training.clients_per_round=8 plans .* GiB \(2 devices sharing this "
+                     r"host's memory\), .* GiB free: it would run out", out["refused"])
+
+
 PRUNED_SCRIPT = textwrap.dedent("""
     import json, jax, numpy as np
     from tests.fedsim.helpers import small_config, small_dataset
