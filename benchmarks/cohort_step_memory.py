@@ -40,7 +40,7 @@ from benchmarks.results_io import write_json_and_markdown
 from benchmarks.worker_rows import run_worker, worker_env
 
 DEFAULT_RUNS = ("vmap:16", "vmap:256", "vmap:1000", "chunked:1000", "map:1000",
-                "sharded:1000:2", "vmap:5000")
+                "sharded:1000:1", "sharded:250:2", "sharded:1000:2", "sharded:4000:2", "vmap:5000")
 STRATEGIES = ("vmap", "chunked", "map", "sharded")
 
 
