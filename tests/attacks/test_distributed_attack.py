@@ -69,3 +69,32 @@ def test_two_processes_split_the_victims_with_shard_victims(tmp_path):
     np.testing.assert_allclose([v["psnr"] for v in summary["victims"]],
                                [v["psnr"] for v in one["victims"]], rtol=1e-4)
 
+
+
+def test_two_processes_run_an_attack_sweep_that_process_0_tabulates(tmp_path):
+    from attacks.cli import run_attack_sweep
+
+    config = tmp_path / "attack.yaml"
+    config.write_text(ATTACK)
+    grid = ("--grid", "attack.config.iterations=10,20")
+    sweep = tmp_path / "sweep"
+    procs = _run_processes(config, tmp_path / "unused", command="attack",
+                           args=(*grid, "--out", str(sweep)))
+    for i, p in enumerate(procs):
+        assert p["rc"] == 0, (i, p["stderr"][-3000:])
+    table = json.loads((sweep / "results.json").read_text())["rows"]
+    assert [r["status"] for r in table] == ["done", "done"]
+    assert {r["client_parallelism"] for r in table} == {"sharded"}  # the mesh spans both
+    for row in table:
+        cell = json.loads((sweep / "cells" / row["cell"] / "attack_summary.json").read_text())
+        assert [v["client"] for v in cell["victims"]] == [0, 1]
+        assert row["attack_psnr"] == cell["mean"]["psnr"]
+    # Process 0 reports the cells (on stderr, as a sweep does); process 1 is silent.
+    assert "[2/2] attack.config.iterations=20: done" in procs[0]["stderr"]
+    assert "attack.config.iterations" not in procs[1]["stderr"]
+    # The same sweep in one process scores the same reconstructions.
+    one = run_attack_sweep(str(config), [grid[1]], tmp_path / "one",
+                           ["training.client_parallelism=map"], log=lambda m: None)
+    np.testing.assert_allclose([r["attack_psnr"] for r in table],
+                               [r["attack_psnr"] for r in one], rtol=1e-4)
+    assert table[1]["attack_psnr"] > table[0]["attack_psnr"]  # more iterations, closer
