@@ -23,8 +23,14 @@ it measures nothing of the device and the script refuses to run there.
 devices (``--xla_force_host_platform_device_count``) in one process: they share
 the host's memory, and the plan counts one device's share once per device.
 
-Usage: ``python -m benchmarks.cohort_step_memory [--runs vmap:16 vmap:256 sharded:1000:2 ...]``
-Writes ``benchmarks/results/cohort_step_memory.{json,md}``.
+``--malloc-arena-max N`` runs the workers with ``MALLOC_ARENA_MAX=N``: glibc
+then gives the device threads no arenas of their own, whose freed pages the
+measurement would otherwise count (``sharded`` on two forced devices).
+
+Usage: ``python -m benchmarks.cohort_step_memory [--runs vmap:16 vmap:256 sharded:1000:2 ...]
+[--malloc-arena-max N]``
+Writes ``benchmarks/results/cohort_step_memory.{json,md}`` (with
+``--malloc-arena-max N``: ``cohort_step_memory_arena<N>.{json,md}``).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
+import shlex
 import sys
 import time
 
@@ -66,6 +74,7 @@ def worker(strategy: str, clients: int, devices: int = 1) -> dict:
     sim = Simulation(cfg, dataset=ds, donate=True)
     planned = memory.cohort_step_bytes(sim, clients)
     row = {"strategy": strategy, "clients": clients, "devices": devices, "planned_bytes": planned,
+           "worker_malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),
            "available_bytes": memory.available_bytes()}
     state = jax.block_until_ready(sim.init_state())
     try:
@@ -104,9 +113,11 @@ def resident_growth(call):
     return out, seconds, (_status_kib("VmHWM") - start) * 1024
 
 
-def run_one(strategy: str, clients: int, devices: int, timeout: float) -> dict:
+def run_one(strategy: str, clients: int, devices: int, timeout: float,
+            arena_max: int | None = None) -> dict:
+    extra = {} if arena_max is None else {"MALLOC_ARENA_MAX": str(arena_max)}
     env = worker_env(JAX_PLATFORMS="cpu",
-                     XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+                     XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **extra)
     cmd = [sys.executable, "-m", "benchmarks.cohort_step_memory", "--worker",
            f"{strategy}:{clients}" + (f":{devices}" if strategy == "sharded" else "")]
     row = {"strategy": strategy, "clients": clients, "devices": devices}
@@ -138,13 +149,16 @@ def markdown(result: dict) -> str:
         "# Cohort step memory: XLA's plan vs a warm round's resident-memory growth",
         "",
         f"Commit {short_commit(result['commit'])}; {result['device']}; "
-        "`python -m benchmarks.cohort_step_memory`. LeNet-5, the engine-throughput "
+        f"`{result.get('command', 'python -m benchmarks.cohort_step_memory')}`. LeNet-5, the engine-throughput "
         "workload (`benchmarks/engine_throughput.workload`); each row a fresh process.",
         "",
         "planned: `fedsim.memory.cohort_step_bytes` (temporaries + outputs − donated "
         "aliases of the compiled step); measured: peak resident memory during the round "
         "less the resident memory at its start (after `malloc_trim(0)`); round 0 reuses "
-        "the plan's executable. `auto` skips a strategy whose planned bytes exceed "
+        "the plan's executable"
+        + (f"; workers ran with `MALLOC_ARENA_MAX={result['malloc_arena_max']}`"
+           if result.get("malloc_arena_max") is not None else "")
+        + ". `auto` skips a strategy whose planned bytes exceed "
         f"{result['headroom']:.0%} of the free memory; a fixed strategy whose plan exceeds "
         "the free memory is refused. `sharded` runs on forced CPU devices in one process, "
         "which share the host's memory: its plan is one device's share times the devices.",
@@ -181,18 +195,27 @@ def main(argv=None) -> None:
                     help="STRATEGY:CLIENTS pairs, each measured in a fresh process")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--malloc-arena-max", type=int, default=None, metavar="N",
+                    help="run the workers with MALLOC_ARENA_MAX=N (glibc's arenas)")
     args = ap.parse_args(argv)
     if not args.timeout > 0:
         ap.error(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.malloc_arena_max is not None and args.malloc_arena_max < 1:
+        ap.error(f"--malloc-arena-max must be >= 1, got {args.malloc_arena_max}")
     if args.worker:
         print("ROW " + json.dumps(worker(*args.worker)), flush=True)
         return
     from benchmarks.engine_throughput import device_description
     from fedsim.memory import HEADROOM
 
+    arena = args.malloc_arena_max
+    command = " ".join(["python -m benchmarks.cohort_step_memory",
+                        *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))])
     result = {"commit": git_commit(), "device": device_description(), "headroom": HEADROOM,
-              "rows": [run_one(s, n, d, args.timeout) for s, n, d in args.runs]}
-    write_json_and_markdown(args.out, "cohort_step_memory", result, markdown(result))
+              "command": command, "malloc_arena_max": arena,
+              "rows": [run_one(s, n, d, args.timeout, arena) for s, n, d in args.runs]}
+    name = "cohort_step_memory" + ("" if arena is None else f"_arena{arena}")
+    write_json_and_markdown(args.out, name, result, markdown(result))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,28 @@ def test_small_vmap_and_sharded_cohorts_are_planned_and_measured(tmp_path):
     assert "| vmap | 4 |" in md and "| sharded (2 CPU devices) | 4 |" in md
 
 
+def test_a_bad_arena_count_is_named():
+    p = subprocess.run([sys.executable, "-m", "benchmarks.cohort_step_memory",
+                        "--malloc-arena-max", "0"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode != 0 and "--malloc-arena-max must be >= 1, got 0" in p.stderr
+
+
+def test_an_arena_limited_run_is_written_beside_the_default_one(tmp_path):
+    import json
+    p = subprocess.run([sys.executable, "-m", "benchmarks.cohort_step_memory", "--runs",
+                        "map:2", "--malloc-arena-max", "1", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "cohort_step_memory_arena1.json").read_text())
+    (row,) = result["rows"]
+    assert result["malloc_arena_max"] == 1 and "error" not in row
+    assert row["worker_malloc_arena_max"] == "1"  # the worker ran under it
+    assert not (tmp_path / "cohort_step_memory.json").exists()
+    md = (tmp_path / "cohort_step_memory_arena1.md").read_text()
+    assert "workers ran with `MALLOC_ARENA_MAX=1`" in md and "--malloc-arena-max 1" in md
+
+
 @pytest.mark.parametrize("module", ["benchmarks.cohort_step_memory", "benchmarks.attack_memory"])
 def test_a_non_positive_timeout_is_named(module):
     p = subprocess.run([sys.executable, "-m", module, "--timeout", "0"],
