@@ -14,9 +14,10 @@ XLA's buffer assignment (:func:`cohort_step_bytes`) with the memory free now
 (:func:`available_bytes`). On this CPU a warm round's resident memory grew by
 0.96–1.15× the plan for the single-device strategies
 (``benchmarks/results/cohort_step_memory.md``); :data:`HEADROOM` leaves 1.25×.
-``sharded`` on forced CPU devices grew by more than its (small) plan, 3–18×
-at 250–4,000 LeNet-5 clients: its check is a lower bound there (docs/scale.md,
-"Memory").
+``sharded`` on forced CPU devices grew by more than its (small) plan: a warm
+round 3–18× at 250–4,000 LeNet-5 clients, ~2× with ``MALLOC_ARENA_MAX=1``
+(glibc's per-thread arenas), and round 0 with the cohort even then; its check
+is a lower bound there (docs/scale.md, "Memory").
 """
 
 from __future__ import annotations
