@@ -71,6 +71,21 @@ def check_clipping(mode: str) -> None:
         raise ValueError(f"clipping={mode!r}; allowed: {', '.join(CLIPPING_MODES)}")
 
 
+def check_noise_multiplier(value) -> float:
+    """σ as a float: a finite number ≥ 0 (0 = clip only). NaN is refused by
+    name: ``nan < 0`` is False, and a ``sigma > 0`` test would then have
+    silently added no noise. An infinite σ would make every update NaN."""
+    if isinstance(value, bool):
+        raise ValueError(f"noise_multiplier must be a number, got {value!r}")
+    try:
+        sigma = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"noise_multiplier must be a number, got {value!r}") from None
+    if not 0 <= sigma < float("inf"):
+        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {value!r}")
+    return sigma
+
+
 def check_positive(name: str, value) -> float:
     try:
         value = float(value)

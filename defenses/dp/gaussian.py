@@ -34,7 +34,8 @@ import jax.numpy as jnp
 from fedsim.hooks import Defense, register_defense
 from defenses.dp._flat import batched_rows, real_count
 from defenses.dp._params import DPParameters, tag
-from defenses.dp.clipping import check_clipping, check_positive, clip_examples, clip_layers
+from defenses.dp.clipping import (check_clipping, check_noise_multiplier, check_positive,
+                                   clip_examples, clip_layers)
 
 
 def clipped_sum(per_example, mask, clip_norm: float, clipping: str):
@@ -71,9 +72,7 @@ def dp_gaussian(noise_multiplier: float, clip_norm: float = 1.0,
     Returns:
       A stateless :class:`Defense` at stage "example".
     """
-    if noise_multiplier is None or float(noise_multiplier) < 0 or noise_multiplier != noise_multiplier:
-        raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
-    sigma = float(noise_multiplier)
+    sigma = check_noise_multiplier(noise_multiplier)
     clip_norm = check_positive("clip_norm", clip_norm)
     check_clipping(clipping)
 

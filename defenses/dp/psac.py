@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from fedsim.hooks import Defense, register_defense
 from defenses.dp._flat import batched_rows, real_count
 from defenses.dp._params import DPParameters, tag
-from defenses.dp.clipping import check_positive
+from defenses.dp.clipping import check_noise_multiplier, check_positive
 
 
 def psac_weights(norms: jax.Array, r: float) -> jax.Array:
@@ -46,9 +46,7 @@ def dp_psac(noise_multiplier: float, clip_norm: float = 1.0, r: float = 0.1) -> 
       clip_norm: C > 0 (sensitivity of one example).
       r: r > 0, the stability constant of the weight function.
     """
-    if float(noise_multiplier) < 0:
-        raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
-    sigma = float(noise_multiplier)
+    sigma = check_noise_multiplier(noise_multiplier)
     clip_norm = check_positive("clip_norm", clip_norm)
     r = check_positive("r", r)
 

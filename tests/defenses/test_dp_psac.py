@@ -7,6 +7,7 @@ import pytest
 from scipy import stats
 
 from defenses.dp import dp_parameters, dp_psac, psac_weights
+from fedsim.hooks import build_defense
 from tests.defenses.dp_helpers import check_keyed_randomness, context, flat_rows, per_example_tree
 
 
@@ -47,3 +48,12 @@ def test_contract():
     assert dp_parameters(d).mechanism == "gauss"
     with pytest.raises(ValueError, match="r must"):
         dp_psac(1.0, r=0.0)
+
+
+@pytest.mark.parametrize("name", ["dp_psac", "dp_gaussian"])
+@pytest.mark.parametrize("sigma", [float("nan"), float("inf"), -1.0, "zzz", None, True])
+def test_a_noise_multiplier_that_is_not_a_finite_number_at_least_0_is_refused(name, sigma):
+    # NaN used to pass dp_psac's `< 0` test, and its `sigma > 0` then added no
+    # noise at all: a run "with DP" that had none.
+    with pytest.raises(ValueError, match="noise_multiplier must be a"):
+        build_defense(name, noise_multiplier=sigma)
