@@ -1,0 +1,54 @@
+"""Every registered defense refuses a NaN or infinite number by name when it is built.
+
+A NaN passes any ``x < 0`` test, and a later ``x > 0`` then reads it as 0: dp_psac
+built with ``noise_multiplier: nan`` trained with no noise at all. Checked for
+every float parameter of every factory in the registry, so a new defense is
+covered as soon as it registers (it only needs its required arguments below).
+"""
+
+import inspect
+
+import pytest
+
+from fedsim import hooks
+
+# The arguments each factory needs besides the one under test.
+REQUIRED = {
+    "client_level_dp": dict(clip_norm=1.0, noise_multiplier=1.0, clients_per_round=2),
+    "dp_gaussian": dict(noise_multiplier=1.0), "dp_psac": dict(noise_multiplier=1.0),
+    "dp_vmf": dict(kappa=50.0), "gc": dict(p=0.5), "natural_channel": dict(kappa=10.0),
+    "parameter_channel": dict(kappa=10.0), "personalized_channel": dict(kappa=10.0),
+    "prune_largest": dict(p=0.3), "prune_mix": dict(p_largest=0.2, p_random=0.2),
+    "prune_random": dict(p=0.3), "soteria": dict(p_fc=0.3),
+    "update_gaussian": dict(sigma=0.01), "update_laplace": dict(scale=0.01),
+    "white_channel": dict(kappa=10.0),
+}
+
+
+def _float_parameters():
+    hooks._load_defenses()
+    for name, factory in sorted(hooks.DEFENSE_REGISTRY.items()):
+        for p in inspect.signature(factory).parameters.values():
+            if "float" in str(p.annotation):
+                yield name, p.name
+
+
+CASES = list(_float_parameters())
+
+
+def test_the_registry_has_float_parameters_to_check():
+    assert len({name for name, _ in CASES}) >= 15 and len(CASES) >= 25
+
+
+@pytest.mark.parametrize("name,param", CASES)
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_number_is_refused_by_name(name, param, value):
+    factory = hooks.DEFENSE_REGISTRY[name]
+    required = [p.name for p in inspect.signature(factory).parameters.values()
+                if p.default is inspect.Parameter.empty
+                and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    args = REQUIRED.get(name, {})
+    missing = [r for r in required if r not in args]
+    assert not missing, f"add {name}'s required arguments {missing} to REQUIRED"
+    with pytest.raises(ValueError, match=param):
+        hooks.build_defense(name, **{**args, param: value})
