@@ -866,6 +866,12 @@ def semantics_summary(result) -> list[str]:
     return lines
 
 
+def _start(settings: dict) -> str:
+    """A part-B run's Pseudo-Pruning start model (:func:`pseudo_start_of`) from its
+    recorded settings."""
+    return pseudo_start_of(argparse.Namespace(**settings))
+
+
 def priprune_seed_effects(rows) -> dict | None:
     """PriPrune minus PruneFL in one part-B run: accuracy per reading (points) and the
     relative SGI NMI gain; None when the run has no PriPrune or no PruneFL rows."""
@@ -889,15 +895,19 @@ def seed_pooled_lines(result) -> list[str]:
     the seeds (mean and sample std of the per-seed differences). The acceptance rule stays
     per run (the verdict table above); this says how far the per-seed verdicts are from
     the threshold given the seed-to-seed spread, which in this small setting is large."""
-    runs = [(result.get("settings_B", result.get("settings", {})).get("upload", "weights"),
-             result["seed"], result["rows"])]
-    runs += [(o.get("upload", "weights"), o["seed"], o["rows"])
+    main_settings = result.get("settings_B", result.get("settings", {}))
+    runs = [(main_settings.get("upload", "weights"), _start(main_settings), result["seed"],
+             result["rows"])]
+    runs += [(o.get("upload", "weights"), _start(o.get("settings", {})), o["seed"], o["rows"])
              for o in result.get("other_seeds_B", [])]
+    # Runs of another Pseudo-Pruning start model train other clients: pooled apart.
+    starts = {start for _, start, _, _ in runs}
     by_upload = {}
-    for upload, seed, rows in runs:
+    for upload, start, seed, rows in runs:
         eff = priprune_seed_effects(rows)
         if eff is not None:
-            by_upload.setdefault(upload, {})[seed] = eff
+            label = upload if len(starts) == 1 else f"{upload}, {start} start"
+            by_upload.setdefault(label, {})[seed] = eff
     pooled = {u: e for u, e in by_upload.items() if len(e) >= 2}
     if not pooled:
         return []
@@ -916,7 +926,8 @@ def seed_pooled_lines(result) -> list[str]:
         return f"{mean:+.1f} ± {sd:.1f} ({within}; 95 % CI {mean - half:+.1f} to {mean + half:+.1f})"
 
     lines = ["", "## PriPrune − PruneFL pooled over seeds", "",
-             "Per upload semantics with runs at two or more seeds: mean ± sample std over the "
+             "Per upload semantics (and Pseudo-Pruning start model, where the runs differ in "
+             "it) with runs at two or more seeds: mean ± sample std over the "
              "seeds of PriPrune's accuracy minus PruneFL's, in points, and in brackets the "
              "seeds within the 1-point rule and the 95 % t interval of the mean difference; "
              "SGI NMI gain as mean ± sample std (relative). The acceptance "
@@ -925,7 +936,7 @@ def seed_pooled_lines(result) -> list[str]:
              "| upload | seeds | global model | client models | client models, own label mix | "
              f"global model, last {LAST_ROUNDS} rounds | SGI NMI gain |", "|---|---|---|---|---|---|---|"]
     order = {"weights": 0, "update": 1, "split": 2, "sender": 3}
-    for upload in sorted(pooled, key=lambda u: order.get(u, 4)):
+    for upload in sorted(pooled, key=lambda u: (order.get(u.split(",")[0], 4), u)):
         effs = pooled[upload]
         gains = [e["nmi_gain"] for e in effs.values()]
         lines.append(f"| {upload} | {', '.join(str(s) for s in sorted(effs))} | "

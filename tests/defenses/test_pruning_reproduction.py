@@ -493,6 +493,30 @@ def test_seed_pooled_lines_pool_priprune_minus_prunefl_per_upload():
     assert seed_pooled_lines(result) == []
 
 
+def test_seed_pooled_lines_keep_runs_of_another_pseudo_start_apart():
+    from benchmarks.reproduce_chu2023 import seed_pooled_lines
+
+    def rows(acc_none, acc_pri):
+        return [_b("none", "sgi", 0.5, 14.0, acc_none), _b("priprune", "sgi", 0.4, 11.0, acc_pri)]
+
+    # The main run with the masked start; the replications recorded before the option
+    # existed (no pseudo_start: kept).
+    result = {"seed": 0, "settings_B": {"upload": "weights", "pseudo_start": "masked"},
+              "rows": rows(0.60, 0.50),
+              "other_seeds_B": [
+                  {"upload": "weights", "seed": 1, "settings": {}, "rows": rows(0.70, 0.66)},
+                  {"upload": "weights", "seed": 2, "settings": {}, "rows": rows(0.70, 0.68)}]}
+    table = [l for l in seed_pooled_lines(result) if l.startswith("| ")][1:]
+    # Seeds 1 and 2 (kept) pool: differences −4 and −2 points; seed 0 (masked) stands alone.
+    assert len(table) == 1 and table[0].startswith("| weights, kept start | 1, 2 | -3.0 ± 1.4")
+    result["other_seeds_B"].append(
+        {"upload": "weights", "seed": 3, "settings": {"pseudo_start": "masked"},
+         "rows": rows(0.60, 0.58)})
+    table = [l for l in seed_pooled_lines(result) if l.startswith("| ")][1:]
+    assert [l.split(" | ")[:2] for l in table] == [["| weights, kept start", "1, 2"],
+                                                    ["| weights, masked start", "0, 3"]]
+
+
 def _av(base, p, attack, psnrs, B=8):
     return {**_a(base, p, attack, 0.5, float(np.mean(psnrs)), B=B), "psnr_victims": psnrs,
             "nmi_victims": [0.5] * len(psnrs)}
