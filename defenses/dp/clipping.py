@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
+from defenses.accounting._validation import check_nonnegative
+
 CLIPPING_MODES = ("flat", "per_layer")
 
 
@@ -72,18 +74,13 @@ def check_clipping(mode: str) -> None:
 
 
 def check_noise_multiplier(value) -> float:
-    """σ as a float: a finite number ≥ 0 (0 = clip only). NaN is refused by
-    name: ``nan < 0`` is False, and a ``sigma > 0`` test would then have
-    silently added no noise. An infinite σ would make every update NaN."""
+    """σ as a float: a finite number ≥ 0 (0 = clip only), through the accountants'
+    :func:`defenses.accounting._validation.check_nonnegative`, and not a bool. NaN
+    is refused by name: ``nan < 0`` is False, and a ``sigma > 0`` test would then
+    have silently added no noise. An infinite σ would make every update NaN."""
     if isinstance(value, bool):
-        raise ValueError(f"noise_multiplier must be a number, got {value!r}")
-    try:
-        sigma = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"noise_multiplier must be a number, got {value!r}") from None
-    if not 0 <= sigma < float("inf"):
-        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {value!r}")
-    return sigma
+        raise ValueError(f"noise_multiplier must be a real number, got {value!r}")
+    return check_nonnegative("noise_multiplier", value)
 
 
 def check_positive(name: str, value) -> float:

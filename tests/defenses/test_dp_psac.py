@@ -55,5 +55,5 @@ def test_contract():
 def test_a_noise_multiplier_that_is_not_a_finite_number_at_least_0_is_refused(name, sigma):
     # NaN used to pass dp_psac's `< 0` test, and its `sigma > 0` then added no
     # noise at all: a run "with DP" that had none.
-    with pytest.raises(ValueError, match="noise_multiplier must be a"):
+    with pytest.raises(ValueError, match="noise_multiplier must be "):
         build_defense(name, noise_multiplier=sigma)
