@@ -49,8 +49,9 @@ def approach_one(
     For a candidate eps0 of one non-subsampled step: delta0 = Prop-4 infimum
     over alpha; (eps_s, delta_s) by Eq. (9); the composition slack d~ is then
     whatever is left of the target: 1 - d~ = (1 - delta) / (1 - delta_s)^N
-    (infeasible if negative). The smallest composed eps~ over eps0 wins: a
-    log grid over eps0 in [1e-4, 1e3] brackets it, bounded Brent refines.
+    (infeasible if d~ would be negative, or delta_s = 1; computed in logs).
+    The smallest composed eps~ over eps0 wins: a log grid over eps0 in
+    [1e-4, 1e3] brackets it, bounded Brent refines.
 
     Args:
       rdp_fn: vectorised RDP curve of the non-subsampled mechanism.
@@ -85,12 +86,15 @@ def approach_one(
         eps0 = math.exp(log_eps0)
         delta0, alpha = rdp_to_delta(rdp_fn, eps0, max_order=max_order)
         eps_s, delta_s = subsample_dp(eps0, delta0, gamma)
-        remaining = (1.0 - delta) / (1.0 - delta_s) ** n
-        slack = 1.0 - remaining
-        if slack < 0:
+        # log(1 - d~) = log(1 - delta) - N log(1 - delta_s), in logs: (1 - delta_s)^N
+        # is 0 at delta_s = 1 (delta0 capped at 1 with gamma = 1, e.g. FedSGD) and
+        # underflows for large N, where the quotient would divide by zero.
+        log_remaining = (math.log1p(-delta) - n * math.log1p(-delta_s)
+                         if delta_s < 1.0 else math.inf)
+        if log_remaining > 0:
             val = math.inf
         else:
-            val, _ = kairouz_composition(eps_s, delta_s, n, max(slack, 0.0))
+            val, _ = kairouz_composition(eps_s, delta_s, n, -math.expm1(log_remaining))
         cache[log_eps0] = (val, alpha)
         return val
 

@@ -98,3 +98,26 @@ def test_vmf_epsilon_needs_exactly_one_schedule():
         vmf_epsilon(10, 100, 0.01, 1e-5)
     with pytest.raises(ValueError, match="exactly one"):
         vmf_epsilon(10, 100, 0.01, 1e-5, steps=3, compositions=3)
+
+
+@pytest.mark.parametrize("kappa", [300.0, 1000.0])
+def test_full_batch_steps_have_an_epsilon_equal_to_prop_4(kappa):
+    """At sample rate 1 Prop 4's delta0 reaches 1 for small eps0, where approach 1
+    divided by (1 - delta_s)^N = 0 (ZeroDivisionError: a FedSGD run with dp_vmf at
+    001's kappa = 300 crashed). One full-batch step is the plain VMF mechanism, so
+    approach 1 must give Prop 4's epsilon, here from dp_accounting's conversion."""
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    orders = 1.0 + np.geomspace(1e-4, 1e4, 4000)
+    expected, _ = compute_epsilon(orders, vmf_rdp(kappa, P, orders), DELTA)
+    got = vmf_epsilon(kappa, P, 1.0, DELTA, steps=1)
+    assert got.candidates["approach_1"] == pytest.approx(expected, rel=1e-5)
+    assert got.epsilon <= got.candidates["approach_2"]
+
+
+def test_many_steps_where_the_slack_underflows_still_compose():
+    """(1 - delta_s)^N underflows to 0 at gamma = 0.5, N = 1407, kappa = 1000 (it
+    divided by zero); in logs the composition is feasible and grows with N."""
+    few = vmf_epsilon(1000.0, P, 0.5, DELTA, steps=1000)
+    many = vmf_epsilon(1000.0, P, 0.5, DELTA, steps=1407)
+    assert np.isfinite(many.epsilon) and many.epsilon > few.epsilon

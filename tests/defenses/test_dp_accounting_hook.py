@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 
+import jax
 import pytest
 
 import defenses  # noqa: F401
@@ -48,3 +49,15 @@ def test_no_dp_defense_no_epsilon(tmp_path):
     cfg = _cfg(tmp_path, [], **{"training.rounds": 1})
     summary = run_simulation(cfg, sim=Simulation(cfg, dataset=small_dataset()), quiet=True)
     assert "epsilon" not in summary
+
+
+def test_a_fedsgd_run_with_vmf_noise_reports_its_epsilon(tmp_path):
+    """FedSGD is one full-batch step (sample rate 1); at kappa = 300 (001 Table IV)
+    the VMF accountant divided by zero there and killed the run."""
+    cfg = _cfg(tmp_path, [{"name": "dp_vmf", "kappa": 300.0, "clip_norm": 1.0}],
+               **{"training.algorithm": "fedsgd", "training.rounds": 1})
+    summary = run_simulation(cfg, sim=Simulation(cfg, dataset=small_dataset()), quiet=True)
+    dim = sum(leaf.size for leaf in jax.tree_util.tree_leaves(summary["final_state"].params))
+    expected = accounting.vmf_epsilon(300.0, dim, 1.0, summary["delta"], steps=1)
+    assert math.isfinite(expected.epsilon)
+    assert summary["epsilon"] == pytest.approx(expected.epsilon, rel=1e-9)
