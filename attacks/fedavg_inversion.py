@@ -83,6 +83,9 @@ def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key
         if (_resolve(o, config, "num_examples", "num_examples"), _resolve(o, config, "local_batch", "batch_size"),
                 _resolve(o, config, "local_steps", "local_steps"), o.lr) != (n, b, s, first.lr):
             raise AttackConfigError("victims attacked together need the same n, B, S and lr")
+    # The resolved S goes into the observations: label inference reads the mean
+    # step's gradient −Δ/(lr·S) off them, and its count rule is not scale-free.
+    observations = [o._replace(local_steps=s) for o in observations]
     conf = {k: v for k, v in config.items() if k not in _TRAINING_KEYS}
     conf["batch_size"] = n
     defaults = {k: v for k, v in DEFAULTS.items() if k not in _TRAINING_KEYS}

@@ -171,19 +171,28 @@ def make_simulate(apply_fn, cfg: InversionConfig) -> Callable:
     if cfg.simulate == "gradient":
         return grad_at
 
+    def weighted_grad_at(params, x, y, w):
+        def loss(p):
+            per_example = optax.softmax_cross_entropy(apply_fn(p, x), y)
+            return jnp.sum(per_example * w) / jnp.sum(w)
+        return jax.grad(loss)(params)
+
     def fedavg(params, x, y):
         n = x.shape[0]
         b = min(cfg.local_batch, n)
         per_epoch = -(-n // b)
-        # Pad to whole batches by wrapping around (the client's padding rows
-        # carry zero weight; wrapping keeps shapes static).
-        idx = jnp.arange(per_epoch * b) % n
+        # Pad to whole batches by wrapping around (static shapes); the wrapped
+        # rows get weight 0, so a partial last batch is the mean over its real
+        # rows, as the client's masked_mean_loss takes it (fedsim.client).
+        slots = jnp.arange(per_epoch * b)
+        idx = slots % n
         xb = x[idx].reshape((per_epoch, b) + x.shape[1:])
         yb = y[idx].reshape((per_epoch, b) + y.shape[1:])
+        wb = (slots < n).astype(x.dtype).reshape(per_epoch, b)
 
         def step(p, s):
             i = s % per_epoch
-            g = grad_at(p, xb[i], yb[i])
+            g = weighted_grad_at(p, xb[i], yb[i], wb[i])
             return jax.tree_util.tree_map(lambda w, gw: w - cfg.local_lr * gw, p, g), None
 
         final, _ = jax.lax.scan(step, params, jnp.arange(cfg.local_steps))

@@ -40,8 +40,10 @@ def observed_gradient(obs: Observation) -> Params:
 
     For FedSGD, Δ = −lr·∇L exactly, so ∇L = −Δ/lr. For FedAvg with S local SGD
     steps, −Δ/(lr·S) is the average step's gradient (an approximation, exact in
-    direction for S = 1); S is ``local_steps`` if granted, else 1 (scale does
-    not matter to the cosine loss or to label inference).
+    direction for S = 1); S is ``local_steps`` if granted, else 1. The cosine
+    loss is scale-free, count-based label inference is not (its offset b_c is
+    absolute): an attack that knows S otherwise sets ``local_steps`` first, as
+    :mod:`attacks.fedavg_inversion` does with its configured S.
     """
     steps = obs.local_steps or 1
     scale = -1.0 / (obs.lr * (steps if obs.algorithm != "fedsgd" else 1))
