@@ -304,7 +304,13 @@ def make_inverter(apply_fn, cfg: InversionConfig, batch_size: int,
         fn = functools.partial(objective, params=params, target=target, labels=labels)
         state = opt.init(z)
         if cfg.optimizer == "lbfgs":
-            vg = optax.value_and_grad_from_state(fn)
+            if cfg.box:
+                # The line search's cached value and gradient belong to the
+                # unclipped point; after the projection they are stale.
+                fresh = jax.value_and_grad(fn)
+                vg = lambda z, state: fresh(z)
+            else:
+                vg = optax.value_and_grad_from_state(fn)
 
             def step(carry, _):
                 z, state = carry
