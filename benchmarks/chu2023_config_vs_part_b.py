@@ -15,7 +15,11 @@ client's start model (``--pseudo-start kept``, see
 ``train_b``'s default now mask it. So ``train_b`` runs twice: with ``masked``
 (against the config) and with ``kept`` (against the record, which it should
 still reproduce), and the table shows what the change does to the
-federation after the reconfiguration at round R/2.
+federation after the reconfiguration at round R/2. The record's observed
+rounds completed their cohorts by ``observer.fill: sorted_cut``
+(:func:`reproduce_chu2023.observer_fill_of`), the config's by its own fill
+(``uniform``): the ``kept`` replay uses the record's, the ``masked`` run the
+config's.
 
 Usage: ``python -m benchmarks.chu2023_config_vs_part_b [--rounds R]``
 (default: the config's 30). Writes
@@ -96,13 +100,17 @@ def main(argv=None) -> dict:
                          f"{mismatched or 'reconfigurations'}")
     ds = load_dataset(args.dataset, image_size=args.image_size)
 
-    fl = fl_config(args, recorded["seed"], rounds, observe)
+    # The config's federation (its observer.fill), and the record's (its own fill:
+    # observer_fill_of gives sorted_cut for records made before the option).
+    fl = fl_config(argparse.Namespace(**{**vars(args), "observer_fill": cfg.observer.fill}),
+                   recorded["seed"], rounds, observe)
+    fl_recorded = fl_config(args, recorded["seed"], rounds, observe)
     t0 = time.perf_counter()
     ref = train_b(argparse.Namespace(**{**vars(args), "pseudo_start": "masked"}), ds, fl,
                   "priprune")
     t_ref = time.perf_counter() - t0
     as_recorded = train_b(argparse.Namespace(**{**vars(args), "pseudo_start": recorded_start}),
-                          ds, fl, "priprune")
+                          ds, fl_recorded, "priprune")
     (spec,) = cfg.defenses
     if (spec["lambda_sha"], spec.get("reference_size")) != (args.lambda_sha, N_PAPER):
         raise SystemExit(f"{CONFIG.name}: lambda_sha {spec['lambda_sha']} for reference_size "

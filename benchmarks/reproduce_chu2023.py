@@ -61,7 +61,7 @@ from defenses.pruning.priprune import (PriPruneConfig, defense_rate, priprune_cl
 from defenses.pruning.schemes import (SCHEMES, initial_mask, one_shot_mask, prunable,
                                       prunefl_reprune)
 from fedsim.client import masked_mean_loss
-from fedsim.config import load_config
+from fedsim.config import OBSERVER_FILLS, load_config
 from fedsim.hooks import chain, mask_start
 from fedsim.keys import ENGINE_INIT, experiment_key, numpy_generator
 from fedsim import models
@@ -337,7 +337,8 @@ def fl_config(args, seed, rounds, observe_rounds, observe_clients=(0, 1)):
          "training.client_parallelism": "loop",
          "training.aggregation": aggregation_of(getattr(args, "upload", "weights")),
          "observer.clients": json.dumps(list(observe_clients)),
-         "observer.rounds": json.dumps(observe_rounds), "output.progress": False,
+         "observer.rounds": json.dumps(observe_rounds),
+         "observer.fill": observer_fill_of(args), "output.progress": False,
          "output.plots": False}
     return load_config(None, [f"{k}={v}" for k, v in o.items()])
 
@@ -480,6 +481,12 @@ PSEUDO_STARTS = ("masked", "kept")
 def pseudo_start_of(args) -> str:
     """``args.pseudo_start``; ``kept`` for settings recorded before the option existed."""
     return getattr(args, "pseudo_start", "kept")
+
+
+def observer_fill_of(args) -> str:
+    """``args.observer_fill`` (the engine's ``observer.fill``); ``sorted_cut`` for
+    settings recorded before the option existed, as those runs' cohorts were made."""
+    return getattr(args, "observer_fill", "sorted_cut")
 
 
 def train_b(args, ds, cfg, name):
@@ -1015,7 +1022,8 @@ def _same_b_settings(other: dict, main: dict, skip_extra=()) -> str:
     skip = {"seed", "parts", "combine", "out", "tag", *skip_extra}
     # Options added after a run was made are absent from its settings: their default then.
     defaults = {"a_trained_rounds": 0, "upload": "weights", "a_protocol": "pruned_model",
-                "dataset": DEFAULT_DATASET, "partition": "dirichlet", "pseudo_start": "kept"}
+                "dataset": DEFAULT_DATASET, "partition": "dirichlet", "pseudo_start": "kept",
+                "observer_fill": "sorted_cut"}
     get = lambda s, k: s.get(k, defaults.get(k))
     diff = [k for k in sorted(set(other) | set(main)) if k not in skip
             and get(other, k) != get(main, k)]
@@ -1702,6 +1710,11 @@ def main(argv=None):
                          "(masked, as the engine does) or keeps its old local value (kept, as "
                          "part B's runs recorded before Nov 27 2026 did; their settings have "
                          "no pseudo_start)")
+    ap.add_argument("--observer-fill", choices=OBSERVER_FILLS, default="uniform",
+                    help="how an observed round's cohort is completed around the observed "
+                         "clients (the engine's observer.fill): uniform, or sorted_cut, as "
+                         "runs recorded before Nov 27 2026 did (their settings have no "
+                         "observer_fill)")
     ap.add_argument("--a-trained-rounds", type=int, default=0, metavar="R",
                     help="part A: train each pruned Conv-2 by FedAvg for R rounds (part B's "
                          "clients, the scheme's mask fixed) and attack uploads at the trained "

@@ -48,11 +48,22 @@ def config_fingerprint(cfg) -> str:
     ``fedsim attack`` does with the observed uploads, so a finished run can be
     attacked again with other settings).
     """
-    d = _without_dense_pruning(cfg.to_dict())
+    d = _as_hashed_before(cfg)
     for key in ("output", "name", "attack"):
         d.pop(key, None)
     d.get("training", {}).pop("rounds", None)
     return _hash(d)
+
+
+def _as_hashed_before(cfg) -> dict:
+    """``cfg`` as a dict without the keys that came later with a default that
+    changes nothing of what was hashed before: a dense ``pruning`` section
+    (:func:`_without_dense_pruning`) and ``observer.fill: uniform`` (2026-11-27,
+    the default; earlier runs keep their fingerprints, and resume under it)."""
+    d = _without_dense_pruning(cfg.to_dict())
+    if d.get("observer", {}).get("fill") == "uniform":
+        d["observer"].pop("fill")
+    return d
 
 
 def _without_dense_pruning(d: dict) -> dict:
@@ -77,7 +88,7 @@ def legacy_fingerprint(cfg) -> str:
     it still resume (:func:`accepted_fingerprints`); new saves write
     :func:`config_fingerprint`.
     """
-    d = _without_dense_pruning(cfg.to_dict())
+    d = _as_hashed_before(cfg)
     d.pop("output", None)
     d.get("training", {}).pop("rounds", None)
     return _hash(d)

@@ -52,6 +52,7 @@ def _f(default, **meta):
 
 
 PARALLELISM = ("auto", "vmap", "map", "chunked", "loop", "sharded")
+OBSERVER_FILLS = ("uniform", "sorted_cut")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +115,11 @@ class EvalConfig:
 class ObserverConfig:
     clients: list[int] = _f([])
     rounds: list[int] = _f([])
+    fill: str = _f("uniform", choices=OBSERVER_FILLS,
+                   doc="how an observed round's cohort is completed around the observed "
+                       "clients: uniform (a uniform sample of the others); sorted_cut (the "
+                       "round's sorted draw cut after the observed clients, biased to low ids: "
+                       "what runs recorded before 2026-11-27 did, for replaying them)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,6 +394,9 @@ def validate(cfg: Config) -> None:
         if not 0 <= c < d.num_clients:
             raise ConfigError(f"config key 'observer.clients': client {c} is outside "
                               f"0..{d.num_clients - 1}")
+    if len(set(cfg.observer.clients)) < len(cfg.observer.clients):
+        raise ConfigError(f"config key 'observer.clients': {list(cfg.observer.clients)} names a "
+                          f"client more than once (it would train twice in one round)")
     if len(cfg.observer.clients) > t.clients_per_round:
         raise ConfigError("config key 'observer.clients': more observed clients than "
                           "training.clients_per_round")

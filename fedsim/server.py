@@ -17,10 +17,18 @@ SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
 AGGREGATIONS = ("mean", "sender_mean")
 
 
+def sample_cohort_order(key: PRNGKey, num_clients: int, cohort_size: int) -> jax.Array:
+    """``cohort_size`` distinct client ids, uniform and in random order, int32 [C].
+
+    :func:`sample_cohort` sorts the same draw; the order lets a caller thin the
+    cohort uniformly (observed clients forced in, :meth:`Simulation.cohort`).
+    """
+    return jax.random.choice(key, num_clients, (cohort_size,), replace=False).astype(jnp.int32)
+
+
 def sample_cohort(key: PRNGKey, num_clients: int, cohort_size: int) -> jax.Array:
     """Uniform sample of ``cohort_size`` distinct client ids (sorted), int32 [C]."""
-    ids = jax.random.choice(key, num_clients, (cohort_size,), replace=False)
-    return jnp.sort(ids).astype(jnp.int32)
+    return jnp.sort(sample_cohort_order(key, num_clients, cohort_size))
 
 
 def weighted_sum(updates: Updates, weights: jax.Array) -> Updates:

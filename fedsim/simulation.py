@@ -55,7 +55,7 @@ from fedsim.keys import ENGINE_INIT, ENGINE_ROUNDS
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.observer import ObservedUpload
 from fedsim.server import (add_weight, add_weights, make_server_optimizer, mean_update,
-                           sample_cohort, server_update, weighted_sum, zero_total)
+                           sample_cohort_order, server_update, weighted_sum, zero_total)
 from fedsim.typing import ClientOutput, CohortData, Observation, ServerState
 
 
@@ -485,14 +485,19 @@ class Simulation:
     def cohort(self, round_idx: int) -> np.ndarray:
         """The clients of round ``round_idx`` (observed clients forced in)."""
         sample_key, _ = self.round_keys(round_idx)
-        ids = np.asarray(sample_cohort(sample_key, self.num_clients,
-                                       self.cfg.training.clients_per_round))
+        order = np.asarray(sample_cohort_order(sample_key, self.num_clients,
+                                               self.cfg.training.clients_per_round))
         obs = self.cfg.observer
         if round_idx in obs.rounds and obs.clients:
-            targets = [c for c in obs.clients]
-            rest = [c for c in ids if c not in targets]
-            ids = np.sort(np.array(targets + rest[: len(ids) - len(targets)], dtype=np.int32))
-        return ids
+            # The rest of the cohort: the first others of the draw in its random
+            # order, a uniform sample of the other clients. "sorted_cut" cuts the
+            # sorted draw instead, dropping the largest ids (high ids train less
+            # in observed rounds); runs recorded before it became a choice did so.
+            targets = list(obs.clients)
+            others = order if obs.fill == "uniform" else np.sort(order)
+            rest = [c for c in others if c not in targets]
+            return np.sort(np.array(targets + rest[: len(order) - len(targets)], dtype=np.int32))
+        return np.sort(order)
 
     def client_data(self, cid) -> CohortData:
         """One client's padded data (jit-friendly gather)."""

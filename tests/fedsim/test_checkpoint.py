@@ -79,8 +79,8 @@ def test_the_fingerprint_leaves_out_name_and_attack_and_old_checkpoints_still_re
     cfg = small_config(**{"training.rounds": 1, "output.checkpoint_every": 1,
                           "output.dir": str(tmp_path / "run")})
     d = cfg.to_dict()
-    # Configs had no pruning section then (it came on 2026-11-27).
-    del d["output"], d["training"]["rounds"], d["pruning"]
+    # Configs had no pruning section and no observer.fill then (both came on 2026-11-27).
+    del d["output"], d["training"]["rounds"], d["pruning"], d["observer"]["fill"]
     old = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert old != config_fingerprint(cfg)
     sim, state = _trained_state(cfg)
@@ -94,3 +94,22 @@ def test_the_fingerprint_leaves_out_name_and_attack_and_old_checkpoints_still_re
     restored, meta = Checkpointer(tmp_path / "run" / "checkpoints").restore(sim.init_state())
     assert int(restored.round) == 2
     assert meta["config_fingerprint"] == config_fingerprint(cfg)
+
+
+def test_observer_fill_is_hashed_only_where_it_is_not_the_default():
+    """Checkpoints written before ``observer.fill`` existed keep their fingerprints
+    (the default is left out of the hash); the other fill makes another federation."""
+    import hashlib
+    import json
+
+    from fedsim.config import load_config
+
+    base = ["model.name=mlp", "observer.clients=[0]", "observer.rounds=[0]"]
+    uniform = load_config(None, base)
+    d = uniform.to_dict()
+    del d["output"], d["name"], d["attack"], d["training"]["rounds"], d["pruning"]
+    del d["observer"]["fill"]
+    before = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert config_fingerprint(uniform) == before
+    assert config_fingerprint(load_config(None, base + ["observer.fill=sorted_cut"])) != before
+

@@ -6,6 +6,7 @@ import optax
 import pytest
 
 from fedsim.client import LocalTraining, make_client_update
+from fedsim.config import ConfigError
 from fedsim.hooks import Defense
 from fedsim.server import aggregate, server_update
 from fedsim.simulation import NonFiniteError, Simulation
@@ -278,3 +279,51 @@ def test_bad_matmul_precision_names_the_key():
     from fedsim.config import ConfigError
     with pytest.raises(ConfigError, match="training.matmul_precision"):
         small_config(**{"training.matmul_precision": "tf32"})
+
+
+def test_an_observed_round_fills_its_cohort_uniformly_from_the_other_clients():
+    """With observed clients forced in, the rest of the cohort must be a uniform
+    sample of the others (cutting the sorted draw kept low ids: clients 90-99 were in
+    3.7 % of observed rounds instead of 9/99, chi-square p ~ 1e-143); rounds nobody
+    observes keep the plain uniform draw."""
+    from scipy.stats import chisquare
+
+    from fedsim.server import sample_cohort
+
+    rounds = 2000
+    cfg = small_config(**{"data.num_clients": 100, "data.partition": "iid",
+                          "training.clients_per_round": 10, "training.rounds": rounds + 1,
+                          "observer.clients": [0], "observer.rounds": list(range(rounds))})
+    sim = Simulation(cfg, dataset=small_dataset(n=1000))
+    counts = np.zeros(100)
+    for r in range(rounds):
+        ids = sim.cohort(r)
+        assert len(set(ids.tolist())) == 10 and 0 in ids
+        counts[ids] += 1
+    assert chisquare(counts[1:]).pvalue > 1e-3
+    unobserved = sim.cohort(rounds)
+    np.testing.assert_array_equal(unobserved, sample_cohort(sim.round_keys(rounds)[0], 100, 10))
+
+
+def test_an_observed_client_named_twice_is_refused():
+    with pytest.raises(ConfigError, match=r"observer.clients.*more than once"):
+        small_config(**{"observer.clients": [3, 3], "observer.rounds": [0]})
+
+
+def test_the_sorted_cut_fill_replays_the_cohorts_of_runs_recorded_before_it():
+    """``observer.fill: sorted_cut`` keeps the observed clients and the lowest other
+    ids of the round's sorted draw, as every observed round did before the option."""
+    from fedsim.server import sample_cohort
+
+    sims = {fill: Simulation(small_config(**{
+        "data.num_clients": 20, "training.clients_per_round": 10, "training.rounds": 40,
+        "observer.clients": [0, 1], "observer.rounds": list(range(40)),
+        "observer.fill": fill}), dataset=small_dataset(n=1000))
+        for fill in ("sorted_cut", "uniform")}
+    differs = 0
+    for r in range(40):
+        draw = [int(c) for c in sample_cohort(sims["uniform"].round_keys(r)[0], 20, 10)]
+        expected = sorted([0, 1] + [c for c in draw if c not in (0, 1)][:8])
+        np.testing.assert_array_equal(sims["sorted_cut"].cohort(r), expected)
+        differs += not np.array_equal(sims["uniform"].cohort(r), expected)
+    assert differs > 0
