@@ -370,6 +370,14 @@ def validate(cfg: Config) -> None:
     if t.clients_per_round > d.num_clients:
         raise ConfigError(f"config key 'training.clients_per_round': {t.clients_per_round} exceeds "
                           f"data.num_clients = {d.num_clients}")
+    if t.algorithm == "fedsgd" and (t.optimizer != "sgd" or t.weight_decay > 0):
+        # A FedSGD client sends -lr·g of one full-batch gradient; a client
+        # optimizer or weight decay would be ignored without a word.
+        key, val = (("optimizer", t.optimizer) if t.optimizer != "sgd"
+                    else ("weight_decay", t.weight_decay))
+        raise ConfigError(f"config key 'training.{key}': {val!r} applies to FedAvg's local "
+                          f"training; a FedSGD client sends one plain gradient step (use "
+                          f"training.server_optimizer for momentum or Adam at the server)")
     for i, spec in enumerate(cfg.defenses):
         if not isinstance(spec, dict) or "name" not in spec:
             raise ConfigError(f"config key 'defenses[{i}]': expected a mapping with a 'name' key")

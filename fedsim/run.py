@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import resource
 import sys
 import time
@@ -133,8 +134,10 @@ def _run_rounds(cfg, sim, state, start, log, ckpt, watch, progress, on_round, ac
     rounds, every = cfg.training.rounds, cfg.output.checkpoint_every
     for r in range(start, rounds):
         state, res = sim.run_round(state, r)
-        row = {"round": r, "train_loss": res.train_loss, "seconds": res.seconds,
-               "clients": len(res.cohort)}
+        # null (not NaN, which is not JSON) for a round in which every client was skipped.
+        row = {"round": r,
+               "train_loss": res.train_loss if math.isfinite(res.train_loss) else None,
+               "seconds": res.seconds, "clients": len(res.cohort)}
         if res.skipped_clients:
             row["skipped_clients"] = res.skipped_clients
         if (r + 1) % cfg.eval.every == 0 or r == rounds - 1:
@@ -149,7 +152,7 @@ def _run_rounds(cfg, sim, state, start, log, ckpt, watch, progress, on_round, ac
         if ckpt is not None and ((r + 1) % every == 0 or r == rounds - 1 or stop):
             ckpt.save(r + 1, state, checkpoint.make_meta(cfg, sim, state))
         if progress is not None:
-            progress.set_postfix(loss=f"{res.train_loss:.3f}",
+            progress.set_postfix(loss=f"{res.train_loss:.3f}",  # "nan": all skipped
                                  acc="-" if acc is None else f"{acc:.3f}")
             progress.update(1)
         if stop:

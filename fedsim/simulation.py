@@ -69,7 +69,7 @@ class RoundResult:
 
     round: int
     cohort: np.ndarray
-    train_loss: float
+    train_loss: float  # example-weighted mean over the clients counted; NaN if none was
     seconds: float
     skipped_clients: list[int]
     observed: list[ObservedUpload]
@@ -745,7 +745,10 @@ class Simulation:
                 state, ids, ckey, round_idx, observed_ids)
         bad = [int(c) for c, f in zip(ids, finite) if not f]
         ok = weights > 0
-        train_loss = float(np.sum(losses[ok] * weights[ok]) / max(np.sum(weights[ok]), 1e-12))
+        # NaN where no client counted (all skipped): the model did not move, and
+        # a loss of 0 would read as a perfect round.
+        train_loss = (float(np.sum(losses[ok] * weights[ok]) / np.sum(weights[ok])) if ok.any()
+                      else float("nan"))
         jax.block_until_ready(new_state.params)
         return new_state, RoundResult(round_idx, ids, train_loss, time.perf_counter() - t0,
                                       bad, observed)

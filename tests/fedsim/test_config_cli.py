@@ -182,3 +182,13 @@ def test_privacy_command_is_available_through_fedsim(capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert abs(out["epsilon"] - 0.49) / 0.49 < 0.05 and out["approach"] == "1"
+
+
+@pytest.mark.parametrize("override,key", [("training.optimizer=adam", "training.optimizer"),
+                                          ("training.weight_decay=0.1", "training.weight_decay")])
+def test_fedsgd_refuses_a_client_optimizer_it_would_ignore(override, key):
+    """FedSGD clients send one plain gradient step: a client optimizer or weight
+    decay changed nothing (same parameters as plain SGD) and must be refused."""
+    with pytest.raises(ConfigError, match=rf"'{key}'.*FedSGD.*server_optimizer"):
+        load_config(None, ["training.algorithm=fedsgd", override])
+    load_config(None, ["training.algorithm=fedavg", override])

@@ -148,6 +148,20 @@ def test_nonfinite_clients_can_be_skipped():
     assert len(res.skipped_clients) == 3
     chex.assert_tree_all_finite(state.params)
     chex.assert_trees_all_close(state.params, p0)  # nothing aggregated
+    assert np.isnan(res.train_loss)  # no client counted: no loss (it read 0.0, a perfect round)
+
+
+def test_a_round_whose_clients_were_all_skipped_logs_no_train_loss(tmp_path):
+    import json
+
+    from fedsim.run import run_simulation
+
+    cfg = small_config(**{"training.on_nonfinite": "skip_client", "training.rounds": 1,
+                          "output.dir": str(tmp_path)})
+    sim = Simulation(cfg, dataset=small_dataset(), defenses={"upload": _nan_upload()})
+    summary = run_simulation(cfg, sim=sim, quiet=True)
+    (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert row["train_loss"] is None and summary["final_train_loss"] is None
 
 
 def test_observer_sees_the_upload_of_chosen_clients():
