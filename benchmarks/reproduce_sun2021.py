@@ -105,7 +105,9 @@ COMMON_NOTES = [
     "DLG model: the DLG LeNet with the DLG / Soteria reference code's U(-0.5, 0.5) weight "
     "init (`lenet_dlginit`): with flax's default init it stayed at 10 % test accuracy for 60 "
     "rounds at lr 0.5 and 1.0 (even IID), so no accuracy comparison was possible.",
-    "Accuracy: FedAvg, 100 non-IID clients (2 classes × 100 samples), 10 per round, E = 1, "
+    "Accuracy: FedAvg, 100 non-IID clients (McMahan shards: 100 samples, 2 label-sorted "
+    "shards of 50 each, so a client whose two shards fall in one class holds one class; the "
+    "paper: 2 random classes × 100 samples), 10 per round, E = 1, "
     "B = 32, SGD; per grid point the mean over FL seeds (model init + client sampling + local "
     "keys; the partition is that of --seed for all) of the mean test accuracy of the last 5 "
     "rounds (non-IID FedAvg oscillates); the same seeds for every defense (paired). DLG model "

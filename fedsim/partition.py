@@ -59,10 +59,14 @@ def shards(labels: np.ndarray, num_clients: int, classes_per_client: int, seed: 
            examples_per_client: int | None = None) -> list[np.ndarray]:
     """McMahan et al. shards: sort by label, cut into ``num_clients × k`` shards.
 
-    Each client gets ``classes_per_client`` shards, so it sees about that many
-    classes (exactly, when shards do not straddle class boundaries). With
-    ``examples_per_client`` each client keeps only that many examples, split
-    evenly over its shards (Soteria: 100 clients × 2 classes × 100 samples).
+    Each client gets ``classes_per_client`` shards, so it sees at most about that
+    many classes, not exactly: shards are dealt at random, so two of a
+    client's shards can come from one class (it then holds fewer classes), and
+    a shard straddling a class boundary adds one. With ``examples_per_client``
+    each client keeps at most that many examples, split evenly over its shards
+    (fewer where the shards are smaller: N / (num_clients × k) examples each).
+    Soteria (paper 003 §6.1) gives each device 2 random, distinct classes of
+    100 samples each; this partition approximates it.
     """
     _check(num_clients, len(labels))
     if classes_per_client < 1:
