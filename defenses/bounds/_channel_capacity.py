@@ -145,7 +145,13 @@ def white_channel_sigmas(eigenvalues: ArrayLike, kappa: float) -> np.ndarray:
     d = int(np.count_nonzero(lam > 0))
     if d == 0:
         raise ValueError("eigenvalues must contain at least one positive value")
-    return lam / math.expm1(2.0 * kappa / d)
+    # In logs: expm1(2κ/d) overflows past 2κ/d ≈ 709.8 (an OverflowError, or
+    # inf and then σ = 0: no noise at all).
+    log_scale = _log_expm1(2.0 * kappa / d)
+    with np.errstate(divide="ignore"):
+        sigma = np.where(lam > 0, np.exp(np.log(lam) - log_scale), 0.0)
+    _positive_sigma(float(np.min(sigma[lam > 0])), kappa, "white_channel_sigmas")
+    return sigma
 
 
 def white_channel_covariance(covariance: ArrayLike, kappa: float) -> np.ndarray:

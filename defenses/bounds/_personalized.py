@@ -29,6 +29,7 @@ from scipy import linalg
 
 from defenses.accounting._validation import check_positive
 from defenses.bounds._bisect import bisect_log_sigma
+from defenses.bounds._channel_capacity import _positive_sigma
 
 __all__ = [
     "PersonalizedTerms",
@@ -191,7 +192,10 @@ def personalized_channel_sigma(
         if lo < -745.0:  # below the smallest positive float64
             raise ValueError(f"personalized_channel_sigma: the noise scale for kappa={kappa} "
                              "underflows float64 (kappa too large for this covariance)")
-    return bisect_log_sigma(u_of, kappa, lo, hi, tol=tol)
+    # A κ near the float64 limit puts the bracket itself below the smallest float
+    # (the loop above never runs): the solved σ is then 0, no noise at all.
+    return _positive_sigma(bisect_log_sigma(u_of, kappa, lo, hi, tol=tol), kappa,
+                           "personalized_channel_sigma")
 
 
 def _log_expm1(x: float) -> float:

@@ -154,3 +154,28 @@ def test_channel_solvers_at_large_kappa(dim):
     assert personalized_channel_bound(s_full, terms) == pytest.approx(1000.0, abs=1e-6)
     exact = 0.5 * (np.linalg.slogdet(cov + s_full * np.diag(beta))[1] - np.sum(np.log(s_full * beta)))
     assert exact <= 1000.0 + 1e-6
+
+
+@pytest.mark.parametrize("kappa", [400.0, 1e306, 1e308])
+def test_a_kappa_whose_noise_underflows_is_refused_by_every_channel(kappa):
+    """Past 2κ/d ≈ 709.8 exp overflows: White raised OverflowError (a traceback
+    under `fedsim run`) or, at κ = 1e308, returned σ = 0, and Personalized returned
+    σ = 0 at κ >= 1e306: channels that add no noise at all."""
+    var = np.array([1.0, 0.5, 2.0])
+    beta = np.ones(3)
+    with pytest.raises(ValueError, match="white_channel_sigmas.*underflows"):
+        white_channel_sigmas(var[:1] if kappa == 400.0 else var, kappa)
+    with pytest.raises(ValueError, match="natural_channel_sigma.*underflows"):
+        natural_channel_sigma(var[:1] if kappa == 400.0 else var, kappa)
+    with pytest.raises(ValueError, match="personalized_channel_sigma.*underflows"):
+        personalized_channel_sigma(var[:1] if kappa == 400.0 else var,
+                                   beta[:1] if kappa == 400.0 else beta, kappa)
+
+
+def test_white_sigmas_near_the_float_limit_keep_eq_19():
+    """σᵢ = λᵢ / (exp(2κ/d) − 1), computed in logs: exact where the quotient is
+    representable, e.g. 2κ/d = 700 (expm1 is still finite there)."""
+    lam = np.array([3.0, 1.0, 0.0, 0.25])
+    kappa = 700.0 * 3 / 2
+    expected = np.where(lam > 0, lam / np.expm1(700.0), 0.0)
+    np.testing.assert_allclose(white_channel_sigmas(lam, kappa), expected, rtol=1e-12)
