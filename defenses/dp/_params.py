@@ -12,7 +12,11 @@ class DPParameters(NamedTuple):
       mechanism: "gauss" (Gaussian, incl. DP-PSAC), "vmf", or "clip" (no noise).
       noise_multiplier: σ (Gaussian); 0 for "clip".
       kappa: κ (VMF), else None.
-      clip_norm: C (the total L2 sensitivity bound of one example's gradient).
+      clip_norm: C, the clipping norm as configured: one example's L2
+        sensitivity with whole-gradient clipping, per layer with
+        ``clipping="per_layer"`` (the total is then C·√R over R layers;
+        ``noise_multiplier`` is relative to that total). Informational: the
+        accountants read only σ or κ.
       dim: p, the number of model parameters (VMF accounting), else None.
     """
 

@@ -2,12 +2,18 @@
 
 * ``update_gaussian(sigma)`` / ``update_laplace(scale)``: the DP-Gaussian and
   DP-Laplace baselines of Soteria (Sun et al., 003 §6.1, Table 2: σ ∈
-  [1e-4, 1e-1]): i.i.d. N(0, σ²) resp. Laplace(0, b) noise added to every
-  coordinate of the shared update. As in Soteria (and DLG, Zhu et al. 2019)
-  the update is NOT clipped, so these give no formal DP guarantee; pass
-  ``clip_norm`` to clip the update first (L2 for Gaussian, L1 for Laplace),
-  which makes them the Gaussian (σ/C noise multiplier) resp. Laplace
-  (ε = C/b) mechanism on one client's update.
+  [1e-4, 1e-1]): i.i.d. N(0, sigma²) resp. Laplace(0, scale) noise added to
+  every coordinate of the shared update. ``sigma`` is the standard deviation
+  and ``scale`` Laplace's b, while 003 §6.1 calls its σ the *variance* ("we
+  set the mean and variance of the noise distribution as 0 and σ"): for a
+  Table 2 value σ pass ``sigma=√σ`` resp. ``scale=√(σ/2)`` (a Laplace(0, b)
+  has variance 2b²), as ``benchmarks/reproduce_sun2021.dp_noise_scale`` does.
+  As in Soteria (and DLG, Zhu et al. 2019) the update is NOT clipped, so these
+  give no formal DP guarantee; pass ``clip_norm`` to clip the update first (L2
+  for Gaussian, L1 for Laplace), which makes them the Gaussian (sigma/C noise
+  multiplier) resp. Laplace (ε = C/b) mechanism on one client's update, with
+  add/remove adjacency (an update against none); against replacement (one
+  client's update against another's) the sensitivity is 2C: ε = 2C/b.
 * ``client_level_dp(clip_norm, noise_multiplier, clients_per_round)``:
   DP-FedAvg (McMahan et al., ICLR 2018): clip each client update to L2 norm C
   and add Gaussian noise so that the SUM over the m clients of a round carries
