@@ -75,10 +75,13 @@ class InversionConfig:
       label_mode: "given" (labels fixed) or "joint" (optimise label logits, DLG).
       simulate: "gradient" or "fedavg".
       local_steps, local_batch, local_lr: the unrolled FedAvg training.
-      masked: compare only the coordinates where the target is non-zero
-        (SGI, paper 002 Alg. 2: the pruning mask is read off the update's zeros,
-        :func:`support_mask`). The one implementation of SGI's masking;
-        :mod:`attacks.sgi` sets it.
+      masked: compare only the coordinates of SGI's mask (paper 002 Alg. 2): the
+        target's non-zero coordinates (:func:`support_mask`), or, with
+        ``mask_in_target``, the mask that comes with it. The one implementation
+        of SGI's masking; :mod:`attacks.sgi` sets it.
+      mask_in_target: with ``masked``, each target is ``{"gradient": g,
+        "mask": m}`` (SGI's m = 1[w_g + Δ ≠ 0], read off the client's weights,
+        Alg. 2 line 3) instead of a gradient whose zeros are the mask.
     """
 
     loss: str = "cosine"
@@ -97,6 +100,7 @@ class InversionConfig:
     local_batch: int = 1
     local_lr: float = 0.1
     masked: bool = False
+    mask_in_target: bool = False
 
 
 _CHOICES = {"loss": ("cosine", "l2"), "optimizer": ("adam", "lbfgs"),
@@ -245,9 +249,14 @@ def make_objective(simulate: Callable, cfg: InversionConfig, num_classes: int) -
         y = jax.nn.softmax(z["y"]) if joint else jax.nn.one_hot(labels, num_classes)
         sim = simulate(params, x, y)
         if cfg.masked:
-            # g(x̂) ⊙ m, m read off the target's zeros: pruned coordinates leave
+            # g(x̂) ⊙ m (and the target ⊙ m): coordinates outside the mask leave
             # both the dot product and the norms of the cosine loss.
-            sim = jax.tree_util.tree_map(jnp.multiply, sim, support_mask(target))
+            if cfg.mask_in_target:
+                mask = target["mask"]
+                target = jax.tree_util.tree_map(jnp.multiply, target["gradient"], mask)
+            else:
+                mask = support_mask(target)
+            sim = jax.tree_util.tree_map(jnp.multiply, sim, mask)
         loss = matching_loss(sim, target, cfg.loss)
         return loss + cfg.tv * total_variation(x) if cfg.tv > 0 else loss
 

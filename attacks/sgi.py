@@ -6,29 +6,41 @@ batch's *dense* gradient to that sparse target, so the pruned coordinates act
 as wrong targets and inflate the dummy gradient's norm in the cosine loss.
 SGI (Alg 2):
 
-1. recover the mask from the upload's zero pattern, m = 1[Δ ≠ 0];
+1. recover the mask from the client's weights, m = 1[ŵ ≠ 0] (line 3), where
+   the server knows ŵ = w_g + Δ (w_g: the global model it sent);
 2. simulate the dummy batch's gradient of the *pruned* model, g(x̂) ⊙ m;
-3. minimise the cosine loss between g(x̂) ⊙ m and the observed gradient (only
-   the unmasked coordinates count) + TV, with the Inverting-Gradients
-   optimiser (signed Adam, step decay, box, restarts) of
+3. minimise the cosine loss between g(x̂) ⊙ m and the observed gradient ⊙ m
+   (line 4; only the unmasked coordinates count) + TV, with the
+   Inverting-Gradients optimiser (signed Adam, step decay, box, restarts) of
    :mod:`attacks.gradient_inversion`.
 
-Implementation: one route. Steps 1–2 are the ``masked`` option of the shared
-core (:class:`attacks.gradient_inversion.InversionConfig`; the mask is
-:func:`attacks.gradient_inversion.support_mask` of the target, recomputed
-inside the jitted loss from the observation alone — threat model: the server
-sees only the upload). This module only sets it, so ``sgi`` and
-``inverting_gradients`` with the same config and key differ in nothing else
-(the paper's Fig 7 comparison, "GI" = Geiping et al.).
+Masks (``config["mask"]``):
+
+* ``"model"`` (default, Alg 2 line 3): m = 1[w_g + Δ ≠ 0]. A pruned weight is
+  0 in w_g and gets no change; a shared weight whose change is exactly 0 (the
+  weights of a ReLU unit dead for the whole batch, of an input pixel that is
+  0 in every image) stays in the loss with its target 0.
+* ``"support"``: m = 1[Δ ≠ 0], the upload's zero pattern; it also drops every
+  shared coordinate whose change is 0, and with it what that zero says about
+  the data (test: on a bias-free MLP over black-bordered images it leaves the
+  border free). The rule of this module until 2026-11-27, for replaying runs
+  made with it.
+
+Implementation: one route, the ``masked`` option of the shared core
+(:class:`attacks.gradient_inversion.InversionConfig`; threat model: the server
+sees only the upload and its own w_g). This module only sets it, so ``sgi``
+and ``inverting_gradients`` with the same config and key differ in nothing
+else (the paper's Fig 7 comparison, "GI" = Geiping et al.).
 
 Weight uploads (the paper's semantics, ``config["upload"] = "weights"``):
 the client uploads its masked weights ŵ; the engine carries them as the update
-ŵ − w_g (:func:`defenses.pruning.masks.withhold`). SGI then reads the mask off
-ŵ's zeros, m_rec = 1[w_g + Δ ≠ 0] (Alg 2 line 3), and attacks
+ŵ − w_g (:func:`defenses.pruning.masks.withhold`). SGI attacks
 (ŵ − w_g) ⊙ m_rec (line 4): withheld weights (ŵ = 0, Δ = −w_g) leave the
-target. GI gets ŵ − w_g unmasked (Alg 1 line 8). Coordinates shared with a
-zero change are also left out (the core's mask is the target's support), as
-for update uploads.
+target, and labels are inferred from that view. GI gets ŵ − w_g unmasked
+(Alg 1 line 8). Update uploads: a weight a defense withholds keeps its global
+value (Δ = 0, ŵ = w_g ≠ 0), so the ``model`` mask keeps it, with target 0 —
+the server cannot tell it from an unchanged shared weight; ``support`` drops
+both.
 
 Labels: granted ones, else inferred from the upload by
 :func:`attacks.labels.infer_labels` (as for GI).
@@ -47,15 +59,24 @@ from attacks.api import Reconstruction, register_attack
 from attacks.gradient_inversion import (AttackConfigError, check_inversion_config, run_inversion,
                                         support_mask)
 from attacks.inverting_gradients import DEFAULTS
+from attacks.labels import observed_gradient
 from fedsim.typing import Observation
 
 
 UPLOADS = ("update", "weights")
+MASKS = ("model", "support")
 
 
 def recover_mask(update) -> Any:
-    """Alg 2 line 2: the {0,1} mask of the upload's nonzero coordinates."""
+    """The ``support`` mask: the {0,1} mask of the upload's nonzero coordinates."""
     return support_mask(update)
+
+
+def model_mask(obs: Observation) -> Any:
+    """Alg 2 line 3, m = 1[ŵ ≠ 0] with ŵ = w_g + Δ: the client's weights, which the
+    server knows from the w_g it sent (either upload semantics)."""
+    return jax.tree_util.tree_map(lambda d, g: ((g + d) != 0).astype(d.dtype),
+                                  obs.update, obs.params)
 
 
 def from_weight_upload(obs: Observation) -> Observation:
@@ -80,28 +101,48 @@ def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = 
     if upload not in UPLOADS:
         raise AttackConfigError(f"attack.config.upload: {upload!r} is not allowed; allowed: "
                                 f"{', '.join(UPLOADS)}")
+    mask = config.pop("mask", "model")
+    if mask not in MASKS:
+        raise AttackConfigError(f"attack.config.mask: {mask!r} is not allowed; allowed: "
+                                f"{', '.join(MASKS)}")
     check_inversion_config(config, DEFAULTS, grants, algorithm)
 
 
-def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key
-             ) -> list[Reconstruction]:
+def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key,
+             uploads: Sequence[str] | None = None) -> list[Reconstruction]:
     """SGI against several victims at once (one vmapped, jitted loop).
 
     With the same ``config`` and ``key``, victims get the same labels and the
     same initial dummies as :func:`attacks.inverting_gradients.run_many`
-    (paired comparison).
+    (paired comparison). ``uploads``: each victim's upload semantics, where
+    they differ (else ``config["upload"]`` for all).
     """
     check_config(config)
     config = dict(config)
     upload = config.pop("upload", "update")
-    if upload == "weights":
-        observations = [from_weight_upload(o) for o in observations]
-    recs = run_inversion(observations, config, key, DEFAULTS, cfg_overrides={"masked": True})
+    rule = config.pop("mask", "model")
+    uploads = list(uploads) if uploads is not None else [upload] * len(observations)
+    if len(uploads) != len(observations) or any(u not in UPLOADS for u in uploads):
+        raise AttackConfigError(f"uploads: one of {', '.join(UPLOADS)} per observation, got "
+                                f"{uploads!r} for {len(observations)}")
+    masks = [model_mask(o) for o in observations] if rule == "model" else None
+    observations = [from_weight_upload(o) if u == "weights" else o
+                    for o, u in zip(observations, uploads)]
+    if rule == "support":
+        masks = [recover_mask(o.update) for o in observations]
+        recs = run_inversion(observations, config, key, DEFAULTS,
+                             cfg_overrides={"masked": True})
+    else:
+        by_victim = {id(o): m for o, m in zip(observations, masks)}
+        recs = run_inversion(
+            observations, config, key, DEFAULTS,
+            target_fn=lambda o: {"gradient": observed_gradient(o), "mask": by_victim[id(o)]},
+            cfg_overrides={"masked": True, "mask_in_target": True})
     out = []
-    for obs, r in zip(observations, recs):
-        leaves = jax.tree_util.tree_leaves(recover_mask(obs.update))
+    for m, r in zip(masks, recs):
+        leaves = jax.tree_util.tree_leaves(m)
         density = float(sum(np.sum(np.asarray(l)) for l in leaves) / sum(l.size for l in leaves))
-        out.append(r._replace(extras={**r.extras, "mask_density": density}))
+        out.append(r._replace(extras={**r.extras, "mask_density": density, "mask": rule}))
     return out
 
 

@@ -48,7 +48,7 @@ def run(result: dict, scheme: str, p: float) -> dict:
     """The three arms on ``(scheme, p)`` of an Alg 1 part-A result."""
     from attacks import inverting_gradients, sgi
     from benchmarks.diagnose_sgi_vs_gi import check_recorded, rebuild
-    from benchmarks.reproduce_chu2023 import part_a_key, score
+    from benchmarks.reproduce_chu2023 import part_a_key, score, sgi_mask_of
 
     built = list(rebuild(result, "alg1", only=(scheme, p)))
     if not built:
@@ -65,7 +65,8 @@ def run(result: dict, scheme: str, p: float) -> dict:
         t0 = time.perf_counter()
         c = {**cfg, "tv": tv}
         recs = (inverting_gradients.run_many(obs, c, key) if attack == "gi"
-                else sgi.run_many(obs, {**c, "upload": "weights"}, key))
+                else sgi.run_many(obs, {**c, "upload": "weights", "mask": sgi_mask_of(
+                    argparse.Namespace(**result["settings"]))}, key))
         sc = [score(r.x, x) for r, x in zip(recs, truths)]
         arms[name] = {"attack": attack, "tv": tv, "psnr_victims": [b for _, b in sc],
                       "nmi_victims": [a for a, _ in sc], "psnr": float(np.mean([b for _, b in sc])),

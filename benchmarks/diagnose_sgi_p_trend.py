@@ -75,6 +75,9 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=8, help="victim batch size (part A's p axis: 8)")
     ap.add_argument("--iterations", type=int, default=200, help="attack iterations (part A: 200)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sgi-mask", choices=("model", "support"), default="model",
+                    help="SGI's mask (attacks.sgi.MASKS); results written before Nov 27 2026 "
+                         "used 'support' (their settings have no sgi_mask)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     if len(args.rates) < 2 or any(not 0 < p < 1 for p in args.rates):
@@ -125,7 +128,7 @@ def main(argv=None):
             print(f"{scheme} p={p} {kind}: {r} rounds, accuracy {acc:.4f}", flush=True)
     attack_key = experiment_key(seed, "sgi_p_trend/attack")
     t1 = time.perf_counter()
-    gi, sg = attack_all(obs_list, attack_cfg, attack_key)
+    gi, sg = attack_all(obs_list, attack_cfg, attack_key, mask=args.sgi_mask)
     attack_s = time.perf_counter() - t1
     V = args.victims
     for j, st in enumerate(states):

@@ -110,16 +110,23 @@ def score(x_rec, x_true):
     return nmi(x_rec, x_true), float(np.mean(psnr(x_rec, x_true)))
 
 
-def attack_all(obs_list, attack_cfg, key, upload="update"):
+def sgi_mask_of(args) -> str:
+    """``args.sgi_mask`` (:data:`attacks.sgi.MASKS`); ``support`` for settings
+    recorded before the option existed, the rule SGI had then."""
+    return getattr(args, "sgi_mask", "support")
+
+
+def attack_all(obs_list, attack_cfg, key, upload="update", mask="model"):
     """GI and SGI on every observation (vmapped, one compile per attack).
 
     Paired: both attacks get the same key, hence the same labels and the same
-    initial dummies per victim and restart; they differ only in SGI's mask.
-    ``upload="weights"``: the observations carry weight uploads as ŵ − w, and SGI
-    reads its mask off ŵ's zeros (Alg 2 lines 3–4); GI attacks ŵ − w as it is.
+    initial dummies per victim and restart; they differ only in SGI's mask
+    (``mask``: :data:`attacks.sgi.MASKS`). ``upload="weights"``: the
+    observations carry weight uploads as ŵ − w, and SGI reads its mask off ŵ
+    (Alg 2 lines 3–4); GI attacks ŵ − w as it is.
     """
     gi = inverting_gradients.run_many(obs_list, attack_cfg, key)
-    sg = sgi.run_many(obs_list, {**attack_cfg, "upload": upload}, key)
+    sg = sgi.run_many(obs_list, {**attack_cfg, "upload": upload, "mask": mask}, key)
     return gi, sg
 
 
@@ -262,7 +269,8 @@ def part_a(args, ds, rows, seed):
         t0 = time.perf_counter()
         attack_key, attack_name = part_a_key(seed, "attack", model_name, B)
         gi, sg = attack_all(obs_list, args.attack, attack_key,
-                            upload="weights" if protocol == "alg1" else "update")
+                            upload="weights" if protocol == "alg1" else "update",
+                            mask=sgi_mask_of(args))
         secs = time.perf_counter() - t0
         V = args.victims
         for j, (scheme, p, mask_s, trained_acc, mask_name, stats) in enumerate(meta):
@@ -583,12 +591,11 @@ def part_b(args, ds, rows, seed):
            for p in pending]
     t1 = time.perf_counter()
     akey = part_b_attack_key(seed)
-    # SGI reads the mask off the weights the server receives (Alg 2 line 3; weight
-    # uploads are put in that view here, so one call keeps every victim's attack key
-    # whatever its defense's semantics); GI attacks ŵ − w_g as it is (Alg 1 line 8).
+    # SGI reads the mask off the weights the server receives (Alg 2 line 3; one
+    # call with each victim's upload semantics keeps every victim's attack key);
+    # GI attacks ŵ − w_g as it is (Alg 1 line 8).
     uploads = [upload_of(p[0], args.upload) for p in pending]
-    sg = sgi.run_many([sgi.from_weight_upload(o) if u == "weights" else o
-                       for o, u in zip(obs, uploads)], {**args.attack_b, "upload": "update"}, akey)
+    sg = sgi.run_many(obs, {**args.attack_b, "mask": sgi_mask_of(args)}, akey, uploads=uploads)
     gi = inverting_gradients.run_many(obs, args.attack_b, akey)
     att_s = time.perf_counter() - t1
     print(f"[B] attacks: {len(obs)} victims x 2 attacks in {att_s:.0f}s", flush=True)
@@ -1023,7 +1030,7 @@ def _same_b_settings(other: dict, main: dict, skip_extra=()) -> str:
     # Options added after a run was made are absent from its settings: their default then.
     defaults = {"a_trained_rounds": 0, "upload": "weights", "a_protocol": "pruned_model",
                 "dataset": DEFAULT_DATASET, "partition": "dirichlet", "pseudo_start": "kept",
-                "observer_fill": "sorted_cut"}
+                "observer_fill": "sorted_cut", "sgi_mask": "support"}
     get = lambda s, k: s.get(k, defaults.get(k))
     diff = [k for k in sorted(set(other) | set(main)) if k not in skip
             and get(other, k) != get(main, k)]
@@ -1715,6 +1722,11 @@ def main(argv=None):
                          "clients (the engine's observer.fill): uniform, or sorted_cut, as "
                          "runs recorded before Nov 27 2026 did (their settings have no "
                          "observer_fill)")
+    ap.add_argument("--sgi-mask", choices=sgi.MASKS, default="model",
+                    help="SGI's mask (attacks.sgi): 'model', Alg 2 line 3's 1[w_g + Δ != 0] "
+                         "(default), or 'support', the upload's non-zeros, which also drops "
+                         "shared weights whose change is 0 (runs recorded before Nov 27 2026; "
+                         "their settings have no sgi_mask)")
     ap.add_argument("--a-trained-rounds", type=int, default=0, metavar="R",
                     help="part A: train each pruned Conv-2 by FedAvg for R rounds (part B's "
                          "clients, the scheme's mask fixed) and attack uploads at the trained "

@@ -105,7 +105,71 @@ def test_sgi_on_weight_uploads_reads_the_mask_off_the_weights(mlp):
     chex.assert_trees_all_close(view.update, apply_mask(obs.update, keep))
     cfg = {"iterations": 3, "restarts": 1}
     a = run_attack("sgi", w_obs, {**cfg, "upload": "weights"}, jax.random.key(7))
-    b = run_attack("sgi", view, cfg, jax.random.key(7))
+    # The view's zeros are the withheld weights here (this MLP's gradient has none).
+    b = run_attack("sgi", view, {**cfg, "mask": "support"}, jax.random.key(7))
     np.testing.assert_array_equal(np.asarray(a.x), np.asarray(b.x))
     with pytest.raises(ValueError, match="attack.config.upload"):
         run_attack("sgi", w_obs, {**cfg, "upload": "grads"}, jax.random.key(7))
+
+
+def _bordered_upload(params, apply_fn, seed):
+    """A FedSGD upload of an image 0 outside its centre: the first-layer weights of
+    the border pixels get no change, though every weight is shared."""
+    rng = np.random.default_rng(seed)
+    x = np.zeros((1, 16, 16, 1), np.float32)
+    x[0, 4:-4, 4:-4] = rng.uniform(0.2, 1.0, (8, 8, 1))
+    x, y = jnp.asarray(x), jnp.array([seed])
+    obs, _ = _pruned_upload(params, apply_fn, x, y, 0.0, jax.random.key(seed))
+    return obs, x
+
+
+@pytest.mark.parametrize("upload", ["update", "weights"])
+def test_a_shared_weight_with_no_change_stays_in_sgis_mask(mlp, upload):
+    """Alg 2 line 3 reads the mask off the client's weights (ŵ = w_g + Δ ≠ 0): with
+    nothing pruned, SGI is GI. The upload's zero pattern ("support") also drops the
+    shared weights whose change is exactly 0 (here 75 % of the first layer), and with
+    them the constraint that the border is black."""
+    from attacks.sgi import model_mask
+
+    params, apply_fn = mlp
+    obs, x = _bordered_upload(params, apply_fn, 3)
+    assert np.mean(np.asarray(obs.update["Dense_0"]["kernel"]) == 0) > 0.5
+    chex.assert_trees_all_close(model_mask(obs), jax.tree_util.tree_map(jnp.ones_like, obs.update))
+    cfg = {"iterations": 150, "tv": 0.0}
+    gi = run_attack("inverting_gradients", obs, cfg, jax.random.key(7))
+    cfg["upload"] = upload
+    sgi = run_attack("sgi", obs, cfg, jax.random.key(7))
+    # Equal up to float reassociation (the mask is an input here, a constant 1 nowhere).
+    np.testing.assert_allclose(np.asarray(gi.x), np.asarray(sgi.x), atol=1e-3)
+    assert sgi.extras["mask_density"] == 1.0
+    support = run_attack("sgi", obs, {**cfg, "mask": "support"}, jax.random.key(7))
+    border = np.ones((16, 16, 1), bool)
+    border[4:-4, 4:-4] = False
+    border_mse = lambda r: float(np.mean((np.asarray(r.x)[0][border] - np.asarray(x)[0][border]) ** 2))
+    assert support.extras["mask_density"] < 0.5
+    assert border_mse(support) > 100 * border_mse(sgi)
+
+
+def test_sgis_mask_on_a_pruned_convnet_keeps_every_kept_kernel_weight():
+    """LeNet-5 at batch 8: a third of the gradient is exactly 0 (ReLU units dead for
+    the whole batch). Alg 2's mask, 1[w_g + Δ ≠ 0], is the pruning mask on the
+    kernels; the upload's zeros miss shared kernel weights."""
+    from attacks.sgi import model_mask
+
+    model = build_model("lenet5", 10)
+    apply_fn = make_apply_fn(model)
+    params = init_params(model, (16, 16, 1), jax.random.key(0))
+    mask = random_mask(jax.random.key(2), params, 0.5)
+    pm = apply_mask(params, mask)
+    x = jax.random.uniform(jax.random.key(1), (8, 16, 16, 1))
+    y = jnp.arange(8)
+    g = jax.grad(masked_mean_loss, argnums=1)(apply_fn, pm, x, y, jnp.ones(8))
+    upd = jax.tree_util.tree_map(lambda a: -0.25 * a, apply_mask(g, mask))
+    obs = Observation(upd, pm, apply_fn, "fedsgd", 0.25, 1, 8, 8, y, (16, 16, 1), 10)
+    kernels = lambda t: [v["kernel"] for v in t.values()]
+    for got, want in zip(kernels(model_mask(obs)), kernels(mask)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    kept = sum(float(np.sum(np.asarray(k))) for k in kernels(mask))
+    in_support = sum(float(np.sum(np.asarray(k))) for k in kernels(recover_mask(upd)))
+    assert in_support < 0.9 * kept
+
