@@ -16,8 +16,9 @@ runs), then
 On the CPU (default) the growth is of resident memory, Linux only, as in
 ``cohort_step_memory``. With ``--device gpu`` it is the accelerator's: its
 ``peak_bytes_in_use`` after the call less its ``bytes_in_use`` before
-(:func:`device_growth`). That peak cannot be reset, so only the first call of a
-fresh process is measured there; the second call's columns stay empty.
+(:func:`benchmarks.device_memory.device_growth`). That peak cannot be reset
+and compilation sets it first, so a ballast buffer lifts ``bytes_in_use`` to
+the peak before each call: then the call's allocations raise it.
 
 With ``--pretend-free-gib G`` an extra row attacks the last count of victims
 with the attack told that only G GiB are free, so that it splits them into
@@ -34,8 +35,8 @@ import argparse
 import json
 import os
 import sys
-import time
 
+from benchmarks.device_memory import device_growth
 from benchmarks.provenance import ROOT, git_commit, short_commit
 from benchmarks.results_io import write_json_and_markdown
 from benchmarks.worker_rows import run_worker, worker_env
@@ -44,28 +45,6 @@ DEFAULT_VICTIMS = (1, 8, 32)
 SHAPE = (16, 16, 1)
 ITERATIONS = 20
 PLATFORMS = {"cpu": "cpu", "gpu": "cuda"}  # --device -> JAX_PLATFORMS
-
-
-def device_growth(call, device):
-    """(call's result, seconds, growth of ``device``'s allocated bytes while it ran).
-
-    The growth is the allocator's peak after the call less what was allocated
-    before it. The peak counts from the process's start, so a call that does
-    not raise it cannot be measured: the growth is then None.
-
-    Raises:
-      SystemExit: the device reports no ``peak_bytes_in_use``.
-    """
-    stats = device.memory_stats() or {}
-    if "peak_bytes_in_use" not in stats:
-        raise SystemExit(f"{device} reports no peak_bytes_in_use: measure the CPU with "
-                         "--device cpu")
-    before, peak_before = stats["bytes_in_use"], stats["peak_bytes_in_use"]
-    t0 = time.perf_counter()
-    out = call()
-    seconds = time.perf_counter() - t0
-    peak = device.memory_stats()["peak_bytes_in_use"]
-    return out, seconds, (peak - before if peak > peak_before else None)
 
 
 def worker(victims: int, batch: int, pretend_free_gib: float | None = None,
@@ -102,14 +81,13 @@ def worker(victims: int, batch: int, pretend_free_gib: float | None = None,
     planned = memory.planned_bytes(fn, params, targets, labels, keys)
     kw = dict(batch_size=batch, input_shape=SHAPE, num_classes=10, shared_params=True)
     call = lambda: GI.invert_victims(apply_fn, cfg, params, targets, labels, keys, **kw)
+    first, second = {}, {}  # the ballasts' sizes on a device
     if on_cpu:
         out, seconds0, grown0 = resident_growth(call)
         _, seconds1, grown1 = resident_growth(call)
-    else:  # the device's peak cannot be reset: the first call only
-        out, seconds0, grown0 = device_growth(call, jax.local_devices()[0])
-        t0 = time.perf_counter()
-        call()
-        seconds1, grown1 = time.perf_counter() - t0, None
+    else:  # a ballast lifts the allocator's in-use bytes to its peak first
+        out, seconds0, grown0 = device_growth(call, jax.local_devices()[0], record=first)
+        _, seconds1, grown1 = device_growth(call, jax.local_devices()[0], record=second)
     return {"victims": victims, "batch": batch, "planned_bytes": planned,
             "pretend_free_bytes": (None if pretend_free_gib is None
                                    else int(pretend_free_gib * 2**30)),
@@ -117,7 +95,9 @@ def worker(victims: int, batch: int, pretend_free_gib: float | None = None,
             "victims_per_call": out["victims_per_call"],
             "device": device_description(),
             "measured_bytes": grown0, "seconds": seconds0,
-            "measured_second_bytes": grown1, "second_seconds": seconds1}
+            "measured_second_bytes": grown1, "second_seconds": seconds1,
+            "ballast_bytes": first.get("ballast_bytes"),
+            "second_ballast_bytes": second.get("ballast_bytes")}
 
 
 def run_one(victims: int, batch: int, timeout: float,
@@ -137,8 +117,10 @@ def markdown(result: dict) -> str:
     gib = lambda b: "–" if b is None else f"{b / 2**30:.3f}"
     on_gpu = result.get("measured_on") == "gpu"
     measured = ("measured: the accelerator's peak allocated bytes after the call less "
-                "those allocated before it (JAX's `memory_stats`); that peak cannot be "
-                "reset, so the second call is timed, not measured; "
+                "those allocated before it (JAX's `memory_stats`), a ballast buffer having "
+                "lifted the bytes in use to the process's earlier peak (set by compilation) "
+                "so that the call's own allocations raise it (`benchmarks.device_memory`); "
+                "– where no ballast could lift them; "
                 if on_gpu else
                 "measured: peak resident memory during the call less the resident memory at "
                 "its start (after `malloc_trim(0)`); ")
@@ -214,15 +196,16 @@ def main(argv=None) -> None:
     # workers then lack. The workers name the device.
     result = {"commit": git_commit(), "headroom": HEADROOM, "measured_on": args.device,
               "plan_margin": PLAN_MARGIN, "iterations": args.iterations,
-              "xla_flags": os.environ.get("XLA_FLAGS", ""),
-              "rows": [run_one(v, args.batch, args.timeout, iterations=args.iterations,
-                               device=args.device) for v in args.runs]}
+              "xla_flags": os.environ.get("XLA_FLAGS", ""), "rows": []}
+    plan = [(v, None) for v in args.runs]
     if args.pretend_free_gib is not None:
-        result["rows"].append(run_one(args.runs[-1], args.batch, args.timeout,
-                                      args.pretend_free_gib, args.iterations, args.device))
-    result["device"] = next((r["device"] for r in result["rows"] if "device" in r),
-                            f"{args.device} (no worker row)")
-    write_json_and_markdown(args.out, args.name, result, markdown(result))
+        plan.append((args.runs[-1], args.pretend_free_gib))
+    for victims, pretend in plan:  # written after every row: a step limit keeps the rows done
+        result["rows"].append(run_one(victims, args.batch, args.timeout, pretend,
+                                      args.iterations, args.device))
+        result["device"] = next((r["device"] for r in result["rows"] if "device" in r),
+                                f"{args.device} (no worker row)")
+        write_json_and_markdown(args.out, args.name, result, markdown(result))
 
 
 if __name__ == "__main__":

@@ -83,6 +83,27 @@ def jax_device_peak_mb() -> float | None:
     return None if peak is None else peak / 2**20
 
 
+def device_round_growth_mb(sim, state, round_index: int) -> float | None:
+    """The accelerator memory one more (untimed) round takes above what is
+    resident (MiB), compilation's peak kept out by a ballast
+    (:func:`benchmarks.device_memory.device_growth`); None where it could not
+    be measured. The round is run after the timed ones, so it changes no
+    timing."""
+    import jax
+
+    from benchmarks.device_memory import device_growth
+
+    def one_round():
+        new_state, result = sim.run_round(state, round_index)
+        jax.block_until_ready(new_state.params)
+        return result
+    record = {}
+    grown = device_growth(one_round, jax.devices()[0], record=record)[2]
+    print(f"device_round_growth_mb: ballast {record.get('ballast_bytes', 0) / 2**20:.0f} MiB, "
+          f"growth {'–' if grown is None else f'{grown / 2**20:.0f}'} MiB", flush=True)
+    return None if grown is None else grown / 2**20
+
+
 def workload(clients: int, strategy: str, precision: str | None = None):
     """The benchmark's (config, dataset): ``clients`` LeNet-5 clients, all in
     every round, each with EXAMPLES synthetic examples and one epoch of batch
@@ -123,17 +144,20 @@ def fedsim_worker(impl: str, clients: int, repeats: int, precision: str | None =
     for r in range(1, repeats + 1):
         state, res = sim.run_round(state, r)
         times.append(res.seconds)
+    n_params = int(sum(x.size for x in jax.tree_util.tree_leaves(state.params)))
+    peak_mb = jax_device_peak_mb()  # before the measured round's ballast
     return {"seconds_per_round": statistics.median(times), "round_seconds": times,
             "first_round_seconds": first, "strategy": sim.strategy,
-            "device_peak_mb": jax_device_peak_mb(),
+            "device_peak_mb": peak_mb,
+            "device_round_growth_mb": (None if peak_mb is None else
+                                       device_round_growth_mb(sim, state, repeats + 1)),
             # XLA's plan for the cohort step, where a memory check made one
             # (fedsim.memory): to set beside the measured peaks.
             "memory_plan": getattr(sim, "memory_plan", None),
             "strategy_reason": sim.strategy_reason,
             "matmul_precision": cfg.training.matmul_precision,
             "calibration_seconds": calibration if strategy == "auto" else None,
-            "backend": jax.default_backend(), "n_params": int(sum(
-                x.size for x in jax.tree_util.tree_leaves(state.params)))}
+            "backend": jax.default_backend(), "n_params": n_params}
 
 
 def torch_worker(clients: int, repeats: int, threads: int, device: str = "cpu") -> dict:
@@ -284,6 +308,25 @@ def markdown(result: dict) -> str:
     out += ["", "## Acceptance checks (from the rows above)", ""]
     for chk in result["checks"]:
         out.append(f"- {chk}")
+    measured = [r for r in rows if r.get("device_peak_mb") is not None and not r.get("error")
+                and r["impl"] != "torch-loop"]
+    if measured:
+        out += ["", "## Accelerator memory of one round against the plan", "",
+                "peak: the process's allocator peak after the timed rounds (compilation "
+                "included); one round: what one more round took above the resident bytes, "
+                "a ballast having lifted them to that peak first (`benchmarks.device_memory`); "
+                "plan: XLA's plan of the cohort step (`fedsim.memory`, temporaries + outputs), "
+                "where a memory check made one.", "",
+                "| impl | N | strategy | peak MiB | one round MiB | plan MiB | one round ÷ plan |",
+                "|---|---|---|---|---|---|---|"]
+        for r in measured:
+            grown = r.get("device_round_growth_mb")
+            planned = (r.get("memory_plan") or {}).get("planned_bytes")
+            plan_mb = None if planned is None else planned / 2**20
+            ratio = (f"{grown / plan_mb:.2f}" if grown is not None and plan_mb else "–")
+            out.append(f"| {r['impl']} | {r['clients']} | {r.get('strategy', '–')} | "
+                       f"{r['device_peak_mb']:.0f} | {'–' if grown is None else f'{grown:.0f}'} | "
+                       f"{'–' if plan_mb is None else f'{plan_mb:.0f}'} | {ratio} |")
     autos = [r for r in rows if r["impl"] == "fedsim-auto" and r.get("strategy_reason")]
     if autos:
         out += ["", "## What `auto` chose", ""]
@@ -440,8 +483,9 @@ def pool_passes(runs: list[dict]) -> list[dict]:
         row["round_seconds"] = row["round_seconds"] + r["round_seconds"]
         row["seconds_per_round"] = statistics.median(row["round_seconds"])
         row["peak_rss_mb"] = max(row["peak_rss_mb"], r["peak_rss_mb"])
-        if row.get("device_peak_mb") is not None and r.get("device_peak_mb") is not None:
-            row["device_peak_mb"] = max(row["device_peak_mb"], r["device_peak_mb"])
+        for key in ("device_peak_mb", "device_round_growth_mb"):
+            if row.get(key) is not None and r.get(key) is not None:
+                row[key] = max(row[key], r[key])
         row["loadavg_1min_before"] = max(row["loadavg_1min_before"], r["loadavg_1min_before"])
         row.setdefault("strategy_reasons", [row.get("strategy_reason")])
         row["strategy_reasons"].append(r.get("strategy_reason"))

@@ -107,11 +107,50 @@ def test_the_fedsim_rows_precision_is_stated():
 
 
 def test_pooled_passes_keep_the_larger_accelerator_peak():
-    a = _row("fedsim-vmap", 10, 0.02, round_seconds=[0.02], device_peak_mb=100.0)
-    b = _row("fedsim-vmap", 10, 0.04, round_seconds=[0.04], device_peak_mb=150.0)
+    a = _row("fedsim-vmap", 10, 0.02, round_seconds=[0.02], device_peak_mb=100.0,
+             device_round_growth_mb=30.0)
+    b = _row("fedsim-vmap", 10, 0.04, round_seconds=[0.04], device_peak_mb=150.0,
+             device_round_growth_mb=20.0)
     (row,) = et.pool_passes([a, b])
     assert row["device_peak_mb"] == 150.0 and row["passes"] == 2
+    assert row["device_round_growth_mb"] == 30.0
     assert row["seconds_per_round"] == pytest.approx(0.03)
+
+
+def test_a_rounds_accelerator_memory_is_set_beside_its_plan():
+    rows = [_row("fedsim-vmap", 1000, 0.1, device_peak_mb=4125.0, device_round_growth_mb=1239.0,
+                 strategy="vmap", memory_plan={"planned_bytes": 2478 * 2**20}),
+            _row("fedsim-chunked", 1000, 0.3, device_peak_mb=512.0, strategy="chunked",
+                 device_round_growth_mb=None, memory_plan=None),
+            _row("torch-loop", 1000, 2.0, threads=1, torch_device="cuda", device_peak_mb=20.0)]
+    result = {"rows": rows, "checks": [], "device": "gpu: NVIDIA H100; x86; 16 cores",
+              "jax": "0", "torch": "0", "mode": "full", "repeats": 3, "passes": 1,
+              "argv": [], "date": "d", "commit": "0" * 40, "skipped": []}
+    md = et.markdown(result)
+    assert "## Accelerator memory of one round against the plan" in md
+    assert "| fedsim-vmap | 1000 | vmap | 4125 | 1239 | 2478 | 0.50 |" in md
+    assert "| fedsim-chunked | 1000 | chunked | 512 | – | – | – |" in md
+    assert "| torch-loop | 1000 |" not in md
+    cpu = dict(result, rows=[_row("fedsim-vmap", 10, 0.02)], device="cpu: x; 2 cores")
+    assert "Accelerator memory" not in et.markdown(cpu)
+
+
+def test_the_measured_round_follows_the_timed_ones(monkeypatch):
+    from benchmarks import device_memory
+
+    ran = []
+
+    class Sim:
+        def run_round(self, state, index):
+            ran.append((state, index))
+            return type("State", (), {"params": {"w": 1.0}})(), "result"
+
+    def growth(call, device, record):
+        record["ballast_bytes"] = 2**20
+        return call(), 0.1, 3 * 2**20
+    monkeypatch.setattr(device_memory, "device_growth", growth)
+    assert et.device_round_growth_mb(Sim(), "state", 4) == 3.0
+    assert ran == [("state", 4)]
 
 
 def test_rule_rows_are_compared_with_their_hinted_impl_and_not_counted_as_fixed():
