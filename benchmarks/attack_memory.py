@@ -88,7 +88,13 @@ def worker(victims: int, batch: int, pretend_free_gib: float | None = None,
     else:  # a ballast lifts the allocator's in-use bytes to its peak first
         out, seconds0, grown0 = device_growth(call, jax.local_devices()[0], record=first)
         _, seconds1, grown1 = device_growth(call, jax.local_devices()[0], record=second)
+    k = out["victims_per_call"]
+    # A split call's own plan (after the measured calls, so its compile does not
+    # disturb them): the split sized each call from it.
+    per_call = (planned if k >= victims else memory.planned_bytes(
+        fn, params, jax.tree_util.tree_map(lambda t: t[:k], targets), labels[:k], keys[:k]))
     return {"victims": victims, "batch": batch, "planned_bytes": planned,
+            "planned_per_call_bytes": per_call,
             "pretend_free_bytes": (None if pretend_free_gib is None
                                    else int(pretend_free_gib * 2**30)),
             "available_bytes": memory.available_bytes(),
@@ -141,20 +147,24 @@ def markdown(result: dict) -> str:
         "to make it split; its planned GiB is the whole call's.",
         "",
         "| victims | B | free (pretended) GiB | planned GiB | first call GiB | ÷ plan | "
-        "second call GiB | ÷ plan | victims per call | second call s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "second call GiB | ÷ plan | victims per call | one call's plan GiB | "
+        "second ÷ one call's plan | second call s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['victims']} | {r['batch']} | error: {r['error']} |" + " |" * 7)
+            lines.append(f"| {r['victims']} | {r['batch']} | error: {r['error']} |" + " |" * 9)
             continue
         ratio = lambda b: f"{b / r['planned_bytes']:.2f}" if r["planned_bytes"] and b is not None else "–"
+        per_call = lambda b: (f"{b / r['planned_per_call_bytes']:.2f}"
+                              if r.get("planned_per_call_bytes") and b is not None else "–")
         pretend = r.get("pretend_free_bytes")
         lines.append(f"| {r['victims']} | {r['batch']} | "
                      f"{'–' if pretend is None else gib(pretend)} | {gib(r['planned_bytes'])} | "
                      f"{gib(r['measured_bytes'])} | {ratio(r['measured_bytes'])} | "
                      f"{gib(r['measured_second_bytes'])} | {ratio(r['measured_second_bytes'])} | "
-                     f"{r['victims_per_call']} | {r['second_seconds']:.2f} |")
+                     f"{r['victims_per_call']} | {gib(r.get('planned_per_call_bytes'))} | "
+                     f"{per_call(r['measured_second_bytes'])} | {r['second_seconds']:.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -117,7 +117,12 @@ def test_a_gpu_result_renders_a_call_it_could_not_measure():
     text = markdown({"commit": "abc", "device": "gpu: H100", "headroom": 0.8,
                      "plan_margin": 2.1, "measured_on": "gpu", "rows": [row]})
     assert "accelerator-memory growth" in text and "ballast" in text
-    assert "| 64 | 8 | – | 1.000 | 0.500 | 0.50 | – | – | 64 | 0.50 |" in text
+    assert "| 64 | 8 | – | 1.000 | 0.500 | 0.50 | – | – | 64 | – | – | 0.50 |" in text
+    split = dict(row, victims=256, victims_per_call=43, planned_per_call_bytes=2**29,
+                 measured_second_bytes=2**29 + 2**28)
+    text = markdown({"commit": "abc", "device": "gpu: H100", "headroom": 0.8,
+                     "plan_margin": 2.1, "measured_on": "gpu", "rows": [split]})
+    assert "| 256 | 8 | – | 1.000 | 0.500 | 0.50 | 0.750 | 0.75 | 43 | 0.500 | 1.50 | 0.50 |" in text
 
 
 def test_an_unknown_device_is_refused():
