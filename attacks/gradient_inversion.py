@@ -496,8 +496,8 @@ _PLANS: dict = {}
 #: Eigen or without XLA:CPU's thunk runtime (``attack_memory_{it5,it40,
 #: eigen_single_thread,no_thunk_runtime}.md``); where it comes from is not
 #: established. So calls are sized for 2.1× the plan. On an H100 a whole call grew
-#: by exactly its plan (64 and 256 victims, autotuning on and off), but a split
-#: call of 43 victims grew by at least 1.46× its own
+#: by exactly its plan (64 and 256 victims, autotuning on and off), but an attack
+#: split into calls of 43 victims grew by at least 1.46× one such call's plan
 #: (``benchmarks/results/gpu_session_h100_memory/``), so the margin stays on
 #: every backend.
 PLAN_MARGIN = 2.1
