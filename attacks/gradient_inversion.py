@@ -635,6 +635,8 @@ def check_inversion_config(config: Mapping[str, Any], defaults: Mapping[str, Any
       AttackConfigError: naming the setting or the grant.
     """
     merged = inversion_config(config, defaults)[1]
+    if grants is not None and merged.get("label_mode") == "given" and not grants.get("labels"):
+        raise AttackConfigError(_LABELS_NOT_GRANTED)
     if grants is None or merged.get("batch_size") is not None or grants.get("num_examples"):
         return
     if algorithm == "fedavg" and grants.get("batch_size") and not grants.get("local_steps"):
@@ -665,6 +667,10 @@ def config_checker(defaults: Mapping[str, Any]) -> Callable[..., None]:
 
 _UNKNOWN_BATCH_SIZE = ("the victim's batch size is unknown: grant 'batch_size' (or 'num_examples') "
                        "in the threat model (attack.grants), or set attack.config.batch_size")
+_LABELS_NOT_GRANTED = ("attack.config.label_mode=given attacks with the victims' true labels, "
+                       "which the threat model does not grant: grant 'labels' (attack.grants), "
+                       "or set label_mode to 'infer' (labels inferred from the upload) or "
+                       "'joint' (optimised with the inputs)")
 
 
 def victim_batch_size(obs: Observation, config: Mapping[str, Any]) -> int:
@@ -682,7 +688,17 @@ def victim_batch_size(obs: Observation, config: Mapping[str, Any]) -> int:
 
 def prepare_victims(observations: Sequence[Observation], config: Mapping[str, Any],
                     cfg: InversionConfig, key, target_fn: Callable[[Observation], Params]):
-    """Stack V observations into arrays and resolve labels (given / inferred / joint)."""
+    """Stack V observations into arrays and resolve labels (given / inferred / joint).
+
+    Labels: zeros for ``joint`` (the attack optimises them); else the granted
+    ones where the threat model grants them, whatever the mode (``infer`` only
+    infers what is not granted); else inferred (:func:`attacks.labels.infer_labels`)
+    for ``infer``. ``given`` without granted labels is refused.
+
+    Raises:
+      AttackConfigError: ``label_mode`` is ``given`` and a victim's labels are not
+        granted; victims differ in batch size or input shape.
+    """
     if not observations:
         raise AttackConfigError("no observations to attack")
     first = observations[0]
@@ -700,6 +716,8 @@ def prepare_victims(observations: Sequence[Observation], config: Mapping[str, An
             if lab.shape != (bs,):
                 raise AttackConfigError(f"granted labels have shape {lab.shape}, expected ({bs},)")
             labels.append(lab)
+        elif config.get("label_mode") == "given":  # not silently inferred instead
+            raise AttackConfigError(_LABELS_NOT_GRANTED)
         else:
             labels.append(infer_labels(obs, bs, k, name=config.get("last_layer")))
             inferred = True

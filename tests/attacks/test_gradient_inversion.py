@@ -146,6 +146,25 @@ def test_hygiene_labels_only_when_granted(mlp):
     assert rec.extras["labels_inferred"] is True
 
 
+@pytest.mark.parametrize("attack", ["dlg", "inverting_gradients", "sgi"])
+def test_given_labels_that_the_threat_model_does_not_grant_are_refused(mlp, attack):
+    f, p = mlp
+    full, _, y = _obs(f, p, 3, b=1, batch_size=1)
+    full = full._replace(labels=y, algorithm="fedsgd")
+    hidden = restrict(full, {"batch_size": True})
+    config = {"iterations": 2, "label_mode": "given"}
+    # Before any victim is observed (fedsim attack checks first) ...
+    with pytest.raises(GI.AttackConfigError, match="does not grant: grant 'labels'"):
+        ATTACK_REGISTRY[attack].check_config(config, {"batch_size": True}, "fedsgd")
+    # ... and at the attack, where it used to infer them silently.
+    with pytest.raises(GI.AttackConfigError, match="label_mode=given"):
+        run_attack(attack, hidden, config, jax.random.key(0))
+    ATTACK_REGISTRY[attack].check_config(config, {"batch_size": True, "labels": True}, "fedsgd")
+    granted = restrict(full, {"batch_size": True, "labels": True})
+    rec = run_attack(attack, granted, config, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(rec.labels), np.asarray(y))
+
+
 def test_hygiene_unknown_batch_size_is_a_clear_error(mlp):
     f, p = mlp
     full, _, _ = _obs(f, p, 4, batch_size=1)
