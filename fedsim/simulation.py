@@ -49,7 +49,8 @@ from fedsim import partition as partition_lib
 from fedsim.client import LocalTraining, init_client_state, make_client_update
 from fedsim.config import Config, ConfigError
 from fedsim.data import Dataset, load_dataset
-from fedsim.hooks import (SIMULATION_PLUGINS, Defense, build_defense, build_mask, chain,
+from fedsim.hooks import (DEFENSE_REGISTRY, SIMULATION_PLUGINS, Defense, _load_defenses,
+                          build_defense, build_mask, chain,
                           mask_around, mask_defense, reconfigure_mask)
 from fedsim.keys import ENGINE_INIT, ENGINE_ROUNDS
 from fedsim.models import build_model, init_params, make_apply_fn
@@ -90,6 +91,40 @@ def make_client_optimizer(t) -> optax.GradientTransformation:
     if t.weight_decay > 0:
         tx = optax.chain(optax.add_decayed_weights(t.weight_decay), tx)
     return tx
+
+
+#: A defense spec's keys that say how to load the ``dataset`` it names, and the
+#: run's settings they default to where it names the run's own dataset.
+RUN_DATA_KEYS = {"source": lambda cfg: cfg.data.source,
+                 "data_dir": lambda cfg: cfg.data.data_dir,
+                 "dataset_seed": lambda cfg: cfg.seed,
+                 "image_size": lambda cfg: cfg.data.image_size,
+                 "normalize": lambda cfg: cfg.data.normalize}
+
+
+def on_run_data(specs: list[dict], cfg: Config) -> list[dict]:
+    """``specs`` with a defense that names the run's dataset loading it as the run does.
+
+    A data-space channel (paper 000) calibrates its noise on Σ_D of the dataset
+    its spec names. Where that is ``cfg.data.dataset``, the keys of
+    :data:`RUN_DATA_KEYS` the defense takes and the spec leaves out come from
+    the run: otherwise Σ_D could describe other inputs than those it protects
+    (the ``synthetic`` dataset of seed 0 under a run of another seed, raw
+    inputs under ``data.normalize: true``). Keys the spec sets are kept.
+    """
+    import inspect
+
+    out = []
+    for spec in specs:
+        spec = dict(spec)
+        factory = DEFENSE_REGISTRY.get(spec.get("name"))
+        if factory is not None and spec.get("dataset") == cfg.data.dataset:
+            takes = inspect.signature(factory).parameters
+            for key, setting in RUN_DATA_KEYS.items():
+                if key in takes and key not in spec:
+                    spec[key] = setting(cfg)
+        out.append(spec)
+    return out
 
 
 def build_defenses(specs: list[dict]) -> dict[str, Defense]:
@@ -226,7 +261,10 @@ class Simulation:
         self.apply_fn = make_apply_fn(self.model)
         _check_model_fits(self.model, cfg.model.name, ds.input_shape)
         self.key = jax.random.key(cfg.seed)
-        self.defenses = build_defenses(cfg.defenses) if defenses is None else dict(defenses)
+        _load_defenses()  # the registry on_run_data reads
+        #: The defense specs as built: the config's, on the run's data (on_run_data).
+        self.defense_specs = on_run_data(cfg.defenses, cfg)
+        self.defenses = build_defenses(self.defense_specs) if defenses is None else dict(defenses)
         self._own_defenses = dict(self.defenses)  # before a pruning mask goes around them
         self.global_mask = None
         if cfg.pruning.scheme is not None:

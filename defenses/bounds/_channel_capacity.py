@@ -17,6 +17,11 @@ from numpy.typing import ArrayLike
 from defenses.accounting._validation import check_positive, check_positive_int
 from defenses.bounds._bisect import bisect_log_sigma
 
+#: Eigenvalues of a covariance below this fraction of its largest are round-off
+#: of a singular covariance (constant border pixels, fewer examples than
+#: dimensions) and are taken as exactly 0.
+EIGENVALUE_RTOL = 1e-10
+
 __all__ = [
     "channel_capacity",
     "natural_channel_sigma",
@@ -174,7 +179,10 @@ def white_channel_covariance(covariance: ArrayLike, kappa: float) -> np.ndarray:
     if cov.ndim != 2 or cov.shape[0] != cov.shape[1]:
         raise ValueError(f"covariance must be a square matrix, got shape {cov.shape}")
     lam, q = np.linalg.eigh(0.5 * (cov + cov.T))
-    psi = white_channel_sigmas(np.clip(lam, 0.0, None), kappa)
+    # Round-off of a singular covariance is zero variance, as in
+    # defenses.channels.data_statistics: counted in d, it would dilute κ/d.
+    lam = np.where(lam > EIGENVALUE_RTOL * max(float(lam.max()), 1e-300), lam, 0.0)
+    psi = white_channel_sigmas(lam, kappa)
     return (q * psi) @ q.T
 
 

@@ -36,7 +36,9 @@ def component_index(component) -> int:
 @register_defense("eigen_compression")
 def eigen_compression(component="max", *, statistics: DataStatistics | None = None, data=None,
                       dataset: str | None = None, image_size: int | None = None,
-                      max_examples: int | None = None, normalize: bool = False) -> Defense:
+                      max_examples: int | None = None, normalize: bool = False,
+                      source: str = "auto", data_dir: str | None = None,
+                      dataset_seed: int = 0) -> Defense:
     """Remove the data's component along one eigenvector of Σ_D; train on the projection.
 
     D' = μ + (I − q qᵀ)(D − μ), q the eigenvector of the chosen eigenvalue.
@@ -52,7 +54,8 @@ def eigen_compression(component="max", *, statistics: DataStatistics | None = No
     Args:
       component: "max" (λ_max, rank 0) or an integer rank in the descending
         eigenvalue order (1 for λ_1, 10 for λ_10).
-      statistics / data / dataset / image_size / max_examples / normalize:
+      statistics / data / dataset / image_size / max_examples / normalize /
+        source / data_dir / dataset_seed:
         the source of Σ_D, as for :func:`defenses.channels.natural_channel`.
 
     Returns:
@@ -64,7 +67,8 @@ def eigen_compression(component="max", *, statistics: DataStatistics | None = No
     rank = component_index(component)
     stats = resolve_statistics(statistics=statistics, data=data, dataset=dataset,
                                image_size=image_size, max_examples=max_examples,
-                               normalize=normalize, who="eigen_compression")
+                               normalize=normalize, source=source,
+                               data_dir=data_dir, dataset_seed=dataset_seed, who="eigen_compression")
     if rank >= stats.dim:
         raise ValueError(f"eigen_compression: component rank {rank} >= d = {stats.dim}")
     q = jnp.asarray(stats.eigenvectors[:, rank], jnp.float32)

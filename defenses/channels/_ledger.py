@@ -106,9 +106,12 @@ def ledger_from_config(sim):
 
     Several channels in sequence leak at most the smallest κ (DPI), so the
     ledger uses min κ. Σ_D comes from the channel spec's own source when it
-    names a dataset (cached), else from the simulation's training inputs.
+    names a dataset (cached; the spec as the simulation built it, which loads
+    the run's own dataset as the run does: :func:`fedsim.simulation.on_run_data`),
+    else from the simulation's training inputs.
     """
-    specs = [s for s in sim.cfg.defenses if s.get("name") in CHANNEL_DEFENSES]
+    built = getattr(sim, "defense_specs", sim.cfg.defenses)
+    specs = [s for s in built if s.get("name") in CHANNEL_DEFENSES]
     if not specs:
         return None
     kappa = min(float(s["kappa"]) for s in specs)
@@ -116,7 +119,10 @@ def ledger_from_config(sim):
     if src is not None:
         stats = resolve_statistics(dataset=src["dataset"], image_size=src.get("image_size"),
                                    max_examples=src.get("max_examples"),
-                                   normalize=src.get("normalize", False))
+                                   normalize=src.get("normalize", False),
+                                   source=src.get("source", "auto"),
+                                   data_dir=src.get("data_dir"),
+                                   dataset_seed=src.get("dataset_seed", 0))
     else:
         stats = data_statistics(sim.dataset.x_train)
     return LeakageLedger(kappa, steps_per_participation(sim), sim.num_clients, sim.cohort, stats)

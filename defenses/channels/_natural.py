@@ -27,7 +27,9 @@ def natural_noise_variance(statistics: DataStatistics, kappa: float) -> float:
 @register_defense("natural_channel")
 def natural_channel(kappa: float, *, statistics: DataStatistics | None = None, data=None,
                     dataset: str | None = None, image_size: int | None = None,
-                    max_examples: int | None = None, normalize: bool = False) -> Defense:
+                    max_examples: int | None = None, normalize: bool = False,
+                    source: str = "auto", data_dir: str | None = None,
+                    dataset_seed: int = 0) -> Defense:
     """Natural channel: add isotropic Gaussian noise N(0, σ I) to every input.
 
     Implements Tan et al. (000) §5.2 "Natural Channel", steps 1–3: eigen-
@@ -49,6 +51,11 @@ def natural_channel(kappa: float, *, statistics: DataStatistics | None = None, d
         resized to ``image_size`` and standardised if ``normalize`` (match
         the simulation's ``data.*`` settings).
       image_size, max_examples, normalize: see ``dataset``.
+      source, data_dir, dataset_seed: how ``dataset`` is loaded (``data.source``,
+        ``data.data_dir``, and the run's ``seed``, which only the ``synthetic``
+        dataset depends on). A simulation fills these, ``image_size`` and
+        ``normalize`` from its ``data`` config where the spec names its own
+        dataset and leaves them out (:func:`fedsim.simulation.on_run_data`).
 
     Returns:
       A stage-"data" :class:`~fedsim.hooks.Defense` named "natural_channel".
@@ -60,7 +67,8 @@ def natural_channel(kappa: float, *, statistics: DataStatistics | None = None, d
     kappa = check_kappa(kappa, "natural_channel")
     stats = resolve_statistics(statistics=statistics, data=data, dataset=dataset,
                                image_size=image_size, max_examples=max_examples,
-                               normalize=normalize, who="natural_channel")
+                               normalize=normalize, source=source,
+                               data_dir=data_dir, dataset_seed=dataset_seed, who="natural_channel")
     sigma = natural_noise_variance(stats, kappa)
     std = float(np.sqrt(sigma))
     d = stats.dim

@@ -69,7 +69,9 @@ def personalized_exact_capacity(statistics: DataStatistics, sigma: float, beta) 
 @register_defense("personalized_channel")
 def personalized_channel(kappa: float, *, beta=None, statistics: DataStatistics | None = None,
                          data=None, dataset: str | None = None, image_size: int | None = None,
-                         max_examples: int | None = None, normalize: bool = False) -> Defense:
+                         max_examples: int | None = None, normalize: bool = False,
+                         source: str = "auto", data_dir: str | None = None,
+                         dataset_seed: int = 0) -> Defense:
     """Personalized channel: more noise where the prior β says the data is sensitive.
 
     Implements Tan et al. (000) §5.2 "Personalized Channel", steps 1–4: the
@@ -87,7 +89,8 @@ def personalized_channel(kappa: float, *, beta=None, statistics: DataStatistics 
       kappa: channel capacity threshold κ > 0, in nats.
       beta: noise weights β_i > 0 of the example's shape (or flat, d entries);
         default: :func:`paper_prior_beta` (32×32 images only).
-      statistics / data / dataset / image_size / max_examples / normalize:
+      statistics / data / dataset / image_size / max_examples / normalize /
+        source / data_dir / dataset_seed:
         the source of Σ_D, as for :func:`natural_channel`.
 
     Returns:
@@ -99,7 +102,8 @@ def personalized_channel(kappa: float, *, beta=None, statistics: DataStatistics 
     kappa = check_kappa(kappa, "personalized_channel")
     stats = resolve_statistics(statistics=statistics, data=data, dataset=dataset,
                                image_size=image_size, max_examples=max_examples,
-                               normalize=normalize, who="personalized_channel")
+                               normalize=normalize, source=source,
+                               data_dir=data_dir, dataset_seed=dataset_seed, who="personalized_channel")
     beta = paper_prior_beta(stats.shape) if beta is None else np.asarray(beta, np.float64)
     if beta.size != stats.dim:
         raise ValueError(f"personalized_channel: beta has {beta.size} entries, the data "

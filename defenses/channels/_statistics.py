@@ -19,11 +19,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["DataStatistics", "data_statistics", "dataset_statistics", "resolve_statistics"]
-
 # Eigenvalues below this fraction of the largest are round-off of a singular
 # covariance (e.g. constant border pixels) and are set to exactly 0.
-_EIG_RTOL = 1e-10
+from defenses.bounds._channel_capacity import EIGENVALUE_RTOL as _EIG_RTOL
+
+__all__ = ["DataStatistics", "data_statistics", "dataset_statistics", "resolve_statistics"]
 
 
 class DataStatistics(NamedTuple):
@@ -89,7 +89,9 @@ def data_statistics(x, *, max_examples: int | None = None) -> DataStatistics:
 
 @functools.lru_cache(maxsize=8)
 def dataset_statistics(name: str, image_size: int | None = None, *,
-                       max_examples: int | None = None, normalize: bool = False) -> DataStatistics:
+                       max_examples: int | None = None, normalize: bool = False,
+                       source: str = "auto", data_dir: str | None = None,
+                       seed: int = 0) -> DataStatistics:
     """Σ_D of a named dataset's training split (cached per argument tuple).
 
     Args:
@@ -98,10 +100,14 @@ def dataset_statistics(name: str, image_size: int | None = None, *,
       max_examples: use the first ``max_examples`` training examples.
       normalize: standardise per channel as ``data.normalize: true`` does; must
         match the simulation's setting, or Σ_D describes other inputs.
+      source, data_dir: where to load it from (``data.source``, ``data.data_dir``).
+      seed: the seed of the ``synthetic`` dataset (a run's ``seed``); real
+        datasets do not depend on it.
     """
     from fedsim.data import load_dataset
 
-    ds = load_dataset(name, image_size=image_size, max_train=max_examples)
+    ds = load_dataset(name, image_size=image_size, max_train=max_examples, source=source,
+                      data_dir=data_dir, seed=seed)
     x = ds.x_train
     if normalize:
         x = (x - ds.mean) / ds.std
@@ -109,8 +115,12 @@ def dataset_statistics(name: str, image_size: int | None = None, *,
 
 
 def resolve_statistics(*, statistics=None, data=None, dataset=None, image_size=None,
-                       max_examples=None, normalize=False, who="channel") -> DataStatistics:
+                       max_examples=None, normalize=False, source="auto", data_dir=None,
+                       dataset_seed=0, who="channel") -> DataStatistics:
     """Exactly one of ``statistics``, ``data`` or ``dataset`` → :class:`DataStatistics`.
+
+    ``image_size``, ``max_examples``, ``normalize``, ``source``, ``data_dir`` and
+    ``dataset_seed`` say how to load ``dataset`` (:func:`dataset_statistics`).
 
     Raises:
       ValueError: if none or several are given (naming the defense ``who``).
@@ -129,4 +139,6 @@ def resolve_statistics(*, statistics=None, data=None, dataset=None, image_size=N
     if data is not None:
         return data_statistics(data, max_examples=max_examples)
     return dataset_statistics(str(dataset), image_size, max_examples=max_examples,
-                              normalize=bool(normalize))
+                              normalize=bool(normalize), source=str(source),
+                              data_dir=None if data_dir is None else str(data_dir),
+                              seed=int(dataset_seed))

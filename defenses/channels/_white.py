@@ -28,7 +28,9 @@ def white_noise_variances(statistics: DataStatistics, kappa: float) -> np.ndarra
 @register_defense("white_channel")
 def white_channel(kappa: float, *, statistics: DataStatistics | None = None, data=None,
                   dataset: str | None = None, image_size: int | None = None,
-                  max_examples: int | None = None, normalize: bool = False) -> Defense:
+                  max_examples: int | None = None, normalize: bool = False,
+                  source: str = "auto", data_dir: str | None = None,
+                  dataset_seed: int = 0) -> Defense:
     """White channel: noise shaped like the data, every eigen-direction equally protected.
 
     Implements Tan et al. (000) §5.2 "White Channel", steps 1–4: Σ_D = Q Λ Qᵀ,
@@ -43,7 +45,8 @@ def white_channel(kappa: float, *, statistics: DataStatistics | None = None, dat
 
     Args:
       kappa: channel capacity threshold κ > 0, in nats.
-      statistics / data / dataset / image_size / max_examples / normalize:
+      statistics / data / dataset / image_size / max_examples / normalize /
+        source / data_dir / dataset_seed:
         the source of Σ_D, as for :func:`natural_channel`.
 
     Returns:
@@ -55,7 +58,8 @@ def white_channel(kappa: float, *, statistics: DataStatistics | None = None, dat
     kappa = check_kappa(kappa, "white_channel")
     stats = resolve_statistics(statistics=statistics, data=data, dataset=dataset,
                                image_size=image_size, max_examples=max_examples,
-                               normalize=normalize, who="white_channel")
+                               normalize=normalize, source=source,
+                               data_dir=data_dir, dataset_seed=dataset_seed, who="white_channel")
     psi = white_noise_variances(stats, kappa)
     # Q √Ψ, transposed so that a row vector z maps to ξ = z (Q √Ψ)ᵀ.
     factor_t = jnp.asarray((stats.eigenvectors * np.sqrt(psi)[None, :]).T, jnp.float32)

@@ -18,6 +18,7 @@ from defenses.bounds import (
     personalized_channel_terms,
     priprune_leakage_bound,
     total_leakage_bound,
+    white_channel_covariance,
     white_channel_sigmas,
 )
 
@@ -179,3 +180,18 @@ def test_white_sigmas_near_the_float_limit_keep_eq_19():
     kappa = 700.0 * 3 / 2
     expected = np.where(lam > 0, lam / np.expm1(700.0), 0.0)
     np.testing.assert_allclose(white_channel_sigmas(lam, kappa), expected, rtol=1e-12)
+
+
+def test_white_noise_covariance_of_a_singular_covariance_spends_kappa_where_data_varies():
+    # Σ_D of rank 2 in 3 dimensions, its zero eigenvalue as eigh's round-off
+    # (1e-16 relative) rather than exactly 0.
+    q, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))
+    lam = np.array([4.0, 1.0, 4e-16])
+    cov = (q * lam) @ q.T
+    kappa = 3.0
+    noise = white_channel_covariance(cov, kappa)
+    psi = np.einsum("ij,jk,ki->i", q.T, noise, q)  # Ψ in Σ_D's eigenbasis
+    assert psi[2] == pytest.approx(0.0, abs=1e-12)  # the constant direction: no noise
+    # The two directions that vary carry κ between them (κ/2 each), not 2κ/3.
+    carried = 0.5 * np.log((lam[:2] + psi[:2]) / psi[:2])
+    np.testing.assert_allclose(carried, [kappa / 2, kappa / 2], rtol=1e-9)

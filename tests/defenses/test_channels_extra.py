@@ -16,7 +16,7 @@ from fedsim.client import masked_mean_loss
 from fedsim.hooks import DefenseContext
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.run import run_simulation
-from fedsim.simulation import Simulation
+from fedsim.simulation import Simulation, on_run_data
 from tests.fedsim.helpers import small_config
 
 
@@ -136,6 +136,39 @@ def test_ledger_in_metrics_jsonl(tmp_path):
     h = 0.5 * np.sum(np.log(2 * np.pi * np.e * lam))
     want = lam.size / st.dim * mse_lower_bound(h, rows[0]["leakage_total"], lam.size)
     assert rows[0]["mse_lower_bound"] == pytest.approx(want, rel=1e-9)
+
+
+def test_a_channel_on_the_runs_own_dataset_loads_it_as_the_run_does(monkeypatch):
+    from defenses.channels import _statistics, data_statistics
+
+    loads = []
+    real = _statistics.dataset_statistics
+
+    def recording(name, image_size=None, **kw):
+        loads.append((name, image_size, kw))
+        return real(name, image_size, **kw)
+    monkeypatch.setattr(_statistics, "dataset_statistics", recording)
+    cfg = small_config(seed=3)
+    specs = [{"name": "natural_channel", "kappa": 7.0, "dataset": "synthetic"},
+             {"name": "white_channel", "kappa": 9.0, "dataset": "synthetic", "dataset_seed": 5}]
+    cfg = dataclasses.replace(cfg, defenses=specs)
+    sim = Simulation(cfg)
+    natural, white = sim.defense_specs
+    assert natural == dict(specs[0], source=cfg.data.source, data_dir=cfg.data.data_dir,
+                           dataset_seed=3, image_size=cfg.data.image_size,
+                           normalize=cfg.data.normalize)
+    assert white["dataset_seed"] == 5  # what the spec sets is kept
+    assert cfg.defenses == specs  # the config itself is not rewritten
+    # Both channels and the ledger loaded synthetic with the seeds above, not seed 0.
+    assert sorted(kw["seed"] for _, _, kw in loads) == [3, 3, 5]
+    # ... so the natural channel's Σ_D is that of the inputs the run trains on.
+    run = data_statistics(sim.dataset.x_train)
+    mine = real("synthetic", cfg.data.image_size, seed=3)
+    np.testing.assert_allclose(mine.eigenvalues, run.eigenvalues, rtol=1e-9, atol=1e-12)
+    assert not np.allclose(real("synthetic", cfg.data.image_size, seed=0).mean, run.mean)
+    # A spec naming another dataset is left as it is.
+    elsewhere = [{"name": "natural_channel", "kappa": 1.0, "dataset": "mnist"}]
+    assert on_run_data(elsewhere, cfg) == elsewhere
 
 
 def test_no_ledger_without_channel():
