@@ -117,7 +117,8 @@ def on_run_data(specs: list[dict], cfg: Config) -> list[dict]:
     out = []
     for spec in specs:
         spec = dict(spec)
-        factory = DEFENSE_REGISTRY.get(spec.get("name"))
+        name = spec.get("name")  # build_defenses names a bad one
+        factory = DEFENSE_REGISTRY.get(name) if isinstance(name, str) else None
         if factory is not None and spec.get("dataset") == cfg.data.dataset:
             takes = inspect.signature(factory).parameters
             for key, setting in RUN_DATA_KEYS.items():
