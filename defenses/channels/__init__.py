@@ -24,7 +24,8 @@ from defenses.channels._ledger import (
 )
 from defenses.channels._metrics import gdc, imp_dra, imp_mia
 from defenses.channels._natural import natural_capacity, natural_channel, natural_noise_variance
-from defenses.channels._parameter_channel import parameter_channel, solve_natural_sigma
+from defenses.channels._parameter_channel import (parameter_channel, solve_natural_log_sigma,
+                                                  solve_natural_sigma)
 from defenses.channels._personalized import (
     paper_prior_beta,
     personalized_channel,
@@ -46,7 +47,7 @@ __all__ = [
     "personalized_channel", "paper_prior_beta", "personalized_noise_scale",
     "personalized_exact_capacity",
     "eigen_compression", "component_index",
-    "parameter_channel", "solve_natural_sigma",
+    "parameter_channel", "solve_natural_log_sigma", "solve_natural_sigma",
     "LeakageLedger", "attach_leakage_ledger", "ledger_from_config", "steps_per_participation",
     "CHANNEL_DEFENSES",
     "imp_mia", "imp_dra", "gdc",

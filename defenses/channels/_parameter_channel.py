@@ -19,24 +19,36 @@ from defenses.channels._noise import check_kappa
 from fedsim.client import cross_entropy
 from fedsim.hooks import Defense, register_defense
 
-__all__ = ["parameter_channel", "solve_natural_sigma"]
+__all__ = ["parameter_channel", "solve_natural_log_sigma", "solve_natural_sigma"]
 
 
-def solve_natural_sigma(eigenvalues: jax.Array, kappa: float, iters: int = 200) -> jax.Array:
-    """σ with ½ Σ ln(1 + λ_i/σ) = κ, by bisection on log σ inside jit.
+def _log_expm1(x: jax.Array) -> jax.Array:
+    """ln(eˣ − 1) for x > 0 without overflow: x + ln(1 − e⁻ˣ)."""
+    return x + jnp.log(-jnp.expm1(-x))
+
+
+def solve_natural_log_sigma(eigenvalues: jax.Array, kappa: float,
+                            iters: int = 200) -> jax.Array:
+    """ln σ with ½ Σ ln(1 + λ_i/σ) = κ, by bisection on ln σ inside jit.
 
     The jit-able twin of :func:`defenses.bounds.natural_channel_sigma` (tested
     against it). Bracket: f(σ) ≤ (r/2) ln(1 + λ_max/σ) and ≥ ½ ln(1 + λ_max/σ),
-    r = number of eigenvalues; widened by e^±1.
+    r = number of positive eigenvalues; widened by e^±1. Everything stays in
+    logs: for large κ, σ ~ λ_max e^(−2κ/r) underflows float32 (and e^(2κ/r)
+    overflows it past 2κ/r ≈ 88.7) while ln σ and the noise's standard
+    deviation e^(ln σ / 2) are still representable.
     """
     lam = jnp.maximum(eigenvalues.astype(jnp.float32), 0.0)
-    lmax = jnp.maximum(jnp.max(lam), 1e-30)
+    log_lam = jnp.log(lam)                     # −inf where λ = 0: adds ln 1 = 0 below
+    log_lmax = jnp.log(jnp.maximum(jnp.max(lam), 1e-30))
     r = jnp.maximum(jnp.sum(lam > 0), 1).astype(jnp.float32)
-    lo = jnp.log(lmax) - jnp.log(jnp.expm1(jnp.minimum(2.0 * kappa, 80.0))) - 1.0
-    hi = jnp.log(lmax) - jnp.log(jnp.expm1(2.0 * kappa / r)) + 1.0
+    kappa = jnp.asarray(kappa, jnp.float32)
+    lo = log_lmax - _log_expm1(2.0 * kappa) - 1.0
+    hi = log_lmax - _log_expm1(2.0 * kappa / r) + 1.0
 
     def f(log_s):
-        return 0.5 * jnp.sum(jnp.log1p(lam * jnp.exp(-log_s)))
+        # ln(1 + λ/σ) = logaddexp(0, ln λ − ln σ): λ/σ itself overflows float32.
+        return 0.5 * jnp.sum(jnp.logaddexp(0.0, log_lam - log_s))
 
     def body(_, bracket):
         lo, hi = bracket
@@ -45,7 +57,16 @@ def solve_natural_sigma(eigenvalues: jax.Array, kappa: float, iters: int = 200) 
         return jnp.where(above, mid, lo), jnp.where(above, hi, mid)
 
     lo, hi = jax.lax.fori_loop(0, iters, body, (lo, hi))
-    return jnp.exp(0.5 * (lo + hi))
+    return 0.5 * (lo + hi)
+
+
+def solve_natural_sigma(eigenvalues: jax.Array, kappa: float, iters: int = 200) -> jax.Array:
+    """σ with ½ Σ ln(1 + λ_i/σ) = κ: e to the :func:`solve_natural_log_sigma`.
+
+    σ underflows float32 to 0 once ln σ < −103 (κ ≳ 52 r nats for unit λ);
+    the defense itself uses ln σ, so its noise stays positive there.
+    """
+    return jnp.exp(solve_natural_log_sigma(eigenvalues, kappa, iters))
 
 
 @register_defense("parameter_channel")
@@ -100,9 +121,9 @@ def parameter_channel(kappa: float) -> Defense:
         centred = (flat - mean) * mask[:, None]
         gram = centred @ centred.T / (n - 1.0)                           # [B, B]
         lam = jnp.linalg.eigvalsh(gram) / n                              # of Cov(mean grad)
-        sigma = solve_natural_sigma(lam, kappa)
+        log_sigma = solve_natural_log_sigma(lam, kappa)
         g_flat, unravel = ravel_pytree(grads)
-        noise = jnp.sqrt(sigma) * jax.random.normal(key, g_flat.shape, g_flat.dtype)
+        noise = jnp.exp(0.5 * log_sigma) * jax.random.normal(key, g_flat.shape, g_flat.dtype)
         return unravel(g_flat + noise), state
 
     return Defense(init=init, apply=apply, stage="layer", name="parameter_channel")

@@ -11,7 +11,8 @@ import pytest
 from scipy import stats as sps
 
 from defenses.bounds import mse_lower_bound, natural_channel_sigma
-from defenses.channels import gdc, imp_dra, imp_mia, parameter_channel, solve_natural_sigma
+from defenses.channels import (gdc, imp_dra, imp_mia, parameter_channel, solve_natural_log_sigma,
+                               solve_natural_sigma)
 from fedsim.client import masked_mean_loss
 from fedsim.hooks import DefenseContext
 from fedsim.models import build_model, init_params, make_apply_fn
@@ -26,6 +27,20 @@ def test_jit_bisection_matches_host_bisection(kappa):
     ref = natural_channel_sigma(lam, kappa)
     got = float(jax.jit(solve_natural_sigma, static_argnums=())(jnp.asarray(lam), kappa))
     assert abs(np.log(got) - np.log(ref)) < 1e-4
+
+
+@pytest.mark.parametrize("lam, kappa", [([1.0], 50.0), ([2.0, 0.5, 0.0], 150.0),
+                                        ([3.0] * 4 + [0.0] * 4, 400.0)])
+def test_jit_bisection_stays_in_logs_where_sigma_leaves_float32(lam, kappa):
+    """2κ/r past ≈ 88.7: e^(2κ/r) overflows float32 and σ itself underflows it.
+
+    The bisection and the defense work with ln σ, so σ's logarithm still
+    matches the float64 host solver and the noise stays positive.
+    """
+    ref = natural_channel_sigma(np.asarray(lam), kappa)
+    got = float(jax.jit(solve_natural_log_sigma)(jnp.asarray(lam), kappa))
+    assert np.isfinite(got)
+    assert abs(got - np.log(ref)) < 1e-6 * abs(np.log(ref))
 
 
 def _step_context(batch=8):
