@@ -50,7 +50,7 @@ from fedsim.sweep import TABLE_FIELDS
 
 ATTACK_KEYS = ("name", "grants", "config")
 ATTACK_STREAM = 0xA77AC
-ATTACK_MEANS = ("psnr", "ssim", "nmi", "mse", "label_acc")  # averaged over victims
+ATTACK_MEANS = ("psnr", "ssim", "nmi", "mse", "label_acc", "ami")  # averaged over victims
 
 
 def validate_attack_section(cfg: Config) -> dict:
@@ -288,13 +288,15 @@ def _simulate_and_attack(cfg: Config, quiet: bool) -> tuple[dict, dict]:
 def _means(victims: list[dict]) -> dict:
     """:data:`ATTACK_MEANS` over victims, NaNs left out (NaN where all are;
     :func:`_scored` counts the victims each is over)."""
-    return {k: float(np.nanmean([v[k] for v in victims])) if not all(
-        np.isnan(v[k]) for v in victims) else float("nan") for k in ATTACK_MEANS}
+    nan = float("nan")  # a summary written before a metric existed lacks it
+    return {k: float(np.nanmean([v.get(k, nan) for v in victims])) if not all(
+        np.isnan(v.get(k, nan)) for v in victims) else nan for k in ATTACK_MEANS}
 
 
 def _scored(victims: list[dict]) -> dict:
     """Per :data:`ATTACK_MEANS` metric, how many victims have a number (not NaN)."""
-    return {k: int(sum(not np.isnan(v[k]) for v in victims)) for k in ATTACK_MEANS}
+    return {k: int(sum(not np.isnan(v.get(k, float("nan"))) for v in victims))
+            for k in ATTACK_MEANS}
 
 
 def _short_means(summary: dict) -> str:
@@ -321,7 +323,7 @@ def _sweep_row(simulated: dict, attacked: dict) -> dict:
     """One sweep cell's summary: the run's, plus ``attack_<mean>``, ``attack_seconds``
     and, where a mean is over fewer than all victims, ``attack_left_out``."""
     short = _short_means(attacked)
-    return {**simulated, **{f"attack_{k}": attacked["mean"][k] for k in ATTACK_MEANS},
+    return {**simulated, **{f"attack_{k}": attacked["mean"].get(k) for k in ATTACK_MEANS},
             "attack_seconds": attacked["seconds"], **({"attack_left_out": short} if short else {})}
 
 
@@ -471,7 +473,8 @@ def _cmd_attack(args) -> int:
             print(f"round {int(r):3d} mean: PSNR {mr['psnr']:6.2f} dB  SSIM {mr['ssim']:.3f}  "
                   f"NMI {mr['nmi']:.3f}  MSE {mr['mse']:.2e}")
     print(f"mean over {len(summary['victims'])} victims: PSNR {m['psnr']:.2f} dB, SSIM {m['ssim']:.3f}, "
-          f"NMI {m['nmi']:.3f}, MSE {m['mse']:.2e}, label acc {m['label_acc']:.2f} "
+          f"NMI {m['nmi']:.3f} (AMI {m['ami']:.3f}), MSE {m['mse']:.2e}, "
+          f"label acc {m['label_acc']:.2f} "
           f"({summary['seconds']:.1f} s attacking){_left_out(summary)}")
     from fedsim.run import run_dir_for
 

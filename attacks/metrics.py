@@ -15,7 +15,17 @@ Definitions:
     ``dm_pix.ssim`` (true SSIM, not CW-SSIM), averaged over channels.
   * NMI: paper 002 footnote 1: values binned into ``bins`` equal-width bins on
     [0, 1], I(U;V) = Σᵢⱼ |Uᵢ∩Vⱼ|/N · log(N|Uᵢ∩Vⱼ| / (|Uᵢ||Vⱼ|)),
-    NMI = I / mean(H(U), H(V)) (arithmetic mean, natural log).
+    NMI = I / mean(H(U), H(V)) (arithmetic mean, natural log). This plug-in
+    estimate is biased upwards when the pixels are few for the bins' cells
+    (N = B·H·W·C against bins² cells): two unrelated 16×16 images score
+    ~0.6–0.9, and that floor falls as B or the image grows
+    (benchmarks/results/nmi_chance_floor.md). Compare NMIs only at equal N.
+  * AMI: the same contingency table's mutual information adjusted for chance
+    (Vinh, Epps & Bailey 2010; scikit-learn's ``adjusted_mutual_info_score``,
+    arithmetic mean): (I − E[I]) / (mean(H(U), H(V)) − E[I]) with E[I] the
+    expectation under random pairings of the same histograms. ≈ 0 for
+    unrelated images at any N, 1 for a bijection of the levels. Not in paper
+    002; reported beside NMI so that its chance floor can be read off.
   * label accuracy: fraction of labels equal, after matching.
 """
 
@@ -27,6 +37,7 @@ import dm_pix
 import jax.numpy as jnp
 import numpy as np
 from scipy.optimize import linear_sum_assignment
+from sklearn.metrics import adjusted_mutual_info_score
 
 PSNR_CAP = 100.0
 
@@ -67,17 +78,26 @@ def ssim(x, y) -> np.ndarray:
     return np.asarray(val, np.float64)
 
 
+def _levels(x, y, bins: int, name: str):
+    """x and y clipped to [0, 1] and binned into ``bins`` equal-width levels."""
+    if int(bins) < 2:
+        raise ValueError(f"{name}: bins must be >= 2, got {bins}")
+    x, y = _check_pair(x, y, name)
+    u = np.minimum((np.clip(x.ravel(), 0, 1) * bins).astype(np.int64), bins - 1)
+    v = np.minimum((np.clip(y.ravel(), 0, 1) * bins).astype(np.int64), bins - 1)
+    return u, v
+
+
 def nmi(x, y, bins: int = 256) -> float:
     """Normalised mutual information of two arrays (paper 002, footnote 1).
 
     Values are clipped to [0, 1] and binned into ``bins`` equal-width bins; the
     entropies and MI use natural logs; NMI = I(U;V) / mean(H(U), H(V)).
     Two constant arrays have H = 0; NMI is then defined as 1 if both are the
-    same constant bin and 0 otherwise.
+    same constant bin and 0 otherwise. Biased upwards for few pixels per
+    cell (module docstring); :func:`ami` is its chance-adjusted companion.
     """
-    x, y = _check_pair(x, y, "nmi")
-    u = np.minimum((np.clip(x.ravel(), 0, 1) * bins).astype(np.int64), bins - 1)
-    v = np.minimum((np.clip(y.ravel(), 0, 1) * bins).astype(np.int64), bins - 1)
+    u, v = _levels(x, y, bins, "nmi")
     n = u.size
     joint = np.zeros((bins, bins), np.float64)
     np.add.at(joint, (u, v), 1.0)
@@ -90,6 +110,19 @@ def nmi(x, y, bins: int = 256) -> float:
     if denom == 0.0:
         return float(np.array_equal(u, v))
     return mi / denom
+
+
+def ami(x, y, bins: int = 256) -> float:
+    """Mutual information of :func:`nmi`'s binned levels, adjusted for chance.
+
+    scikit-learn's ``adjusted_mutual_info_score`` (arithmetic mean) on the
+    same ``bins`` levels as :func:`nmi`: ≈ 0 in expectation for unrelated
+    arrays whatever their size (NMI's floor is not), 1 when the levels
+    determine each other; it can be slightly negative. Both arrays constant:
+    1 (scikit-learn's convention for identical one-cluster labelings).
+    """
+    u, v = _levels(x, y, bins, "ami")
+    return float(adjusted_mutual_info_score(u, v, average_method="arithmetic"))
 
 
 def label_accuracy(pred, true) -> float:
@@ -132,13 +165,19 @@ def match_reconstructions(x_rec, x_true) -> np.ndarray:
 
 
 class BatchScore(NamedTuple):
-    """Scores of one victim's batch after matching (means over the batch)."""
+    """Scores of one victim's batch after matching.
+
+    MSE, PSNR and SSIM are means of per-image values over the batch; NMI and
+    AMI are computed once over the matched batch's pooled pixels (paper 002
+    scores the batch as one pair of vectors), so they depend on the batch size.
+    """
 
     mse: float
     psnr: float
     ssim: float
     nmi: float
     label_acc: float
+    ami: float = float("nan")
 
     def as_dict(self) -> dict:
         return self._asdict()
@@ -161,4 +200,4 @@ def score_batch(x_rec, x_true, labels_rec=None, labels_true=None) -> BatchScore:
     else:
         lacc = float("nan")
     return BatchScore(float(np.mean(mse(xm, x_true))), float(np.mean(psnr(xm, x_true))),
-                      float(np.mean(ssim(xm, x_true))), nmi(xm, x_true), lacc)
+                      float(np.mean(ssim(xm, x_true))), nmi(xm, x_true), lacc, ami(xm, x_true))

@@ -16,7 +16,7 @@ from fedsim.provenance import short_commit
 from fedsim.results import finite_number, read_json_object, read_metrics
 
 #: Columns shown where at least one run has them, after the ones every run has.
-OPTIONAL_COLUMNS = ("epsilon", "leakage_total", "attack_psnr", "attack_nmi")
+OPTIONAL_COLUMNS = ("epsilon", "leakage_total", "attack_psnr", "attack_nmi", "attack_ami")
 
 #: The fields of ``summary.json``'s ``environment`` (:func:`fedsim.provenance.environment`)
 #: that a comparison names where the runs differ in them.
@@ -108,6 +108,7 @@ def table_row(label: str, run: dict) -> dict:
         out[key] = summary.get(key, last.get(key))
     out["attack_psnr"] = attack.get("psnr")
     out["attack_nmi"] = attack.get("nmi")
+    out["attack_ami"] = attack.get("ami")
     return out
 
 

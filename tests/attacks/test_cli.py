@@ -22,7 +22,7 @@ def test_cli_writes_summary_and_grid(tmp_path):
     assert rc == 0
     summary = json.loads((tmp_path / "attack_summary.json").read_text())
     assert len(summary["victims"]) == 2
-    assert set(summary["mean"]) == {"mse", "psnr", "ssim", "nmi", "label_acc"}
+    assert set(summary["mean"]) == {"mse", "psnr", "ssim", "nmi", "label_acc", "ami"}
     assert summary["scored"] == {k: 2 for k in summary["mean"]}
     assert summary["mean"]["label_acc"] == 1.0  # iDLG on batch 1
     assert [v["victims_per_call"] for v in summary["victims"]] == [2, 2]  # one call

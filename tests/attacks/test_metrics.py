@@ -50,6 +50,55 @@ def test_nmi_independent_is_small_and_bijection_is_one():
     assert M.nmi(u, 1.0 - u + 1e-7, bins=16) > 0.95
 
 
+def test_nmi_equals_an_independent_contingency_table_nmi():
+    """Against scikit-learn's normalized_mutual_info_score on the same levels."""
+    from sklearn.metrics import normalized_mutual_info_score
+
+    rng = np.random.default_rng(5)
+    x = rng.random((2, 8, 8, 1))
+    y = np.clip(x + rng.normal(0, 0.1, x.shape), 0, 1)
+    for bins in (4, 16, 256):
+        u = np.minimum((x.ravel().astype(np.float32) * bins).astype(int), bins - 1)
+        v = np.minimum((y.ravel().astype(np.float32) * bins).astype(int), bins - 1)
+        assert M.nmi(x, y, bins) == pytest.approx(
+            normalized_mutual_info_score(u, v, average_method="arithmetic"), abs=1e-12)
+
+
+def test_nmi_has_a_chance_floor_that_ami_removes():
+    """Unrelated 16×16 images: NMI far above 0 and falling with the batch; AMI ≈ 0.
+
+    The plug-in NMI's bias grows with the cells per pixel (256² cells for 256
+    pixels at B = 1), so its value for unrelated images depends on B. AMI
+    subtracts the expected MI under random pairings; a reconstruction that
+    tracks the target keeps AMI clearly above that.
+    """
+    rng = np.random.default_rng(6)
+    nmi_floor, ami_floor = {}, {}
+    for b in (1, 8, 32):
+        pairs = [(rng.random((b, 16, 16, 1)), rng.random((b, 16, 16, 1))) for _ in range(5)]
+        nmi_floor[b] = np.mean([M.nmi(x, y) for x, y in pairs])
+        ami_floor[b] = np.mean([M.ami(x, y) for x, y in pairs])
+    assert nmi_floor[1] > 0.8 and nmi_floor[1] > nmi_floor[8] > nmi_floor[32] > 0.3
+    for b in (1, 8, 32):
+        assert abs(ami_floor[b]) < 0.01
+    x = rng.random((8, 16, 16, 1))
+    close = np.clip(x + rng.normal(0, 0.01, x.shape), 0, 1)
+    assert M.ami(close, x) > 0.2
+    assert M.ami(x, x) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="bins"):
+        M.ami(x, x, bins=1)
+
+
+def test_batch_scores_nmi_and_ami_over_the_pooled_batch():
+    rng = np.random.default_rng(7)
+    x = rng.random((3, 8, 8, 1)).astype(np.float32)
+    rec = np.clip(x + rng.normal(0, 0.05, x.shape), 0, 1).astype(np.float32)[[2, 0, 1]]
+    s = M.score_batch(rec, x)
+    matched = rec[[1, 2, 0]]
+    assert s.nmi == pytest.approx(M.nmi(matched, x))
+    assert s.ami == pytest.approx(M.ami(matched, x))
+
+
 def test_hungarian_matching_recovers_permutation():
     x = _imgs(4, 5)
     perm = np.array([3, 0, 4, 1, 2])
