@@ -89,6 +89,13 @@ def validate_attack_section(cfg: Config) -> dict:
         extra = ({"algorithm": cfg.training.algorithm}
                  if "algorithm" in inspect.signature(check).parameters else {})
         check(dict(section.get("config") or {}), grants, **extra)
+    # After the attack's own checks, which name a bad setting more precisely.
+    if not getattr(ATTACK_REGISTRY[section["name"]], "reconstructs_batch", True):
+        raise ConfigError(
+            f"config key 'attack.name': {section['name']!r} does not reconstruct the client's "
+            "batch (it returns one image per class), and `fedsim attack` scores batch "
+            "reconstructions against the client's images; call the attack's run() directly "
+            "and score it with its own metric (attacks.model_inversion.class_centre_mse)")
     if not cfg.observer.clients or not cfg.observer.rounds:
         raise ConfigError("config keys 'observer.clients' and 'observer.rounds' must name at "
                           "least one client and one round to attack")

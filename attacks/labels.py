@@ -4,12 +4,13 @@ Two rules, chosen by batch size:
 
 * **iDLG** (Zhao et al. 2020, "iDLG: Improved Deep Leakage from Gradients",
   §3): for one example with softmax cross-entropy, the last layer's gradient is
-  dL/dW[:, c] = h·(p_c − 1[c = y]) and dL/db_c = p_c − 1[c = y]. With
-  non-negative features h (sigmoid or ReLU before the last layer, true for every
-  model in :mod:`fedsim.models`), the true class is the only column with a
-  negative sum. Rule used: ``argmin`` of the bias gradient if the last layer has
-  a bias, else ``argmin`` of the kernel's column sums (bias-free layers such as
-  paper 001's MLP).
+  dL/dW[:, c] = h·(p_c − 1[c = y]) and dL/db_c = p_c − 1[c = y]. The bias
+  gradient's only negative entry is the true class whatever h is; the kernel's
+  column sums need non-negative features h (sigmoid or ReLU before the last
+  layer). Rule used: ``argmin`` of the bias gradient if the last layer has a
+  bias, else ``argmin`` of the kernel's column sums (bias-free layers such as
+  paper 001's MLP, sigmoid features; ``lenet5_1998``'s tanh features reach a
+  last layer with a bias).
 * **Count-based batch inference** (in the spirit of LLG+, Wainakh et al. 2022,
   "User-Level Label Leakage from Gradients in FL", §4): for a batch of B, the
   per-class signal s_c (bias gradient, or kernel column sum) is the mean over

@@ -123,6 +123,9 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
 
 
 run.check_config = check_config
+# One image per class, not the client's batch: ``fedsim attack`` (which scores
+# batch reconstructions against the client's images) refuses it by this flag.
+run.reconstructs_batch = False
 
 
 def class_centres(x, y, num_classes: int) -> np.ndarray:

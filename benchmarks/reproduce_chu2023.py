@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attacks import inverting_gradients, sgi
-from attacks.metrics import match_reconstructions, nmi, psnr
+from attacks.metrics import ami, match_reconstructions, nmi, psnr
 from benchmarks.provenance import git_commit
 from defenses.pruning import apply_mask, flatten
 from defenses.pruning.defense_prune import prune_largest, prune_mix, prune_random
@@ -108,6 +108,14 @@ def score(x_rec, x_true):
     x_rec, x_true = np.asarray(x_rec), np.asarray(x_true)
     x_rec = x_rec[match_reconstructions(x_rec, x_true)]
     return nmi(x_rec, x_true), float(np.mean(psnr(x_rec, x_true)))
+
+
+def score_ami(x_rec, x_true) -> float:
+    """AMI (NMI adjusted for chance, :func:`attacks.metrics.ami`) after the same
+    matching as :func:`score`: NMI's floor depends on the batch size
+    (benchmarks/results/nmi_chance_floor.md), AMI's chance part does not."""
+    x_rec, x_true = np.asarray(x_rec), np.asarray(x_true)
+    return ami(x_rec[match_reconstructions(x_rec, x_true)], x_true)
 
 
 def sgi_mask_of(args) -> str:
@@ -276,6 +284,7 @@ def part_a(args, ds, rows, seed):
         for j, (scheme, p, mask_s, trained_acc, mask_name, stats) in enumerate(meta):
             for name, recs in (("gi", gi), ("sgi", sg)):
                 sc = [score(recs[j * V + v].x, truths[j * V + v]) for v in range(V)]
+                amis = [score_ami(recs[j * V + v].x, truths[j * V + v]) for v in range(V)]
                 rows.append({"part": "A", "dataset": _dataset(args),
                              "partition": _partition(args), "model": model_name,
                              "params": int(sum(l.size for l in jax.tree_util.tree_leaves(params))),
@@ -284,6 +293,7 @@ def part_a(args, ds, rows, seed):
                              "nmi": float(np.mean([a for a, _ in sc])),
                              "psnr": float(np.mean([b for _, b in sc])), "accuracy": None,
                              "nmi_victims": [a for a, _ in sc], "psnr_victims": [b for _, b in sc],
+                             "ami": float(np.mean(amis)), "ami_victims": amis,
                              "attack_loss_victims": [float(recs[j * V + v].loss) for v in range(V)],
                              "victim_indices": [np.asarray(v).tolist() for v in victims],
                              "seed": seed, "init_key": init_name, "mask_key": mask_name,
@@ -611,6 +621,7 @@ def part_b(args, ds, rows, seed):
                          "model": b_model(args),
                          "base": "prunefl", "defense": name, "p": 0.3, "B": args.local_batch,
                          "attack": att, "nmi": n, "psnr": ps, "accuracy": acc,
+                         "ami": score_ami(rec.x, o.x),
                          "accuracy_last5": acc_last, "accuracy_by_round": acc_by_round,
                          "upload": up, "upload_semantics": args.upload,
                          "aggregation": aggregation_of(args.upload),

@@ -71,6 +71,10 @@ def test_cli_writes_summary_and_grid(tmp_path):
      r"attack\.config\.lr: must be a finite positive"),
     (["attack.name=model_inversion", "attack.config={aux_images: [0.5], classes: [-1]}"],
      r"attack\.config\.classes"),
+    # Valid settings, but one image per class is not the client's batch: refused before
+    # anything is simulated (it used to crash on a shape mismatch after simulating).
+    (["attack.name=model_inversion", "attack.config={aux_images: [0.5]}"],
+     r"'attack\.name': 'model_inversion' does not reconstruct the client's batch"),
 ])
 def test_bad_attack_sections_name_the_key(override, match):
     overrides = override if isinstance(override, list) else [override]
