@@ -61,6 +61,24 @@ def _series_log_iv(nu: np.ndarray, x: np.ndarray) -> np.ndarray:
     return special.logsumexp(terms, axis=-1)
 
 
+#: x above this multiple of (nu² + 1) takes the large-argument expansion where
+#: scipy's ``ive`` fails (it returns NaN past x = 2^30 in scipy 1.17); its
+#: k-th term is below ((nu² + 1) / (8x))^k / k!, i.e. < 1e-3^k here.
+_HANKEL_MIN_RATIO = 100.0
+_HANKEL_TERMS = 8
+
+
+def _hankel_log_iv(nu: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """log I_nu(x) for x ≫ nu² (DLMF 10.40.1; the e^(−x) branch dropped)."""
+    mu = 4.0 * nu * nu
+    term = np.ones_like(x)
+    series = np.ones_like(x)
+    for k in range(1, _HANKEL_TERMS):
+        term = -term * (mu - (2.0 * k - 1.0) ** 2) / (k * 8.0 * x)
+        series = series + term
+    return x - 0.5 * np.log(2.0 * np.pi * x) + np.log(series)
+
+
 def log_bessel_iv(nu: ArrayLike, x: ArrayLike) -> np.ndarray:
     """Natural log of the modified Bessel function ``I_nu(x)``.
 
@@ -77,8 +95,9 @@ def log_bessel_iv(nu: ArrayLike, x: ArrayLike) -> np.ndarray:
       ValueError: if any ``nu < 0`` or ``x < 0`` or either is not finite.
 
     References:
-      DLMF 10.41.3 (uniform expansion, nu >= 50) and 10.25.2 (series);
-      scipy.special.ive elsewhere.
+      DLMF 10.41.3 (uniform expansion, nu >= 50), 10.40.1 (large argument,
+      where scipy.special.ive fails for x ≫ nu²) and 10.25.2 (series, where
+      ive underflows); scipy.special.ive elsewhere.
     """
     nu_arr, x_arr = np.broadcast_arrays(
         np.asarray(nu, dtype=np.float64), np.asarray(x, dtype=np.float64)
@@ -103,8 +122,13 @@ def log_bessel_iv(nu: ArrayLike, x: ArrayLike) -> np.ndarray:
         ok = np.isfinite(scaled) & (scaled > 1e-290)
         res = np.empty(nus.shape, dtype=np.float64)
         res[ok] = np.log(scaled[ok]) + xs[ok]
-        if np.any(~ok):
-            res[~ok] = _series_log_iv(nus[~ok], xs[~ok])
+        # Where ive fails: the large-argument expansion for x ≫ nu² (ive's NaN
+        # past 2^30), the power series for the small x where ive underflows.
+        large = ~ok & (xs > _HANKEL_MIN_RATIO * (nus * nus + 1.0))
+        res[large] = _hankel_log_iv(nus[large], xs[large])
+        tiny = ~ok & ~large
+        if np.any(tiny):
+            res[tiny] = _series_log_iv(nus[tiny], xs[tiny])
         out[small] = res
     return out
 

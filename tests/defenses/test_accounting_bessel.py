@@ -58,3 +58,20 @@ def test_ratio_matches_mpmath():
     for nu, x in [(6849.0, 75.0), (0.5, 2.0), (100.0, 1e4)]:
         ref = float(mpmath.besseli(nu + 1, x) / mpmath.besseli(nu, x))
         assert float(bessel_iv_ratio(nu, x)) == pytest.approx(ref, rel=1e-9)
+
+
+@pytest.mark.parametrize("nu, x", [(49.0, 2e9), (0.0, 5e9), (10.5, 1.5e9), (0.5, 1.1e9)])
+def test_log_bessel_past_scipys_range_matches_mpmath(nu, x):
+    """scipy's ive returns NaN past x = 2^30; the power series meant for tiny x
+    gave log I_49(2e9) = 2875 instead of ≈ 2e9 (and a negative vMF RDP)."""
+    ref = float(mpmath.log(mpmath.besseli(nu, x)))
+    assert float(log_bessel_iv(nu, x)) == pytest.approx(ref, rel=1e-14)
+
+
+def test_vmf_rdp_stays_non_negative_and_non_decreasing_past_scipys_range():
+    from defenses.accounting import vmf_epsilon, vmf_rdp
+
+    tau = vmf_rdp(1e5, 100, [2.0, 100.0, 5611.19])
+    assert np.all(tau >= 0) and np.all(np.diff(tau) >= 0)
+    # κ = 1e5 in 100 dimensions is almost no noise: ε is huge, not ≈ 0.
+    assert vmf_epsilon(1e5, 100, 1.0, 1e-5, steps=10).epsilon > 1e6
