@@ -28,10 +28,14 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+import re
+
 import jax
 import jax.numpy as jnp
 
-from fedsim.hooks import Defense, register_defense
+from fedsim.hooks import Defense, register_defense, register_simulation_plugin
 from defenses.dp._flat import flatten_batched
 from defenses.dp.clipping import check_positive
 
@@ -82,12 +86,26 @@ def update_laplace(scale: float, clip_norm: float | None = None) -> Defense:
 @register_defense("client_level_dp")
 def client_level_dp(clip_norm: float, noise_multiplier: float,
                     clients_per_round: int) -> Defense:
-    """Clip the client update to C and add its share N(0, σ²C²/m) of the round's noise."""
+    """Clip the client update to C and add its share N(0, σ²C²/m) of the round's noise.
+
+    ``clients_per_round`` (m) must be the number of clients whose shares the
+    server sums, i.e. the run's ``training.clients_per_round``, with
+    ``training.weighting: uniform``: a Simulation refuses anything else
+    (:func:`check_client_level_dp`). With a larger m the round would carry
+    √(K/m)·σC instead of σC.
+
+    Raises:
+      ValueError: on a non-positive or non-finite C or σ, or an m that is not
+        a positive integer (2.5, True and "3" included).
+    """
     clip = check_positive("clip_norm", clip_norm)
     sigma = check_positive("noise_multiplier", noise_multiplier)
-    if int(clients_per_round) < 1:
-        raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
-    share = sigma * clip / float(int(clients_per_round)) ** 0.5
+    m = clients_per_round
+    if isinstance(m, bool) or not isinstance(m, numbers.Integral) or int(m) < 1:
+        raise ValueError(f"clients_per_round must be a positive integer (the round's cohort "
+                         f"size), got {m!r}")
+    m = int(m)
+    share = sigma * clip / math.sqrt(m)
 
     def apply(update, state, *, key, context=None):
         v, unflatten = _flat(update)
@@ -95,4 +113,39 @@ def client_level_dp(clip_norm: float, noise_multiplier: float,
         return unflatten(v + share * jax.random.normal(key, v.shape, v.dtype)), state
 
     return Defense(lambda p: (), apply, "upload",
-                   f"client_level_dp(C={clip:g},sigma={sigma:g},m={int(clients_per_round)})")
+                   f"client_level_dp(C={clip:g},sigma={sigma:g},m={m})")
+
+
+_CLIENT_LEVEL_M = re.compile(r"client_level_dp\(C=[^,]*,sigma=[^,]*,m=(\d+)\)")
+
+
+@register_simulation_plugin
+def check_client_level_dp(sim) -> None:
+    """Refuse a ``client_level_dp`` whose noise shares do not add up to σC.
+
+    The shares sum to N(0, σ²C²) only when m equals the cohort the server
+    sums over and the server weighs every client alike (a mean with
+    example-count weights is not the Gaussian mechanism with multiplier σ
+    on the clipped updates).
+
+    Raises:
+      fedsim.config.ConfigError: naming ``training.clients_per_round`` or
+        ``training.weighting``.
+    """
+    from fedsim.config import ConfigError
+
+    up = sim.defenses.get("upload")
+    found = _CLIENT_LEVEL_M.findall(up.name) if up is not None else []
+    if not found:
+        return
+    t = sim.cfg.training
+    for m in map(int, found):
+        if m != t.clients_per_round:
+            raise ConfigError(
+                f"client_level_dp: clients_per_round={m} but the run samples "
+                f"training.clients_per_round={t.clients_per_round} clients a round; the "
+                "noise shares add up to σC only over the clients actually summed")
+    if t.weighting != "uniform":
+        raise ConfigError(
+            f"client_level_dp needs training.weighting: uniform (got {t.weighting!r}): its "
+            "guarantee is for the clipped updates' sum, which example-count weights rescale")

@@ -57,3 +57,25 @@ def test_contract_and_errors():
         update_gaussian(0.0)
     with pytest.raises(ValueError, match="clients_per_round"):
         client_level_dp(1.0, 1.0, 0)
+
+
+@pytest.mark.parametrize("m", [2.5, True, "3", float("inf"), 0, -1])
+def test_client_level_dp_needs_a_positive_integer_cohort(m):
+    with pytest.raises(ValueError, match="clients_per_round must be a positive integer"):
+        client_level_dp(1.0, 1.0, m)
+
+
+def test_a_simulation_refuses_client_level_dp_that_does_not_match_its_cohort():
+    """The shares add up to σC only over the m clients summed, weighed alike."""
+    from fedsim.config import ConfigError
+    from fedsim.simulation import Simulation
+    from tests.fedsim.helpers import small_config, small_dataset
+
+    spec = "[{name: client_level_dp, clip_norm: 1.0, noise_multiplier: 1.0, clients_per_round: %d}]"
+    ds = small_dataset()
+    with pytest.raises(ConfigError, match="training.clients_per_round=3"):
+        Simulation(small_config(**{"defenses": spec % 5, "training.weighting": "uniform"}), ds)
+    with pytest.raises(ConfigError, match="training.weighting: uniform"):
+        Simulation(small_config(**{"defenses": spec % 3}), ds)
+    sim = Simulation(small_config(**{"defenses": spec % 3, "training.weighting": "uniform"}), ds)
+    assert sim.defenses["upload"].name == "client_level_dp(C=1,sigma=1,m=3)"
