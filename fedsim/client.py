@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedsim.hooks import Defense, DefenseContext, identity
+from fedsim.hooks import Defense, DefenseContext, check_stage_compatibility, identity
 from fedsim.typing import ClientOutput, CohortData, Params, PRNGKey, PyTree
 
 
@@ -116,6 +116,7 @@ def make_client_update(
     for stage, d in defenses.items():
         if d.stage != stage:
             raise ValueError(f"defense {d.name!r} acts at stage {d.stage!r}, not {stage!r}")
+    check_stage_compatibility(defenses)
     data_def = defenses.get("data", identity("data"))
     layer_def = defenses.get("layer", identity("layer"))
     upload_def = defenses.get("upload", identity("upload"))

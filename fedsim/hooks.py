@@ -75,6 +75,11 @@ class Defense(NamedTuple):
         :class:`~fedsim.simulation.Simulation` built from a config uses it. Such a
         defense cannot be chained with others of its stage (its local training
         reads its own state).
+      discards_example_stage: True for a "layer" defense that recomputes (part
+        of) the gradient from the batch itself, e.g. Soteria's ∂l/∂b · r′ᵀ: what
+        an "example" defense did to that part (DP-SGD's clipping and noise) is
+        lost, so the engine refuses the two together
+        (:func:`check_stage_compatibility`).
     """
 
     init: Callable[[PyTree], PyTree]
@@ -83,6 +88,27 @@ class Defense(NamedTuple):
     name: str = "defense"
     begin_round: Callable[..., tuple[PyTree, PyTree]] | None = None
     local_training: Callable | None = None
+    discards_example_stage: bool = False
+
+
+def check_stage_compatibility(defenses: dict[str, Defense]) -> None:
+    """Refuse stage combinations where one defense silently undoes another.
+
+    A "layer" defense with ``discards_example_stage`` rebuilds gradient
+    entries from the raw batch; after an "example" defense (per-example
+    clipping and noise) those entries would be released unclipped and
+    noise-free while an accountant still reports the example defense's ε.
+
+    Raises:
+      ValueError: naming both defenses.
+    """
+    layer, example = defenses.get("layer"), defenses.get("example")
+    if layer is not None and example is not None and layer.discards_example_stage:
+        raise ValueError(
+            f"the 'layer' defense {layer.name!r} recomputes gradient entries from the batch, "
+            f"discarding what the 'example' defense {example.name!r} did to them (clipping, "
+            "noise), so its privacy guarantee would not hold for the released update; use one "
+            "of the two")
 
 
 def identity(stage: str) -> Defense:
@@ -120,6 +146,11 @@ def chain(*defenses: Defense) -> Defense:
                          f"(got {', '.join(d.name for d in defenses)})")
     if own:  # alone: itself, its state where its local training looks for it
         return defenses[0]
+    late = [d.name for d in defenses[1:] if d.discards_example_stage]
+    if late:
+        raise ValueError(f"defense {late[0]!r} recomputes gradient entries from the batch, "
+                         f"discarding what the {stage!r} defenses before it in the chain did "
+                         f"to them; put it first (got {', '.join(d.name for d in defenses)})")
 
     def init(params):
         return tuple(d.init(params) for d in defenses)
@@ -146,7 +177,8 @@ def chain(*defenses: Defense) -> Defense:
             return params, tuple(new_states)
 
     name = "+".join(d.name for d in defenses)
-    return Defense(init=init, apply=apply, stage=stage, name=name, begin_round=begin)
+    return Defense(init=init, apply=apply, stage=stage, name=name, begin_round=begin,
+                   discards_example_stage=any(d.discards_example_stage for d in defenses))
 
 
 def _check_stage(stage: str) -> None:

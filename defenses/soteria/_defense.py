@@ -20,9 +20,9 @@ Deviations: ε is given as a rate p_fc (ε = round(p_fc·L) features) as in the
 paper's experiments. The default ``score="exact"``, ``scope="example"`` is the
 paper's Alg 1–2; ``score="code"``, ``scope="batch"`` is the authors' public
 code (one mask per batch from summed ‖∇rᵢ‖/rᵢ). The replacement recomputes
-∂l/∂b from the masked-mean cross-entropy, so it must not be combined with an
+∂l/∂b from the masked-mean cross-entropy, so it cannot be combined with an
 "example"-stage defense (e.g. DP-SGD clipping) whose gradient it would
-overwrite. With the exact Jacobian (default) the defense is deterministic and
+overwrite: the engine refuses the pair (``Defense.discards_example_stage``). With the exact Jacobian (default) the defense is deterministic and
 the key is ignored; ``jacobian="sketch"`` (an approximation, see
 :func:`defenses.soteria.jacobian_row_norms`) draws its probes from the key.
 """
@@ -144,5 +144,8 @@ def soteria(p_fc: float, layer: str = "Dense_0", score: str = "exact",
         return grad, state
 
     sketch = f",sketch{int(probes)}" if jacobian == "sketch" else ""
+    # It rebuilds the defended kernel's gradient from the raw batch, so the
+    # engine refuses it beside an "example" defense (DP-SGD) it would undo.
     return Defense(init=lambda params: (), apply=apply, stage="layer",
-                   name=f"soteria(p_fc={p_fc:g},{score},{scope}{sketch})")
+                   name=f"soteria(p_fc={p_fc:g},{score},{scope}{sketch})",
+                   discards_example_stage=True)

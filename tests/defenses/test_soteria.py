@@ -275,3 +275,31 @@ def test_sketched_norms_estimate_the_exact_norms():
     out, _ = d.apply(grad, (), key=jax.random.key(2), context=_ctx(params, apply_fn, x, y, mask))
     chex.assert_tree_all_finite(out)
     np.testing.assert_array_equal(out["conv"]["kernel"], grad["conv"]["kernel"])
+
+
+def test_soteria_beside_an_example_stage_defense_is_refused():
+    """Soteria rebuilds the FC kernel's gradient from the raw batch, so after
+    DP-SGD (stage "example") that layer would be released unclipped and
+    noise-free while the accountant still reported ε: refused, naming both."""
+    from fedsim.client import LocalTraining, make_client_update
+    from fedsim.config import ConfigError
+    from fedsim.simulation import build_defenses
+
+    specs = [{"name": "dp_gaussian", "noise_multiplier": 1.0, "clip_norm": 1.0},
+             {"name": "soteria", "p_fc": 0.2}]
+    with pytest.raises(ConfigError, match=r"'defenses'.*soteria.*dp_gaussian"):
+        build_defenses(specs)
+    # The same pair handed to the client update directly (no config).
+    built = {"example": build_defense(**specs[0]), "layer": build_defense(**specs[1])}
+    import optax
+    with pytest.raises(ValueError, match="soteria.*discarding"):
+        make_client_update(lambda p, x: x, optax.sgd(0.1), LocalTraining("fedavg", 1, 4, 8), built)
+    # Chained at stage "layer": Soteria first is fine, after another defense it is not.
+    from fedsim.hooks import chain
+    noise = build_defense("update_gaussian", sigma=1e-3)._replace(stage="layer")
+    assert chain(built["layer"], noise).discards_example_stage
+    with pytest.raises(ValueError, match="put it first"):
+        chain(noise, built["layer"])
+    # Each alone is accepted.
+    assert set(build_defenses(specs[1:])) == {"layer"}
+    assert set(build_defenses(specs[:1])) == {"example"}
