@@ -50,7 +50,7 @@ from fedsim.client import LocalTraining, init_client_state, make_client_update
 from fedsim.config import Config, ConfigError
 from fedsim.data import Dataset, load_dataset
 from fedsim.hooks import (DEFENSE_REGISTRY, SIMULATION_PLUGINS, Defense, _load_defenses,
-                          build_defense, build_mask, chain,
+                          build_defense, build_mask, chain, check_stage_compatibility,
                           mask_around, mask_defense, reconfigure_mask)
 from fedsim.keys import ENGINE_INIT, ENGINE_ROUNDS
 from fedsim.models import build_model, init_params, make_apply_fn
@@ -141,9 +141,11 @@ def build_defenses(specs: list[dict]) -> dict[str, Defense]:
             raise ConfigError(f"{where}: {e}") from None
         by_stage.setdefault(d.stage, []).append(_naming_errors(d, f"{where} ({name})"))
     try:
-        return {s: (ds[0] if len(ds) == 1 else chain(*ds)) for s, ds in by_stage.items()}
+        built = {s: (ds[0] if len(ds) == 1 else chain(*ds)) for s, ds in by_stage.items()}
+        check_stage_compatibility(built)
     except ValueError as e:
         raise ConfigError(f"config key 'defenses': {e}") from None
+    return built
 
 
 def _defenses_around(own: dict[str, Defense], mask) -> dict[str, Defense]:
@@ -620,7 +622,14 @@ class Simulation:
             weight = out.num_examples if weighting == "examples" else jnp.ones_like(out.num_examples)
             weight = jnp.where(finite, weight, 0.0)
             update = jax.tree_util.tree_map(lambda u: jnp.where(finite, u, 0.0), out.update)
-            return out._replace(update=update, num_examples=weight), finite
+            # A skipped client leaves the round as if it had not taken part: its
+            # new defense state came out of the same diverged training, and a
+            # stored NaN (Pseudo-Pruning's withheld weights, PriPrune's α) would
+            # make it NaN in every later round it is sampled in. Selecting here
+            # covers every strategy: all of them train a client through this.
+            kept = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o),
+                                          out.client_state, cstate)
+            return out._replace(update=update, num_examples=weight, client_state=kept), finite
 
         self._run_client = jax.jit(run_client)
 
@@ -654,6 +663,16 @@ class Simulation:
         def finish(state, wsum, wtot, ids, new_cstates):
             mean = mean_update(wsum, wtot)
             params, opt_state = server_update(self.server_tx, state.params, state.opt_state, mean)
+            # No upload counted (every client skipped for a NaN/Inf): no aggregate,
+            # so no server step. A zero pseudo-gradient is not one: momentum, Adam
+            # and Yogi still step from their state (and Adam counts the step).
+            # ``wtot`` is the scalar total (mean) or the per-coordinate totals
+            # (sender_mean), each > 0 only where a counted client contributed.
+            counted = jnp.any(jnp.stack([jnp.any(t > 0)
+                                         for t in jax.tree_util.tree_leaves(wtot)]))
+            params, opt_state = jax.tree_util.tree_map(
+                lambda n, o: jnp.where(counted, n, o), (params, opt_state),
+                (state.params, state.opt_state))
             cs = jax.tree_util.tree_map(lambda a, n: a.at[ids].set(n), state.client_states,
                                         new_cstates)
             if jax.tree_util.tree_leaves(state.mask):  # a mask that changes: Alg 1 line 11
@@ -784,8 +803,9 @@ class Simulation:
                 state, ids, ckey, round_idx, observed_ids)
         bad = [int(c) for c, f in zip(ids, finite) if not f]
         ok = weights > 0
-        # NaN where no client counted (all skipped): the model did not move, and
-        # a loss of 0 would read as a perfect round.
+        # NaN where no client counted (all skipped): the model did not move
+        # (``finish`` kept the params and the server optimizer state), and a
+        # loss of 0 would read as a perfect round.
         train_loss = (float(np.sum(losses[ok] * weights[ok]) / np.sum(weights[ok])) if ok.any()
                       else float("nan"))
         jax.block_until_ready(new_state.params)

@@ -1,3 +1,5 @@
+from typing import Callable
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -149,6 +151,111 @@ def test_nonfinite_clients_can_be_skipped():
     chex.assert_tree_all_finite(state.params)
     chex.assert_trees_all_close(state.params, p0)  # nothing aggregated
     assert np.isnan(res.train_loss)  # no client counted: no loss (it read 0.0, a perfect round)
+
+
+def _first_leaf_is(first, context):
+    """Whether the round's global params still begin with ``first`` (round 0's model)."""
+    return jnp.all(jax.tree_util.tree_leaves(context.global_params)[0] == first)
+
+
+def _memory_upload(poison: Callable) -> Defense:
+    """A stateful upload defense whose stored state feeds every later upload.
+
+    Its per-client state counts the rounds the client took part in and keeps
+    its last upload, which the next upload adds times 0: like Pseudo-Pruning's
+    withheld weights composed into the start model, a NaN stored once makes
+    every later upload of that client NaN. ``poison(context)`` (traced) makes
+    this round's upload NaN.
+    """
+    def init(params):
+        return {"rounds": jnp.zeros((), jnp.int32),
+                "last": jax.tree_util.tree_map(jnp.zeros_like, params)}
+
+    def apply(delta, state, *, key, context):
+        out = jax.tree_util.tree_map(lambda d, m: d + 0.0 * m, delta, state["last"])
+        out = jax.tree_util.tree_map(lambda d: jnp.where(poison(context), jnp.nan, d), out)
+        return out, {"rounds": state["rounds"] + 1, "last": out}
+
+    return Defense(init=init, apply=apply, stage="upload", name="memory")
+
+
+@pytest.mark.parametrize("strategy,per_call", [("loop", 1), ("loop", 3), ("vmap", 4),
+                                               ("map", 4), ("chunked", 4), ("sharded", 4)])
+def test_a_skipped_client_keeps_its_defense_state_and_comes_back(strategy, per_call):
+    """A client skipped for a NaN leaves the round with the state it came with.
+
+    Its new defense state came out of the same diverged training; stored, it
+    made the client NaN (and skipped) in every later round it was sampled in.
+    ``per_call`` 3 runs the loop's cohort in one call (all of it), 1 one client
+    a call; chunk_size 2 pads the chunked cohort of 3.
+    """
+    ds = small_dataset()
+    rounds = 6
+    cfg = small_config(**{"training.on_nonfinite": "skip_client",
+                          "training.client_parallelism": strategy, "training.chunk_size": 2,
+                          "training.loop_clients_per_call": per_call,
+                          "training.rounds": rounds})
+    plain = Simulation(cfg, dataset=ds)
+    first = jax.tree_util.tree_leaves(plain.init_state().params)[0]
+    cohorts = [set(map(int, plain.cohort(r))) for r in range(rounds)]
+    counts = list(plain.client_counts)
+    # A client of round 0 that is sampled again later, told apart by its size.
+    target, back = next((c, r) for c in sorted(cohorts[0]) for r in range(1, rounds)
+                        if c in cohorts[r] and counts.count(counts[c]) == 1)
+    n_target = int(counts[target])
+
+    def once(context):  # NaN for the target, in round 0 only
+        return (context.num_examples == n_target) & _first_leaf_is(first, context)
+
+    sim = Simulation(cfg, dataset=ds, defenses={"upload": _memory_upload(once)})
+    state = sim.init_state()
+    own = lambda states, c: jax.tree_util.tree_map(lambda s: np.array(s[c]), states)
+    before = own(state.client_states, target)
+    state, res = sim.run_round(state, 0)
+    assert res.skipped_clients == [target]
+    chex.assert_trees_all_equal(own(state.client_states, target), before)
+    for c in cohorts[0] - {target}:  # the clients that counted keep their new state
+        assert int(state.client_states["upload"]["rounds"][c]) == 1
+    for r in range(1, back + 1):
+        state, res = sim.run_round(state, r)
+        assert res.skipped_clients == [], r
+    assert target in res.cohort
+    assert int(state.client_states["upload"]["rounds"][target]) == 1
+    chex.assert_tree_all_finite(own(state.client_states, target))
+    chex.assert_tree_all_finite(state.params)
+
+
+@pytest.mark.parametrize("server_optimizer,aggregation,strategy", [
+    ("momentum", "mean", "loop"), ("momentum", "mean", "vmap"), ("adam", "mean", "loop"),
+    ("adam", "mean", "vmap"), ("adam", "sender_mean", "loop"), ("yogi", "mean", "loop")])
+def test_a_round_without_an_accepted_client_leaves_the_server_state_as_it_was(
+        server_optimizer, aggregation, strategy):
+    """No upload counted: params and server optimizer state stay exactly as they were.
+
+    A zero pseudo-gradient is not "no step" for a server optimizer with state:
+    momentum, Adam and Yogi moved the model (by up to 0.07 with Adam) and
+    advanced their state from round 0's moments.
+    """
+    ds = small_dataset()
+    cfg = small_config(**{"training.on_nonfinite": "skip_client",
+                          "training.server_optimizer": server_optimizer,
+                          "training.server_lr": 0.1, "training.aggregation": aggregation,
+                          "training.client_parallelism": strategy})
+    first = jax.tree_util.tree_leaves(Simulation(cfg, dataset=ds).init_state().params)[0]
+
+    def after_round_0(context):  # every client NaN from round 1 on
+        return ~_first_leaf_is(first, context)
+
+    sim = Simulation(cfg, dataset=ds, donate=strategy == "vmap",
+                     defenses={"upload": _memory_upload(after_round_0)})
+    state = sim.init_state()
+    state, res0 = sim.run_round(state, 0)
+    assert res0.skipped_clients == []  # round 0 gives the server optimizer its state
+    before = jax.tree_util.tree_map(np.array, (state.params, state.opt_state))
+    state, res1 = sim.run_round(state, 1)
+    assert res1.skipped_clients == sorted(map(int, res1.cohort))
+    chex.assert_trees_all_equal((state.params, state.opt_state), before)
+    assert int(state.round) == 2  # the round still counts
 
 
 def test_a_round_whose_clients_were_all_skipped_logs_no_train_loss(tmp_path):
