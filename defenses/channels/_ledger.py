@@ -15,6 +15,9 @@ __all__ = ["LeakageLedger", "attach_leakage_ledger", "CHANNEL_DEFENSES"]
 CHANNEL_DEFENSES = ("natural_channel", "white_channel", "personalized_channel",
                     "parameter_channel")
 
+# Tags the ledger's saved state (see LeakageLedger.load_state_dict).
+_STATE_KIND = "leakage_ledger"
+
 
 class LeakageLedger:
     """A ``Simulation.round_callbacks`` entry recording the information budget spent.
@@ -37,6 +40,13 @@ class LeakageLedger:
     e^{−2I/d'}. Because h is over-estimated, this is the Thm 1 floor for
     Gaussian data with covariance Σ_D — an upper estimate of the floor for
     the real data, not a guaranteed lower bound for it.
+
+    The row of round r depends only on the cohorts of rounds 0..r, whether or
+    not the run was checkpointed and resumed in between: the step counts go
+    through the checkpoint's callback states (``state_dict`` /
+    ``load_state_dict``), and rounds missing from them (a checkpoint written
+    before the ledger had a state) are replayed from ``cohort_fn``, which must
+    therefore be a pure function of the round (as ``Simulation.cohort`` is).
     """
 
     def __init__(self, kappa: float, steps_per_participation, num_clients: int,
@@ -44,6 +54,7 @@ class LeakageLedger:
         self.kappa = float(kappa)
         self.steps = np.asarray(steps_per_participation, np.int64)
         self.cum = np.zeros(num_clients, np.int64)
+        self.rounds_counted = 0  # cum holds the steps of rounds 0 .. rounds_counted - 1
         self.cohort_fn = cohort_fn
         self._entropy = None
         if statistics is not None:
@@ -57,10 +68,49 @@ class LeakageLedger:
         return (self._dprime / self._dim) * mse_lower_bound(self._entropy, information,
                                                             self._dprime)
 
+    def _count_through(self, round_idx: int) -> None:
+        """Bring ``cum`` to rounds ``0 .. round_idx``.
+
+        Rounds not counted yet are replayed from their cohorts (after a resume
+        from a checkpoint without the ledger's state, the rounds before it). An
+        earlier round than the last one counted means a new run on the same
+        simulation: count again from round 0.
+        """
+        if round_idx + 1 < self.rounds_counted:
+            self.cum[:] = 0
+            self.rounds_counted = 0
+        for r in range(self.rounds_counted, round_idx + 1):
+            ids = np.asarray(self.cohort_fn(r), dtype=np.int64)
+            self.cum[ids] += self.steps[ids]
+        self.rounds_counted = max(self.rounds_counted, round_idx + 1)
+
+    def state_dict(self) -> dict:
+        """JSON-able state for the checkpoint's metadata."""
+        return {"kind": _STATE_KIND, "rounds_counted": int(self.rounds_counted),
+                "cum": [int(c) for c in self.cum]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s step counts.
+
+        A state of another callback is ignored (the checkpoint pairs callbacks
+        and states by position): the counts are then replayed from the
+        cohorts on the next call.
+
+        Raises:
+          ValueError: the state counts another number of clients.
+        """
+        if not isinstance(state, dict) or state.get("kind") != _STATE_KIND:
+            return
+        saved = np.asarray(state["cum"], dtype=np.int64)
+        if saved.shape != self.cum.shape:
+            raise ValueError(f"leakage ledger: the checkpoint's state has step counts for "
+                             f"{saved.size} clients, this simulation has {self.cum.size}")
+        self.cum = saved.copy()
+        self.rounds_counted = int(state["rounds_counted"])
+
     def __call__(self, round_idx: int, row: dict) -> dict:
         del row
-        ids = np.asarray(self.cohort_fn(round_idx))
-        self.cum[ids] += self.steps[ids]
+        self._count_through(int(round_idx))
         n = int(self.cum.max())
         total = n * self.kappa
         out = {"leakage_kappa": self.kappa, "leakage_steps": n, "leakage_total": total,

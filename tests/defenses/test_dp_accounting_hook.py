@@ -61,3 +61,88 @@ def test_a_fedsgd_run_with_vmf_noise_reports_its_epsilon(tmp_path):
     expected = accounting.vmf_epsilon(300.0, dim, 1.0, summary["delta"], steps=1)
     assert math.isfinite(expected.epsilon)
     assert summary["epsilon"] == pytest.approx(expected.epsilon, rel=1e-9)
+
+
+def _callback_row(sim, round_idx):
+    row = {}
+    for cb in sim.round_callbacks:
+        row.update(cb(round_idx, row) or {})
+    return row
+
+
+def _accountant_sim(tmp_path, specs=None, **over):
+    # Only the callbacks run (no training): nothing is compiled.
+    specs = specs or [{"name": "dp_gaussian", "noise_multiplier": 1.1, "clip_norm": 1.0}]
+    cfg = _cfg(tmp_path, specs, **{"training.rounds": 2, "training.clients_per_round": 6, **over})
+    return Simulation(cfg, dataset=small_dataset())
+
+
+def test_attach_accountant_with_delta_replaces_the_default_delta(tmp_path):
+    from defenses.dp import attach_accountant
+    from defenses.dp.accountant_hook import PrivacyAccountant
+
+    sim = _accountant_sim(tmp_path)
+    assert attach_accountant(sim) is False  # the plugin attached one already
+    assert attach_accountant(sim, delta=1e-6) is True
+    accountants = [cb for cb in sim.round_callbacks if isinstance(cb, PrivacyAccountant)]
+    assert len(accountants) == 1  # replaced, not a second accountant
+    row = _callback_row(sim, 0)
+    assert row["delta"] == 1e-6
+    # All 6 IID clients train in round 0: the worst case at δ = 1e-6, recomputed.
+    want = max(accounting.gaussian_epsilon(1.1, min(1.0, 16 / int(c)), 1e-6,
+                                           steps=math.ceil(int(c) / 16)).epsilon
+               for c in sim.client_counts)
+    assert row["epsilon"] == pytest.approx(want, rel=1e-9)
+    assert row["epsilon"] > accounting.gaussian_epsilon(
+        1.1, min(1.0, 16 / max(sim.client_counts)), 1.0 / max(sim.client_counts),
+        steps=math.ceil(max(sim.client_counts) / 16)).epsilon
+
+
+@pytest.mark.parametrize("bad", [5.0, 0.0, 1.0, -1e-5, float("nan"), float("inf"), True, "1e-5"])
+def test_attach_accountant_refuses_a_delta_outside_0_1(tmp_path, bad):
+    from defenses.dp import attach_accountant
+
+    sim = _accountant_sim(tmp_path)
+    with pytest.raises(ValueError, match="delta must be a number in \\(0, 1\\)"):
+        attach_accountant(sim, delta=bad)
+    assert _callback_row(sim, 0)["delta"] == 1.0 / max(sim.client_counts)  # unchanged
+    no_dp = _accountant_sim(tmp_path, specs=[{"name": "update_gaussian", "sigma": 0.1}])
+    with pytest.raises(ValueError, match="delta"):
+        attach_accountant(no_dp, delta=bad)
+
+
+def test_delta_travels_with_the_checkpointed_state_unless_chosen_again(tmp_path):
+    from defenses.dp import attach_accountant
+    from fedsim import checkpoint
+
+    first = _accountant_sim(tmp_path)
+    attach_accountant(first, delta=1e-6)
+    _callback_row(first, 0)
+    states = checkpoint.callback_states(first.round_callbacks)
+    # A resume from the command line cannot call attach_accountant: the run's δ is kept.
+    resumed = _accountant_sim(tmp_path)
+    checkpoint.load_callback_states(resumed.round_callbacks, states)
+    assert _callback_row(resumed, 1)["delta"] == 1e-6
+    # A δ chosen in the resuming process wins over the checkpoint's.
+    chosen = _accountant_sim(tmp_path)
+    attach_accountant(chosen, delta=1e-7)
+    checkpoint.load_callback_states(chosen.round_callbacks, states)
+    assert _callback_row(chosen, 1)["delta"] == 1e-7
+
+
+def test_epsilon_client_is_a_client_when_every_epsilon_is_0(tmp_path):
+    # σ = 1000, one full-batch FedSGD step: dp_accounting gives ε = 0 for every
+    # client; the row named client -1 then.
+    sim = _accountant_sim(tmp_path, specs=[{"name": "dp_gaussian", "noise_multiplier": 1000.0}],
+                          **{"training.algorithm": "fedsgd", "training.clients_per_round": 3})
+    row = _callback_row(sim, 0)
+    assert row["epsilon"] == 0.0
+    assert row["epsilon_client"] == int(min(sim.cohort(0)))
+
+
+def test_no_epsilon_client_before_any_client_trained(tmp_path):
+    from defenses.dp.accountant_hook import PrivacyAccountant
+
+    sim = _accountant_sim(tmp_path)
+    (acc,) = [cb for cb in sim.round_callbacks if isinstance(cb, PrivacyAccountant)]
+    assert acc.epsilon() == (0.0, None)
