@@ -37,7 +37,6 @@ import dm_pix
 import jax.numpy as jnp
 import numpy as np
 from scipy.optimize import linear_sum_assignment
-from sklearn.metrics import adjusted_mutual_info_score
 
 PSNR_CAP = 100.0
 
@@ -121,6 +120,10 @@ def ami(x, y, bins: int = 256) -> float:
     determine each other; it can be slightly negative. Both arrays constant:
     1 (scikit-learn's convention for identical one-cluster labelings).
     """
+    # Imported here: the GPU machines' image has no scikit-learn, and every
+    # other metric (and the attacks that import this module) works without it.
+    from sklearn.metrics import adjusted_mutual_info_score
+
     u, v = _levels(x, y, bins, "ami")
     return float(adjusted_mutual_info_score(u, v, average_method="arithmetic"))
 

@@ -1,6 +1,7 @@
 # Sourced by the GPU session scripts with $out set: installs the wheels in
 # .whl/ (dm-pix, dp-accounting, dm-tree: the GPU image has jax, flax, optax and
-# torch), sets PYTHONPATH, and writes what the machine is to
+# torch; add scikit-learn, threadpoolctl and joblib for a script that scores
+# AMI, attacks.metrics.ami), sets PYTHONPATH, and writes what the machine is to
 # $out/environment.txt, including whether float32 matrix products run as TF32
 # by default.
 mkdir -p "$out"
