@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 from benchmarks.results_io import write_json_and_markdown  # noqa: E402
 
 FLOOR = ROOT / "benchmarks" / "results" / "nmi_chance_floor.json"
@@ -95,7 +96,8 @@ def markdown(result: dict) -> str:
     fl = result["floor"]
     fmt = lambda v, d=3: "–" if v is None else f"{v:.{d}f}"  # noqa: E731
     lines = [f"# chu2023 part B against NMI's unrelated-image floor ({result['source']})", "",
-             f"`python -m benchmarks.chu2023_floor_reading {result['source']}`; run at commit "
+             f"`python -m benchmarks.chu2023_floor_reading {result['source']}` at commit "
+             f"{short_commit(result['commit'])}; the run at commit "
              f"{result['run_commit']}, seed {result['run_seed']}, upload "
              f"{result['run_upload']}; last round {result['last_round']}. Floor "
              f"({fl['image_size']}×{fl['image_size']}, B = {fl['B']}, unrelated real images): "
@@ -126,7 +128,7 @@ def main(argv=None) -> int:
     run = json.loads(args.run.read_text())
     result = readings(run, json.loads(args.floor.read_text()))
     settings = run.get("settings_B", run.get("settings", {}))
-    result.update(source=str(args.run), run_commit=str(run.get("commit")),
+    result.update(commit=git_commit(), source=str(args.run), run_commit=str(run.get("commit")),
                   run_seed=run.get("seed"), run_upload=settings.get("upload", "weights"))
     write_json_and_markdown(args.out.parent, args.out.name, result, markdown(result))
     return 0
