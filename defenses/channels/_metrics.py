@@ -14,10 +14,17 @@ def _pos(name, v):
     return v
 
 
+def _auc(name, v):
+    v = _pos(name, v)
+    if v > 1.0:  # e.g. a percentage: the ratio would look plausible and mean nothing
+        raise ValueError(f"{name} must be an AUC in (0, 1], got {v!r}")
+    return v
+
+
 def imp_mia(auc: float, auc_without_defense: float) -> float:
-    """IMP_MIA = (AUC_without_def − AUC) / AUC_without_def (000 §6.1)."""
-    base = _pos("auc_without_defense", auc_without_defense)
-    return (base - _pos("auc", auc)) / base
+    """IMP_MIA = (AUC_without_def − AUC) / AUC_without_def (000 §6.1); AUCs in (0, 1]."""
+    base = _auc("auc_without_defense", auc_without_defense)
+    return (base - _auc("auc", auc)) / base
 
 
 def imp_dra(mse: float, mse_without_defense: float) -> float:
@@ -27,5 +34,12 @@ def imp_dra(mse: float, mse_without_defense: float) -> float:
 
 
 def gdc(imp_mia_value: float, imp_dra_value: float) -> float:
-    """General defense capability GDC = (IMP_MIA + IMP_DRA) / 2 (000 §6.1)."""
+    """General defense capability GDC = (IMP_MIA + IMP_DRA) / 2 (000 §6.1).
+
+    Raises:
+      ValueError: an improvement that is NaN or infinite.
+    """
+    for name, v in (("imp_mia_value", imp_mia_value), ("imp_dra_value", imp_dra_value)):
+        if not math.isfinite(float(v)):
+            raise ValueError(f"{name} must be finite, got {v!r}")
     return 0.5 * (float(imp_mia_value) + float(imp_dra_value))

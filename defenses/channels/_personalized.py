@@ -108,6 +108,11 @@ def personalized_channel(kappa: float, *, beta=None, statistics: DataStatistics 
     if beta.size != stats.dim:
         raise ValueError(f"personalized_channel: beta has {beta.size} entries, the data "
                          f"{stats.shape} has d = {stats.dim}")
+    if beta.ndim > 1 and beta.shape != tuple(stats.shape):
+        # Right size, other layout (e.g. channels-first): flattened, its weights
+        # would land on other pixels than meant.
+        raise ValueError(f"personalized_channel: beta has shape {beta.shape}; give it the "
+                         f"example's shape {tuple(stats.shape)} or flat ({stats.dim},)")
     if not (np.all(np.isfinite(beta)) and np.all(beta > 0)):
         raise ValueError("personalized_channel: beta must be finite and > 0 everywhere")
     sigma = personalized_noise_scale(stats, kappa, beta)

@@ -108,6 +108,28 @@ def test_metrics():
     assert imp_dra(0.1, 0.1) == 0.0
     with pytest.raises(ValueError, match="mse"):
         imp_dra(0.0, 0.1)
+    # An AUC in percent beside one as a fraction gave IMP_MIA = -120 without a word.
+    with pytest.raises(ValueError, match=r"auc must be an AUC in \(0, 1\]"):
+        imp_mia(75.0, 0.62)
+    with pytest.raises(ValueError, match="auc_without_defense"):
+        imp_mia(0.5, 1.7)
+    for bad in (float("nan"), float("-inf")):
+        with pytest.raises(ValueError, match="must be finite"):
+            gdc(bad, 0.3)
+
+
+def test_personalized_channel_refuses_a_beta_of_another_layout():
+    """A channels-first β has the right size, but flattened its weights land on other
+    pixels than the (H, W, C) data's; refused, while the example's shape and flat pass."""
+    from defenses.channels import data_statistics, personalized_channel
+
+    stats = data_statistics(np.random.default_rng(0).random((60, 4, 4, 3)))
+    beta = np.ones((4, 4, 3))
+    beta[1:3, 1:3] = 50.0
+    with pytest.raises(ValueError, match=r"beta has shape \(3, 4, 4\).*\(4, 4, 3\)"):
+        personalized_channel(5.0, statistics=stats, beta=beta.transpose(2, 0, 1))
+    for ok in (beta, beta.ravel()):
+        assert personalized_channel(5.0, statistics=stats, beta=ok).stage == "data"
 
 
 def test_ledger_counts_steps_per_client():
