@@ -163,8 +163,13 @@ def feddst_prune_regrow(key: PRNGKey, params, mask, drop_fraction: float) -> PyT
     drop_fraction = check_rate(drop_fraction, "drop_fraction")
     elig = prunable(params)
     active = jax.tree_util.tree_map(jnp.multiply, mask, elig)
+    inactive = jax.tree_util.tree_map(lambda m, e: (1 - m) * e, mask, elig)
     n_active = int(sum(jnp.sum(a) for a in jax.tree_util.tree_leaves(active)))
-    n_drop = int(round(drop_fraction * n_active))
+    n_inactive = int(sum(jnp.sum(i) for i in jax.tree_util.tree_leaves(inactive)))
+    # Only as many can regrow as are inactive: dropping more would lower the
+    # density (at p < drop_fraction / (1 + drop_fraction) the rate drifted to
+    # drop_fraction·(1 − p), e.g. 0.18 at p = 0.1).
+    n_drop = min(int(round(drop_fraction * n_active)), n_inactive)
     d = num_params(params)
     if n_drop == 0:
         return mask
@@ -173,7 +178,6 @@ def feddst_prune_regrow(key: PRNGKey, params, mask, drop_fraction: float) -> PyT
                                eligible=active)
     new = jax.tree_util.tree_map(jnp.multiply, mask, dropped)
     # Regrow as many among the weights that were inactive before this step.
-    inactive = jax.tree_util.tree_map(lambda m, e: (1 - m) * e, mask, elig)
     scores = unflatten(jax.random.uniform(key, (d,)), params)
     grow = mask_from_scores(scores, n_drop / d, "lowest", eligible=inactive)
     grown = jax.tree_util.tree_map(lambda g, i: (1 - g) * i, grow, inactive)

@@ -90,3 +90,20 @@ def test_unknown_scheme_and_missing_data():
         initial_mask("magic", jax.random.key(0), {"w": jnp.ones((2, 2))}, 0.1)
     with pytest.raises(ValueError, match="needs apply_fn"):
         initial_mask("snip", jax.random.key(0), {"w": jnp.ones((2, 2))}, 0.1)
+
+
+@pytest.mark.parametrize("p", [0.05, 0.1, 0.5])
+def test_feddst_keeps_the_rate_where_fewer_weights_are_inactive_than_it_drops(lenet, p):
+    """FedDST drops 20 % of the active weights and regrows as many inactive ones.
+    At p < 1/6 fewer are inactive than that: it used to drop 20 % anyway and regrow
+    only p, so p = 0.1 pruned 18 % of the weights. The density must stay 1 − p."""
+    params = lenet[0]
+    e = np.asarray(flatten(prunable(params))) > 0
+    m = initial_mask("feddst", jax.random.key(5), params, p)
+    f = np.asarray(flatten(m))
+    assert (1 - f[e]).sum() == round(p * e.sum())
+    moved = np.asarray(flatten(feddst_prune_regrow(jax.random.key(6), params, m, 0.2)))
+    assert moved[e].sum() == f[e].sum()
+    # Where few are inactive, every one of them regrows and as many active ones drop.
+    n_move = min(round(0.2 * f[e].sum()), (1 - f[e]).sum())
+    assert (moved != f).sum() == 2 * n_move
