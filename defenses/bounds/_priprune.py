@@ -61,12 +61,19 @@ def priprune_leakage_bound(
         cov = np.asarray(covariance, dtype=np.float64)
         if cov.ndim != 2 or cov.shape[0] != cov.shape[1]:
             raise ValueError(f"covariance must be a square matrix, got shape {cov.shape}")
-        sign, ln_det = np.linalg.slogdet(cov)
-        if sign <= 0:
+        if not np.all(np.isfinite(cov)):
+            raise ValueError("covariance contains NaN or Inf values")
+        if not np.allclose(cov, cov.T, rtol=1e-8, atol=1e-12 * max(np.abs(cov).max(), 1e-300)):
+            raise ValueError("covariance must be symmetric")
+        # A positive determinant alone lets diag(-1, -1) through: check the spectrum.
+        if np.linalg.eigvalsh(cov).min() <= 0:
             raise ValueError("covariance must be positive definite (non-singular)")
+        sign, ln_det = np.linalg.slogdet(cov)
         d_star = cov.shape[0]
     elif logdet is not None and dim is not None:
         ln_det, d_star = float(logdet), check_positive_int("dim", dim)
+        if not math.isfinite(ln_det):
+            raise ValueError(f"logdet must be finite, got {logdet!r}")
     else:
         raise ValueError("give covariance, or both logdet and dim")
     delta_term = -0.5 * float(ln_det) / math.log(2.0)

@@ -71,7 +71,7 @@ def make_defense_pruning(p_largest: float, p_random: float, pseudo: bool, name: 
 
     Args:
       p_largest: rate of largest-|Δ| coordinates withheld.
-      p_random: rate (of d) of random coordinates withheld among the rest.
+      p_random: rate (of the n shared coordinates) of random ones withheld among the rest.
       pseudo: keep withheld local weights and compose them back next round.
       name: the defense's display name.
       upload: ``"update"`` or ``"weights"`` (module docstring).

@@ -31,8 +31,8 @@ def gumbel_not_shared(key: PRNGKey, theta: jax.Array, tau: float, hard: bool = F
       hard: return the hard sample in the forward pass with the soft sample's
         gradient (straight-through).
     """
-    if tau <= 0:
-        raise ValueError(f"Gumbel-softmax temperature tau must be > 0, got {tau}")
+    if not tau > 0 or tau == float("inf"):  # NaN fails the comparison
+        raise ValueError(f"Gumbel-softmax temperature tau must be a finite number > 0, got {tau}")
     g = jax.random.gumbel(key, (2,) + jnp.shape(theta), jnp.float32)
     z = (jax.nn.log_sigmoid(theta) - jax.nn.log_sigmoid(-theta) + g[0] - g[1]) / tau
     v = jax.nn.sigmoid(z)

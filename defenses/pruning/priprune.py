@@ -83,7 +83,12 @@ from defenses.pruning.masks import check_upload, pseudo_pruning_begin, withhold
 
 @dataclasses.dataclass(frozen=True)
 class PriPruneConfig:
-    """PriPrune hyper-parameters (paper: λ_acc ∈ {1,5,10}, λ_pri ∈ {1,10,15}, λ_sha ∈ {2e-5, 2e-6})."""
+    """PriPrune hyper-parameters.
+
+    The paper gives two grids: §6's search, λ_acc ∈ {1, 5, 10}, λ_pri ∈ {1, 5, 10, 15, 20},
+    λ_sha ∈ {1e-4, 2e-5}; the appendix's setup, λ_acc ∈ {1, 5, 10}, λ_pri ∈ {1, 10, 15},
+    λ_sha ∈ {2e-5, 2e-6}.
+    """
 
     lambda_acc: float = 1.0
     lambda_pri: float = 10.0

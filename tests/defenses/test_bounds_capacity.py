@@ -131,6 +131,15 @@ def test_other_bounds():
     assert priprune_leakage_bound(0.3, 20, np.eye(3), rounds=5) == pytest.approx(5 * b1)
     with pytest.raises(ValueError, match="pruning_rate"):
         priprune_leakage_bound(1.5, 20, np.eye(3))
+    # A positive determinant is not positive definiteness: diag(-1, -1) used to
+    # give the identity's bound; a non-symmetric or NaN matrix, a NaN log-det too.
+    for bad, match in ((-np.eye(2), "positive definite"),
+                       (np.array([[1.0, 0.5], [0.0, 1.0]]), "symmetric"),
+                       (np.full((2, 2), np.nan), "NaN")):
+        with pytest.raises(ValueError, match=match):
+            priprune_leakage_bound(0.3, 20, bad)
+    with pytest.raises(ValueError, match="logdet must be finite"):
+        priprune_leakage_bound(0.3, 20, logdet=float("nan"), dim=3)
 
 
 @pytest.mark.parametrize("dim", [4, 300])

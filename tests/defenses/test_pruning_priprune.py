@@ -36,8 +36,9 @@ def test_gumbel_soft_limit_has_gradient():
     assert np.all(np.isfinite(np.asarray(g))) and np.all(np.asarray(g) > 0)
     g_hard = jax.grad(lambda t: jnp.sum(gumbel_not_shared(jax.random.key(1), t, 1.0, hard=True)))(theta)
     np.testing.assert_allclose(np.asarray(g_hard), np.asarray(g))  # straight-through
-    with pytest.raises(ValueError, match="tau"):
-        gumbel_not_shared(jax.random.key(0), theta, 0.0)
+    for bad in (0.0, float("nan"), float("inf")):  # NaN used to return NaN masks
+        with pytest.raises(ValueError, match="tau"):
+            gumbel_not_shared(jax.random.key(0), theta, bad)
 
 
 def test_privacy_loss_pushes_large_gradients_hardest():
