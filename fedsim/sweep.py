@@ -4,12 +4,17 @@
 product of the grid values over the base config. Keys are the ``--set`` keys
 (dotted paths or unique leaf names, e.g. ``seed``, ``model.name``) plus
 ``defenses[i].PARAM`` for a defense hyper-parameter (e.g. PriPrune's κ:
-``defenses[0].kappa=0.1,0.3``). Values are parsed as YAML.
+``defenses[0].kappa=0.1,0.3``). Values are parsed as YAML and separated by
+commas outside brackets and quotes (``observer.clients=[0,1],[2,3]``).
 
 Each cell runs in ``SWEEP_DIR/cells/<cell-name>/`` with checkpoints every
 round (unless the config sets ``output.checkpoint_every``), so:
 
-* a cell whose ``summary.json`` exists is finished and skipped;
+* a cell whose ``summary.json`` exists is finished and skipped, provided the
+  config it recorded (its ``config.yaml``) is this cell's config; a finished
+  cell whose config differs (another base config, ``--set`` or code default)
+  is refused by name (:func:`recorded_config_differences`), since its numbers
+  would be reported as the new config's;
 * a cell killed mid-way resumes from its last checkpoint;
 * a cell that fails (bad value, NaN) is recorded as failed with its error and
   the sweep goes on.
@@ -21,11 +26,15 @@ rewritten atomically (temporary file + rename), like every cell's own
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import itertools
 import json
 import re
 import statistics
 from pathlib import Path
+
+import yaml
 
 from fedsim.config import (Config, ConfigError, apply_overrides, from_dict, read_raw_config,
                            validate, yaml_load)
@@ -40,30 +49,101 @@ _DEFENSE_KEY = re.compile(r"^defenses\[(\d+)\]\.(\w+)$")
 def parse_grid(items: list[str]) -> list[tuple[str, list]]:
     """``["seed=0,1", "model.name=mlp,lenet5"]`` -> [(key, [values]), ...].
 
+    Keys are returned as given (they name the cells and the table's columns),
+    but compared by the config key they stand for (:func:`canonical_key`), so
+    ``lr`` next to ``training.lr`` is a repeated key and ``dir`` is refused as
+    ``output.dir`` is. Values are split on commas, except inside brackets or
+    quotes: ``observer.clients=[0,1],[2,3]`` has two list values.
+
     Raises:
-      ConfigError: an item without ``=`` or without values, a repeated key or
-        value, or a key the sweep sets itself (:data:`SWEEP_SETS`).
+      ConfigError: an item without ``=`` or without values, an unknown key, a
+        repeated key or value, a value that is not valid YAML, or a key the
+        sweep sets itself (:data:`SWEEP_SETS`).
     """
-    grid, seen = [], set()
+    grid, seen = [], {}
     for item in items:
         if "=" not in item:
             raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2,...")
         key, text = (s.strip() for s in item.split("=", 1))
-        values = [v.strip() for v in text.split(",") if v.strip()]
-        if not key or not values:
+        if not key:
             raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2,... with at least one value")
-        if key in seen:
-            raise ConfigError(f"--grid: key {key!r} given twice")
-        if key in SWEEP_SETS:
-            raise ConfigError(f"--grid {key}: the sweep sets it for every cell "
-                              f"({SWEEP_SETS[key]}), so a grid over it would be ignored")
-        seen.add(key)
-        parsed = [yaml_load(v) for v in values]
+        canonical = canonical_key(key)
+        if canonical in seen:
+            if seen[canonical] == key:
+                raise ConfigError(f"--grid: key {key!r} given twice")
+            raise ConfigError(f"--grid: keys {seen[canonical]!r} and {key!r} both set "
+                              f"{canonical}")
+        if canonical in SWEEP_SETS:
+            raise ConfigError(f"--grid {key}: the sweep sets it for every cell ({canonical} = "
+                              f"{SWEEP_SETS[canonical]}), so a grid over it would be ignored")
+        seen[canonical] = key
+        parsed = _grid_values(key, text)
+        if not parsed:
+            raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2,... with at least one value")
         repeated = [v for i, v in enumerate(parsed) if v in parsed[:i]]
         if repeated:  # the second cell would be the first one's, skipped as done
             raise ConfigError(f"--grid {key}: value {repeated[0]!r} given twice")
         grid.append((key, parsed))
     return grid
+
+
+def canonical_key(key: str) -> str:
+    """The dotted config key that grid key ``key`` sets (``lr`` -> ``training.lr``).
+
+    Resolved as ``--set`` resolves it (:func:`fedsim.config.apply_overrides`),
+    so the two cannot disagree; ``defenses[i].PARAM`` is its own canonical form.
+
+    Raises:
+      ConfigError: an unknown key, naming it as a ``--grid`` key.
+    """
+    if _DEFENSE_KEY.match(key):
+        return key
+    try:
+        node = apply_overrides({}, [f"{key}=0"])
+    except ConfigError as e:
+        # apply_overrides words it for --set; the user typed --grid.
+        raise ConfigError(re.sub(r"^--set ", "--grid ", str(e))) from None
+    parts = []
+    while isinstance(node, dict) and len(node) == 1:  # the one path it created
+        (part, node), = node.items()
+        parts.append(part)
+    return ".".join(parts)
+
+
+def _grid_values(key: str, text: str) -> list:
+    """The YAML values of one ``--grid`` axis, split on the commas between them.
+
+    A value that opens a bracket or a quote takes in the following pieces
+    until it parses, so list, mapping and quoted values may hold commas.
+
+    Raises:
+      ConfigError: a value that is not valid YAML, naming the key.
+    """
+    pieces, values, i = text.split(","), [], 0
+    while i < len(pieces):
+        item, i = pieces[i], i + 1
+        while item.strip()[:1] in ("[", "{", "'", '"') and i < len(pieces) \
+                and not _is_yaml(item):
+            item, i = item + "," + pieces[i], i + 1
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            values.append(yaml_load(item))
+        except yaml.YAMLError as e:
+            raise ConfigError(
+                f"--grid {key}: value {item!r} is not valid YAML ({str(e).splitlines()[0]}); "
+                f"values are separated by commas, and a list is written in brackets "
+                f"(e.g. --grid 'observer.clients=[0,1],[2,3]')") from None
+    return values
+
+
+def _is_yaml(text: str) -> bool:
+    try:
+        yaml_load(text)
+    except yaml.YAMLError:
+        return False
+    return True
 
 
 #: Config keys the sweep sets in every cell (:func:`cell_config`), which a grid
@@ -72,15 +152,55 @@ SWEEP_SETS = {"output.dir": "OUT/cells/<cell>", "output.progress": "false"}
 
 
 def cell_name(assignment: dict) -> str:
-    """A file-system-safe, readable, unique name for one grid cell."""
+    """A file-system-safe, readable name for one grid cell.
+
+    Characters outside ``[A-Za-z0-9_.=+-]`` become ``_``, so two cells can
+    get one name (``/d/a b`` and ``/d/a_b``); :func:`cell_names` makes the
+    names of a grid unique.
+    """
     text = "__".join(f"{k}={v}" for k, v in assignment.items())
     return re.sub(r"[^A-Za-z0-9_.=+-]", "_", text) or "base"
 
 
+def cell_names(assignments: list[dict]) -> list[str]:
+    """Unique directory names for the cells of one grid.
+
+    A name that :func:`cell_name` gives to more than one cell (compared
+    without case, for case-insensitive file systems) gets a suffix hashed
+    from the cell's exact values in every cell that has it. Otherwise the
+    second cell would run in the first one's directory, be skipped as done
+    and report the first one's numbers. Names that do not collide stay as
+    they were, so an existing sweep directory is still found.
+
+    Raises:
+      ConfigError: names that still collide (not expected: the suffix
+        differs for different values).
+    """
+    names = [cell_name(a) for a in assignments]
+    counts = collections.Counter(n.casefold() for n in names)
+    names = [f"{n}__{_digest(a)}" if counts[n.casefold()] > 1 else n
+             for n, a in zip(names, assignments)]
+    counts = collections.Counter(n.casefold() for n in names)
+    clash = [n for n in names if counts[n.casefold()] > 1]
+    if clash:
+        raise ConfigError(f"--grid: two cells would share the directory name {clash[0]!r}")
+    return names
+
+
+def _digest(assignment: dict) -> str:
+    text = json.dumps(list(assignment.items()), default=repr)  # str 1 != int 1
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 def cell_config(raw: dict, assignment: dict, out_dir: Path, name: str) -> Config:
-    """The validated config of one cell (its own output dir, checkpointed)."""
+    """The validated config of one cell (its own output dir, checkpointed).
+
+    Raises:
+      ConfigError: an invalid cell config, naming the key; a
+        ``defenses[i].PARAM`` key with no ``defenses[i]``; an ``output``
+        entry that is not a mapping.
+    """
     raw = json.loads(json.dumps(raw))  # deep copy of plain YAML data
-    plain = []
     for key, value in assignment.items():
         m = _DEFENSE_KEY.match(key)
         if m:
@@ -90,16 +210,127 @@ def cell_config(raw: dict, assignment: dict, out_dir: Path, name: str) -> Config
                 raise ConfigError(f"--grid {key}: the config has no defenses[{i}]")
             defs[i][param] = value
         else:
-            plain.append(f"{key}={json.dumps(value) if not isinstance(value, str) else value}")
-    raw = apply_overrides(raw, plain)
+            # The parsed value itself, not its text: written out and parsed
+            # again, the string '1e5' or 'true' would come back as a number or
+            # a bool.
+            _set_path(raw, canonical_key(key), value)
     raw["name"] = f"{raw.get('name', 'sweep')}-{name}"
-    out = raw.setdefault("output", {})
+    out = raw.get("output")
+    if out is None and "output" not in raw:
+        out = raw["output"] = {}
+    if not isinstance(out, dict):  # as `fedsim run` words it (fedsim.config.from_dict)
+        raise ConfigError(f"config key 'output': expected a mapping, got {out!r}")
     out["dir"] = str(out_dir / "cells" / name)
     out.setdefault("checkpoint_every", 1)
     out["progress"] = False
     cfg = from_dict(Config, raw)
     validate(cfg)
     return cfg
+
+
+def _set_path(raw: dict, dotted: str, value) -> None:
+    """``raw[a][b][c] = value`` for ``"a.b.c"``, making (or replacing by) a mapping
+    at every level above, as ``--set`` does (:func:`fedsim.config.apply_overrides`)."""
+    node, parts = raw, dotted.split(".")
+    for p in parts[:-1]:
+        if not isinstance(node.get(p), dict):
+            node[p] = {}
+        node = node[p]
+    node[parts[-1]] = value
+
+
+#: The file in a cell's directory that holds the config the cell ran with
+#: (:func:`fedsim.run.run_simulation` writes it before the cell's first round).
+CELL_CONFIG = "config.yaml"
+
+#: Top-level config keys that do not change a cell's results: a label, and
+#: where and how often the cell writes its files (``output.dir`` moves with
+#: the sweep directory).
+_NOT_COMPARED = ("name", "output")
+
+
+def recorded_config_differences(cell_dir: Path, cfg: Config) -> list[tuple[str, object, object]]:
+    """How the config recorded in ``cell_dir`` differs from ``cfg``.
+
+    Compares every key but :data:`_NOT_COMPARED`, ``training.rounds``
+    included (a 2-round cell is not a 4-round cell's result). Keys a recorded
+    config lacks (written before they existed) take their defaults.
+
+    Returns:
+      ``(key, recorded, now)`` per differing key, with ``defenses[i].PARAM``
+      for a defense argument and ``(absent)`` for a side that lacks the key;
+      empty when the configs agree.
+
+    Raises:
+      ConfigError: ``cell_dir`` has no readable :data:`CELL_CONFIG`.
+    """
+    path = Path(cell_dir) / CELL_CONFIG
+    try:
+        # safe_load, not yaml_load: the file is yaml.safe_dump's output
+        # (fedsim.config.dump_config), which round-trips exactly through it.
+        recorded = from_dict(Config, yaml.safe_load(path.read_text()) or {})
+    except FileNotFoundError:
+        raise ConfigError(f"{path} is missing, so the config that produced the cell's "
+                          f"results cannot be checked") from None
+    except (OSError, yaml.YAMLError, ConfigError) as e:
+        raise ConfigError(f"{path} cannot be read as a config: "
+                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    before, now = (_flatten({k: v for k, v in c.to_dict().items() if k not in _NOT_COMPARED})
+                   for c in (recorded, cfg))
+    diffs = []
+    for key in [*now, *(k for k in before if k not in now)]:
+        old, new = before.get(key, _ABSENT), now.get(key, _ABSENT)
+        if not _same(old, new):
+            diffs.append((key, old, new))
+    return diffs
+
+
+class _Absent:
+    """A key one of two configs lacks (a defense argument only one of them sets)."""
+
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+_ABSENT = _Absent()
+
+
+def _flatten(value, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}, "defenses": [{"k": 2}]}`` -> ``{"a.b": 1, "defenses[0].k": 2}``;
+    lists without mappings (``observer.clients``) stay whole values."""
+    if isinstance(value, dict) and value:
+        out = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(value, list) and any(isinstance(v, dict) for v in value):
+        out = {}
+        for i, v in enumerate(value):
+            out.update(_flatten(v, f"{prefix}[{i}]"))
+        return out
+    return {prefix: value}
+
+
+def _same(a, b) -> bool:
+    # 1 == 1.0 is the same setting (a defense argument written either way),
+    # but True == 1 is not.
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+def _refuse_changed_cell(name: str, cell_dir: Path, done_file: str, cfg: Config) -> str | None:
+    """Why finished cell ``name`` cannot stand for ``cfg``, or None if it can."""
+    fix = f"use another --out, or delete {cell_dir} to run the cell again"
+    try:
+        diffs = recorded_config_differences(cell_dir, cfg)
+    except ConfigError as e:
+        return f"sweep cell {name!r} is finished ({done_file}), but {e}: {fix}"
+    if not diffs:
+        return None
+    shown = "; ".join(f"{k}: {old!r} there, {new!r} now" for k, old, new in diffs[:6])
+    more = f"; and {len(diffs) - 6} more" if len(diffs) > 6 else ""
+    return (f"sweep cell {name!r} finished under another config than this sweep gives it "
+            f"({shown}{more}; recorded in {cell_dir / CELL_CONFIG}). Its results would be "
+            f"reported as this config's: {fix}")
 
 
 def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] | None = None,
@@ -122,6 +353,10 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
       check_cell: ``check_cell(cfg)`` raises ``ConfigError`` for a cell that
         cannot run; called on every cell before any runs.
 
+    A cell is done when ``done_file`` exists and the config ``run_fn`` recorded
+    in the cell's :data:`CELL_CONFIG` (as :func:`fedsim.run.run_simulation`
+    does) is the cell's config now, up to ``name`` and ``output``.
+
     In a multi-process run (:mod:`fedsim.distributed`) every process runs every
     cell, process 0 decides which cells are done, and only it logs and writes
     the table. After each cell the processes compare how it ended: a failure
@@ -129,6 +364,9 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
     one process; a cell that failed in some processes only ends the sweep.
 
     Raises:
+      ConfigError: an invalid cell, or a finished cell whose recorded config
+        differs from its config now (or cannot be read), naming the cell and
+        the differing keys; raised before any cell runs.
       fedsim.distributed.PeerFailure: a cell ended differently in the processes
         (recorded as failed in the table first).
     """
@@ -143,12 +381,28 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
     keys = [k for k, _ in grid]
     out_dir = Path(out_dir)
     cells = [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in grid))]
-    configs = [(a, cell_name(a)) for a in cells]
+    configs = list(zip(cells, cell_names(cells)))
     # Validate every cell before running any, so a typo fails fast.
     built = [(a, n, cell_config(raw, a, out_dir, n)) for a, n in configs]
     for _, _, cfg in built:
         if check_cell is not None:
             check_cell(cfg)
+    # A finished cell is reused only if it ran with its config now; another
+    # base config or --set would otherwise put the old numbers in the table
+    # under the new settings. Checked before any cell runs, by process 0 (the
+    # one that wrote the cells), and refused in every process alike.
+    refusal = None
+    if primary:
+        refused = [(name, why) for _, name, cfg in built
+                   if (Path(cfg.output.dir) / done_file).exists()
+                   and (why := _refuse_changed_cell(name, Path(cfg.output.dir), done_file, cfg))]
+        if refused:  # the first in full; the others by name, to delete or keep at once
+            others = [name for name, _ in refused[1:]]
+            refusal = refused[0][1] + (f" ({len(others)} more finished cell(s) differ too: "
+                                       f"{', '.join(others)})" if others else "")
+    if distributed.agree(refusal is not None):
+        raise ConfigError(refusal or "process 0 found a finished sweep cell that ran with "
+                                     "another config (its error names the cell)")
     rows = []
     for i, (assignment, name, cfg) in enumerate(built):
         done_path = Path(cfg.output.dir) / done_file

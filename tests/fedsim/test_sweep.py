@@ -1,8 +1,9 @@
 import json
+from pathlib import Path
 
 import pytest
 
-from fedsim.config import ConfigError
+from fedsim.config import ConfigError, dump_config
 from fedsim.sweep import cell_config, cell_name, parse_grid, run_sweep
 
 BASE = """
@@ -14,6 +15,14 @@ eval: {every: 1}
 defenses: [{name: fake, kappa: 0.5}]
 output: {progress: false, plots: false}
 """
+
+
+def _write_cell(c, summary):
+    """What run_simulation leaves in a finished cell: its config.yaml first, summary.json last."""
+    out = Path(c.output.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(dump_config(c))
+    (out / "summary.json").write_text(json.dumps(summary))
 
 
 def test_parse_grid_and_cell_names(tmp_path):
@@ -48,10 +57,7 @@ def test_sweep_runs_grid_skips_finished_and_records_failures(tmp_path):
         if c.training.lr == 9.0:
             raise FloatingPointError("diverged")
         summary = {"test_accuracy": c.seed + c.defenses[0]["kappa"], "seconds": 1.0}
-        (tmp_path / "out" / "cells").mkdir(parents=True, exist_ok=True)
-        from pathlib import Path
-        Path(c.output.dir).mkdir(parents=True, exist_ok=True)
-        (Path(c.output.dir) / "summary.json").write_text(json.dumps(summary))
+        _write_cell(c, summary)
         return summary
 
     grid = ["seed=0,1", "defenses[0].kappa=0.1,0.3", "training.lr=0.5,9.0"]
@@ -145,6 +151,155 @@ def test_sweep_bad_key_fails_before_running(tmp_path):
         run_sweep(cfg, ["training.rounds=0,1"], tmp_path / "o", run_fn=lambda c: {})
 
 
+
+def test_a_finished_cell_is_reused_only_under_the_config_it_ran_with(tmp_path):
+    # Before, a cell counted as done whenever its summary.json existed: after
+    # --set training.lr=0.5 the table showed the lr 0.05 numbers as lr 0.5's.
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE)
+    ran = []
+
+    def fake_run(c):
+        ran.append((c.seed, c.training.lr, c.training.rounds))
+        summary = {"test_accuracy": c.training.lr}
+        _write_cell(c, summary)
+        return summary
+
+    def sweep(*sets, out="out"):
+        return run_sweep(cfg, ["seed=1,2"], tmp_path / out, list(sets), run_fn=fake_run,
+                         log=lambda m: None)
+
+    assert [r["status"] for r in sweep("training.lr=0.05")] == ["done", "done"]
+    # Unchanged, or changed only in a label or in where and how often files
+    # are written: reused.
+    for sets in ((), ("name=other", "output.plots=true", "output.checkpoint_every=3")):
+        ran.clear()
+        rows = sweep("training.lr=0.05", *sets)
+        assert ran == [] and [r["status"] for r in rows] == ["done (skipped)"] * 2
+        assert [r["test_accuracy"] for r in rows] == [0.05, 0.05]
+    # Another value of a key that changes the numbers, also through a bare
+    # name, another round count, or a defense argument: refused by cell and
+    # key, before anything runs, and the cells are left as they were.
+    before = (tmp_path / "out" / "results.json").read_text()
+    for sets, said in ((("lr=0.5",), "training.lr: 0.05 there, 0.5 now"),
+                       (("training.lr=0.05", "rounds=3"), "training.rounds: 2 there, 3 now"),
+                       (("training.lr=0.05", "defenses=[{name: fake, kappa: 0.7}]"),
+                        "defenses[0].kappa: 0.5 there, 0.7 now"),
+                       (("training.lr=0.05", "defenses=[{name: fake, kappa: 0.5, p: 1}]"),
+                        "defenses[0].p: (absent) there, 1 now")):
+        with pytest.raises(ConfigError) as e:
+            sweep(*sets)
+        assert "sweep cell 'seed=1' finished under another config" in str(e.value)
+        assert said in str(e.value)
+        assert "(1 more finished cell(s) differ too: seed=2)" in str(e.value)
+        assert f"delete {tmp_path / 'out' / 'cells' / 'seed=1'}" in str(e.value)
+        assert "use another --out" in str(e.value)
+        assert ran == []
+    assert (tmp_path / "out" / "results.json").read_text() == before
+    # 1 and 1.0 are one setting; a fresh sweep directory runs the new config.
+    assert [r["status"] for r in sweep("training.lr=0.05", "defenses=[{name: fake, kappa: 0.5}]")
+            ] == ["done (skipped)"] * 2
+    assert [r["test_accuracy"] for r in sweep("lr=0.5", out="out2")] == [0.5, 0.5]
+    # A finished cell whose config.yaml is gone (or unreadable) cannot be
+    # checked: refused, naming the file.
+    (tmp_path / "out" / "cells" / "seed=2" / "config.yaml").unlink()
+    with pytest.raises(ConfigError, match=r"sweep cell 'seed=2' is finished \(summary.json\), "
+                                          r"but .*seed=2/config.yaml is missing"):
+        sweep("training.lr=0.05")
+    (tmp_path / "out" / "cells" / "seed=2" / "config.yaml").write_text("training: [")
+    with pytest.raises(ConfigError, match=r"seed=2/config.yaml cannot be read as a config"):
+        sweep("training.lr=0.05")
+
+
+def test_grid_keys_are_compared_as_the_config_keys_they_set():
+    # Before, 'lr' next to 'training.lr' ran every cell with training.lr's value
+    # (the table said otherwise), and 'dir' slipped past output.dir's refusal.
+    with pytest.raises(ConfigError, match=r"--grid: keys 'lr' and 'training.lr' both set "
+                                          r"training.lr"):
+        parse_grid(["lr=0.1,0.2", "training.lr=0.3"])
+    for key in ("dir", "progress"):
+        with pytest.raises(ConfigError, match=rf"--grid {key}: the sweep sets it for every cell "
+                                              rf"\(output.{key} = "):
+            parse_grid([f"{key}=a,b"])
+    with pytest.raises(ConfigError, match=r"^--grid nope: unknown config key"):
+        parse_grid(["nope=1,2"])
+    # Keys keep the spelling given: they name the cells and the table's columns.
+    assert parse_grid(["lr=0.1", "defenses[0].kappa=0.2", "attack.config.iterations=5"]) == [
+        ("lr", [0.1]), ("defenses[0].kappa", [0.2]), ("attack.config.iterations", [5])]
+
+
+def test_cells_whose_names_collide_get_names_of_their_own(tmp_path):
+    # Before, '/d/a b' and '/d/a_b' both ran in cells/data.data_dir=_d_a_b: the
+    # second was skipped as done and reported the first one's numbers.
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE)
+    seen = []
+
+    def fake_run(c):
+        seen.append((c.data.data_dir, Path(c.output.dir).name))
+        summary = {"test_accuracy": len(seen)}
+        _write_cell(c, summary)
+        return summary
+
+    rows = run_sweep(cfg, ["data.data_dir=/d/a b,/d/a_b,/d/c"], tmp_path / "out", run_fn=fake_run,
+                     log=lambda m: None)
+    assert [r["status"] for r in rows] == ["done"] * 3 and len(seen) == 3
+    names = [r["cell"] for r in rows]
+    assert len(set(names)) == 3 and [s[1] for s in seen] == names
+    assert names[0].startswith("data.data_dir=_d_a_b__") and names[1].startswith("data.data_dir=_d_a_b__")
+    assert names[2] == "data.data_dir=_d_c"  # no collision, the name it always had
+    # The same names on a rerun, so the cells are found and skipped.
+    rows = run_sweep(cfg, ["data.data_dir=/d/a b,/d/a_b,/d/c"], tmp_path / "out", run_fn=fake_run,
+                     log=lambda m: None)
+    assert [r["cell"] for r in rows] == names and len(seen) == 3
+    assert [r["test_accuracy"] for r in rows] == [1, 2, 3]
+    from fedsim.sweep import cell_names
+
+    # Names that differ only in case would share a directory on macOS or Windows;
+    # non-ASCII letters all become '_'; the string '1' and the number 1 print alike.
+    for cells in ([{"name": "A"}, {"name": "a"}], [{"name": "ré"}, {"name": "rè"}],
+                  [{"name": "1"}, {"name": 1}]):
+        unique = cell_names(cells)
+        assert len({n.casefold() for n in unique}) == 2, unique
+    assert cell_names([{"seed": 0}, {"seed": 1}]) == ["seed=0", "seed=1"]
+
+
+def test_grid_values_may_be_lists_and_bad_yaml_is_named():
+    # Before, the list was split on its commas and '[0' gave a yaml traceback.
+    assert parse_grid(["observer.clients=[0,1],[2,3]", "name='a,b',c"]) == [
+        ("observer.clients", [[0, 1], [2, 3]]), ("name", ["a,b", "c"])]
+    assert parse_grid(["attack.config={a: 1, b: 2},{a: 3}"]) == [
+        ("attack.config", [{"a": 1, "b": 2}, {"a": 3}])]
+    with pytest.raises(ConfigError, match=r"--grid observer.clients: value '\[0, 1' is not "
+                                          r"valid YAML .*a list is written in brackets"):
+        parse_grid(["observer.clients=[0, 1"])
+    with pytest.raises(ConfigError, match=r"--grid name: value \"'a\" is not valid YAML"):
+        parse_grid(["name='a"])
+
+
+def test_a_quoted_grid_string_stays_a_string_in_the_cells_config(tmp_path):
+    # Passed on as text, '1e5' and 'true' were parsed again: a number and a bool.
+    raw = {"model": {"name": "mlp"}, "data": {"dataset": "synthetic"}}
+    (values,) = [v for _, v in parse_grid(["data.data_dir='1e5','true'"])]
+    assert values == ["1e5", "true"]
+    assert [cell_config(raw, {"data.data_dir": v}, tmp_path, "c").data.data_dir
+            for v in values] == ["1e5", "true"]
+    # A bare name sets the key it stands for, as --set does.
+    assert cell_config(raw, {"lr": 0.25}, tmp_path, "c").training.lr == 0.25
+
+
+def test_an_empty_output_section_is_a_config_error(tmp_path):
+    # Before: TypeError: 'NoneType' object does not support item assignment.
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE.replace("output: {progress: false, plots: false}", "output:"))
+    with pytest.raises(ConfigError, match=r"config key 'output': expected a mapping, got None"):
+        run_sweep(cfg, ["seed=1"], tmp_path / "o", run_fn=lambda c: {}, log=lambda m: None)
+    # No output section at all is fine.
+    cfg.write_text(BASE.replace("output: {progress: false, plots: false}", ""))
+    rows = run_sweep(cfg, ["seed=1"], tmp_path / "o", run_fn=lambda c: {}, log=lambda m: None)
+    assert [r["status"] for r in rows] == ["done"]
+
+
 @pytest.mark.slow
 def test_sweep_end_to_end_cli(tmp_path):
     from fedsim.cli import main
@@ -158,3 +313,9 @@ def test_sweep_end_to_end_cli(tmp_path):
     assert main(["sweep", str(cfg), "--grid", "seed=0,1", "--out", str(tmp_path / "s")]) == 0
     rows = json.loads((tmp_path / "s" / "results.json").read_text())["rows"]
     assert [r["status"] for r in rows] == ["done (skipped)", "done (skipped)"]
+    # The config.yaml run_simulation wrote is read back as the config it ran;
+    # another --set is refused (exit 2) and leaves the table as it was.
+    table = (tmp_path / "s" / "results.json").read_text()
+    assert main(["sweep", str(cfg), "--grid", "seed=0,1", "--out", str(tmp_path / "s"),
+                 "--set", "training.lr=0.5"]) == 2
+    assert (tmp_path / "s" / "results.json").read_text() == table
