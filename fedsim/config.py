@@ -150,7 +150,9 @@ class OutputConfig:
 @dataclasses.dataclass(frozen=True)
 class Config:
     name: str = _f("experiment")
-    seed: int = _f(0, min=0)
+    # JAX keys keep the low 32 bits (x64 off): seed + 2**32 would repeat seed's
+    # init and cohorts while numpy's partitions differ, and 2**63 crashed.
+    seed: int = _f(0, min=0, max=2**32 - 1)
     data: DataConfig = _f(None)
     model: ModelConfig = _f(None)
     training: TrainingConfig = _f(None)

@@ -20,6 +20,8 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
     ("nonsense=1", r"unknown config key"),
     ("model.name=resnet99", r"'model.name'.*allowed values:.*lenet5"),
     ("clients_per_round=1000", r"clients_per_round"),
+    # JAX keys keep 32 bits: 2**32 would repeat seed 0's init and cohorts.
+    ("seed=4294967296", r"'seed': 4294967296 is out of range; must be <= 4294967295"),
 ])
 def test_bad_overrides_name_the_key(override, pattern):
     with pytest.raises(ConfigError, match=pattern):
