@@ -10,6 +10,7 @@ are parsed as YAML.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import types
@@ -38,6 +39,22 @@ _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"))
+
+
+def _mapping_without_repeats(loader, node, deep=False):
+    """A YAML mapping whose repeated key is an error: PyYAML keeps the last one
+    silently, so ``training: {...}`` given twice lost the first section."""
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is given twice in one mapping", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_repeats)
 
 
 def yaml_load(text: str):
@@ -303,7 +320,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     Raises:
       ConfigError: for a malformed override, an unknown or ambiguous key.
     """
-    raw = yaml_load(yaml.safe_dump(raw)) or {}
+    # A deep copy, not a YAML dump and reload: safe_dump writes the string "1e5"
+    # unquoted (YAML 1.1), and _Loader would read it back as a float.
+    raw = copy.deepcopy(raw) or {}
     leaves = _leaf_paths(Config)
     for item in overrides:
         if "=" not in item:

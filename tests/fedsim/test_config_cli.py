@@ -194,3 +194,16 @@ def test_fedsgd_refuses_a_client_optimizer_it_would_ignore(override, key):
     with pytest.raises(ConfigError, match=rf"'{key}'.*FedSGD.*server_optimizer"):
         load_config(None, ["training.algorithm=fedsgd", override])
     load_config(None, ["training.algorithm=fedavg", override])
+
+
+def test_a_key_given_twice_is_refused_and_a_quoted_number_stays_a_string(tmp_path):
+    """PyYAML keeps the last of two equal keys silently (the first ``training``
+    section, and its lr, was lost); and a dump/reload turned ``"1e5"`` into a float."""
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("training: {lr: 0.5, rounds: 3}\ntraining: {rounds: 7}\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml.*key 'training' is given twice"):
+        load_config(str(dup), [])
+    quoted = tmp_path / "quoted.yaml"
+    quoted.write_text('name: "1e5"\n')
+    assert load_config(str(quoted), []).name == "1e5"
+    assert load_config(str(quoted), ["training.lr=1e-3"]).training.lr == 1e-3
