@@ -56,13 +56,24 @@ def config_fingerprint(cfg) -> str:
 
 
 def _as_hashed_before(cfg) -> dict:
-    """``cfg`` as a dict without the keys that came later with a default that
-    changes nothing of what was hashed before: a dense ``pruning`` section
-    (:func:`_without_dense_pruning`) and ``observer.fill: uniform`` (2026-11-27,
-    the default; earlier runs keep their fingerprints, and resume under it)."""
+    """``cfg`` as a dict without the keys that came later and change nothing of
+    what was hashed before: a dense ``pruning`` section
+    (:func:`_without_dense_pruning`) and ``observer.fill`` where it is the rule
+    earlier runs followed.
+
+    ``observer.fill`` (2026-11-27) only matters where rounds and clients are
+    observed. Runs before it completed an observed cohort by cutting the sorted
+    draw, which is ``sorted_cut``, not the new default ``uniform``: so the fill
+    is left out of the hash where nothing is observed or it is ``sorted_cut``
+    (an earlier checkpoint resumes under the rule it was written with), and
+    ``uniform`` with an observer is hashed (such a checkpoint from the day the
+    default was hashed away is refused by name, not resumed under another rule).
+    """
     d = _without_dense_pruning(cfg.to_dict())
-    if d.get("observer", {}).get("fill") == "uniform":
-        d["observer"].pop("fill")
+    obs = d.get("observer", {})
+    if "fill" in obs and (not (obs.get("clients") and obs.get("rounds"))
+                          or obs["fill"] == "sorted_cut"):
+        obs.pop("fill")
     return d
 
 
