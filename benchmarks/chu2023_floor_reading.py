@@ -58,7 +58,7 @@ def readings(run: dict, floor: dict) -> dict:
     observed clients, and PriPrune's gain over PruneFL alone in the three readings."""
     rows = [r for r in run["rows"] if r["part"] == "B"]
     if not rows:
-        raise ValueError("the run has no part-B rows")
+        return {"last_round": None, "floor": None, "means": {}, "priprune_gain": {}}
     last = max(r["round"] for r in rows)
     batches = {r["B"] for r in rows}
     if len(batches) != 1:
@@ -92,27 +92,62 @@ def readings(run: dict, floor: dict) -> dict:
             "means": means, "priprune_gain": gains}
 
 
+def part_a_readings(run: dict, floor: dict) -> dict | None:
+    """Part A's p axis (Conv-2 at the p-axis batch): per scheme and p, mean NMI,
+    AMI and PSNR over the victims for SGI and GI, beside that batch's floor; None
+    when the run has no part-A rows."""
+    rows = [r for r in run["rows"] if r["part"] == "A" and r["model"] == "conv2"]
+    if not rows:
+        return None
+    batch = run.get("settings", {}).get("p_axis_batch") or max(r["B"] for r in rows)
+    f = unrelated_floor(floor, int(run["image_size"]), int(batch))
+    table = {}
+    for r in rows:
+        if r["B"] != batch:
+            continue
+        table.setdefault(r["base"], {}).setdefault(str(r["p"]), {})[r["attack"]] = {
+            "nmi": r["nmi"], "psnr": r["psnr"], "ami": r.get("ami")}
+    return {"B": int(batch), "floor": {"nmi": f["nmi"], "ami": f["ami"], "psnr": f["psnr"]},
+            "schemes": table}
+
+
 def markdown(result: dict) -> str:
-    fl = result["floor"]
     fmt = lambda v, d=3: "–" if v is None else f"{v:.{d}f}"  # noqa: E731
-    lines = [f"# chu2023 part B against NMI's unrelated-image floor ({result['source']})", "",
+    lines = [f"# chu2023 against NMI's unrelated-image floor ({result['source']})", "",
              f"`python -m benchmarks.chu2023_floor_reading {result['source']}` at commit "
-             f"{short_commit(result['commit'])}; the run at commit "
-             f"{result['run_commit']}, seed {result['run_seed']}, upload "
-             f"{result['run_upload']}; last round {result['last_round']}. Floor "
-             f"({fl['image_size']}×{fl['image_size']}, B = {fl['B']}, unrelated real images): "
-             f"NMI {fl['nmi']:.3f}, AMI {fl['ami']:.3f}, PSNR {fl['psnr']:.1f} dB.", "",
-             "| defense / attack | NMI | AMI | PSNR (dB) |", "|---|---|---|---|"]
-    for k, m in result["means"].items():
-        lines.append(f"| {k} | {fmt(m['nmi'])} | {fmt(m['ami'])} | {fmt(m['psnr'], 1)} |")
-    lines += ["", "PriPrune's privacy gain over PruneFL alone, three readings:", "",
-              "| attack | paper: ΔNMI / NMI_none | above the floor: ΔNMI / (NMI_none − floor) "
-              "| AMI: ΔAMI / AMI_none |", "|---|---|---|---|"]
-    for att, g in result["priprune_gain"].items():
+             f"{short_commit(result['commit'])}; the run at commit {result['run_commit']}, "
+             f"seed {result['run_seed']}, upload {result['run_upload']}. The floor: unrelated "
+             "real images at the same batch size (`nmi_chance_floor.md`).", ""]
+    fl = result["floor"]
+    if fl is not None:
+        lines += [f"Part B, last round {result['last_round']}; floor "
+                  f"({fl['image_size']}×{fl['image_size']}, B = {fl['B']}): NMI {fl['nmi']:.3f}, "
+                  f"AMI {fl['ami']:.3f}, PSNR {fl['psnr']:.1f} dB.", "",
+                  "| defense / attack | NMI | AMI | PSNR (dB) |", "|---|---|---|---|"]
+        for k, m in result["means"].items():
+            lines.append(f"| {k} | {fmt(m['nmi'])} | {fmt(m['ami'])} | {fmt(m['psnr'], 1)} |")
+        lines += ["", "PriPrune's privacy gain over PruneFL alone, three readings:", "",
+                  "| attack | paper: ΔNMI / NMI_none | above the floor: ΔNMI / (NMI_none − floor) "
+                  "| AMI: ΔAMI / AMI_none |", "|---|---|---|---|"]
         pct = lambda v: "–" if v is None else f"{100 * v:.1f} %"  # noqa: E731
-        lines.append(f"| {att} | {pct(g['paper'])} | {pct(g['above_floor'])} | "
-                     f"{pct(g['ami'])} |")
-    lines.append("")
+        for att, g in result["priprune_gain"].items():
+            lines.append(f"| {att} | {pct(g['paper'])} | {pct(g['above_floor'])} | "
+                         f"{pct(g['ami'])} |")
+        lines.append("")
+    a = result.get("part_a")
+    if a:
+        fa = a["floor"]
+        lines += [f"Part A, Conv-2 at B = {a['B']} (the p axis); floor NMI {fa['nmi']:.3f}, "
+                  f"AMI {fa['ami']:.3f}, PSNR {fa['psnr']:.1f} dB.", "",
+                  "| scheme | p | SGI NMI / AMI / PSNR | GI NMI / AMI / PSNR |",
+                  "|---|---|---|---|"]
+        cell = lambda m: "–" if m is None else (  # noqa: E731
+            f"{fmt(m['nmi'])} / {fmt(m['ami'])} / {fmt(m['psnr'], 1)}")
+        for scheme, by_p in sorted(a["schemes"].items()):
+            for p_, atts in sorted(by_p.items(), key=lambda kv: float(kv[0])):
+                lines.append(f"| {scheme} | {p_} | {cell(atts.get('sgi'))} | "
+                             f"{cell(atts.get('gi'))} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -126,7 +161,11 @@ def main(argv=None) -> int:
         if not p.exists():
             ap.error(f"no such file: {p}")
     run = json.loads(args.run.read_text())
-    result = readings(run, json.loads(args.floor.read_text()))
+    floor = json.loads(args.floor.read_text())
+    result = readings(run, floor)
+    result["part_a"] = part_a_readings(run, floor)
+    if result["last_round"] is None and result["part_a"] is None:
+        ap.error(f"{args.run} has neither part-A (Conv-2) nor part-B rows")
     settings = run.get("settings_B", run.get("settings", {}))
     result.update(commit=git_commit(), source=str(args.run), run_commit=str(run.get("commit")),
                   run_seed=run.get("seed"), run_upload=settings.get("upload", "weights"))
