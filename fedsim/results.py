@@ -49,7 +49,46 @@ def _jsonable(o):
 class RunFileError(ValueError):
     """A file a run wrote is not what fedsim writes there (torn, edited, another
     program's): a metrics.jsonl line other than a torn last one that is not a
-    round's row, or a summary that is not a JSON object. The message names it."""
+    round's row, a summary that is not a JSON object, or a metrics.jsonl that
+    lacks rows of rounds a checkpoint has done. The message names it."""
+
+
+class OutputPathError(RunFileError):
+    """An output directory that cannot be made: the path, or a folder above
+    it, is a file, or it may not be written. The message names the path and
+    the setting it came from (e.g. ``output.dir``)."""
+
+
+def make_dir(path, setting: str) -> Path:
+    """``mkdir -p path``, with a one-line error where that cannot be done.
+
+    Args:
+      path: the directory.
+      setting: where ``path`` came from, for the message (``"output.dir"``).
+
+    Returns:
+      ``path`` as a Path.
+
+    Raises:
+      OutputPathError: naming ``setting``, ``path`` and why (a bare
+        FileExistsError, NotADirectoryError or PermissionError traceback
+        before).
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise OutputPathError(f"{setting} {path}: exists and is not a directory; choose "
+                              f"another {setting}") from None
+    except NotADirectoryError:
+        above = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        raise OutputPathError(f"{setting} {path}: cannot be a directory, "
+                              f"{above or 'a folder above it'} is a file; choose another "
+                              f"{setting}") from None
+    except OSError as e:  # PermissionError, a read-only file system, ...
+        raise OutputPathError(f"{setting} {path}: cannot create the directory "
+                              f"({type(e).__name__}: {e.strerror or e})") from None
+    return path
 
 
 def read_metrics(path) -> list[dict]:

@@ -16,8 +16,9 @@ import numpy as np
 from fedsim import checkpoint, distributed, preemption
 from fedsim.config import Config, dump_config
 from fedsim.provenance import environment
-from fedsim.results import MetricsLog, atomic_write_text, plot_learning_curve, write_json
-from fedsim.simulation import RoundResult, Simulation
+from fedsim.results import (MetricsLog, RunFileError, atomic_write_text, make_dir,
+                            plot_learning_curve, read_metrics, write_json)
+from fedsim.simulation import NonFiniteError, RoundResult, Simulation
 
 
 def peak_rss_mb() -> float:
@@ -45,18 +46,31 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
         attack harness uses it to receive observed uploads).
       quiet: no progress bar.
 
+    Nothing in the run directory but ``run.log`` changes before the checkpoint
+    (if any) is accepted. A run that trains a round first deletes the files a
+    finished run leaves (:data:`STALE_ON_RERUN`), so only a run that ends has
+    a ``summary.json``.
+
     Returns:
       The summary dict (also written to RUN_DIR/summary.json).
+
+    Raises:
+      OutputPathError: ``output.dir`` cannot be a directory (names it).
+      CheckpointError: a checkpoint of another config, unreadable, or with more
+        rounds done than ``training.rounds``.
+      RunFileError: metrics.jsonl lacks rows of rounds the checkpoint has done.
+      NonFiniteError: NaN/Inf from a client, the server step or an evaluation.
+      preemption.Preempted: SIGTERM asked to stop.
     """
     t_start = time.perf_counter()
     out = run_dir_for(cfg)
     primary = distributed.is_primary()
     quiet = quiet or not primary
     if primary:
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "config.yaml", dump_config(cfg))
+        make_dir(out, "output.dir")
     ckpt_dir = out / "checkpoints"
     every = cfg.output.checkpoint_every
+    rounds = cfg.training.rounds
     meta = checkpoint.read_meta(ckpt_dir) if every else None
     # A resumed run keeps the strategy it started with (same numbers).
     sim = sim or Simulation(cfg, donate=True, strategy=(meta or {}).get("strategy"))
@@ -69,14 +83,27 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     state, start = sim.init_state(), 0
     ckpt = checkpoint.Checkpointer(ckpt_dir) if every else None
     if meta is not None:
-        state, meta = ckpt.restore(state, checkpoint.accepted_fingerprints(cfg))
+        try:
+            state, meta = ckpt.restore(state, checkpoint.accepted_fingerprints(cfg))
+            start = int(state.round)
+            _check_resumable(out, ckpt_dir, start, rounds)
+            _check_rows_kept(out / "metrics.jsonl", ckpt_dir, start)
+        except BaseException:
+            ckpt.close()
+            raise
         sim.adopt(state)  # a pruning mask re-made before the checkpoint
-        start = int(state.round)
         checkpoint.load_callback_states(sim.round_callbacks, meta.get("callbacks"))
+    # Only now, with the checkpoint accepted, does this config own the run
+    # directory: a refused rerun used to leave its config.yaml beside the
+    # finished run's checkpoints, metrics and summary.
+    if primary:
+        if start < rounds:
+            _drop_stale_results(out)  # before a new row is written
+        atomic_write_text(out / "config.yaml", dump_config(cfg))
+    if meta is not None:
         log_line(f"resumed from {ckpt_dir}: {start} rounds done")
     log = MetricsLog(out / "metrics.jsonl", keep_rounds_below=start if start else None,
                      write=primary)
-    rounds = cfg.training.rounds
     progress = _progress(rounds, cfg.output.progress and not quiet, desc=cfg.name)
     if progress is not None:
         progress.update(min(start, rounds))
@@ -123,6 +150,71 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     return summary
 
 
+#: What a run writes from its rounds' results once they are done, and the attack
+#: harness (attacks/cli.py) after it: stale as soon as a rerun trains a round.
+#: ``summary.json`` (``attack_summary.json`` for an attack run) also marks a run
+#: (a sweep's cell) as finished.
+STALE_ON_RERUN = ("summary.json", "learning_curve.png", "attack_summary.json",
+                  "attack_grid.png")
+
+
+def _drop_stale_results(out: Path) -> None:
+    """Delete the files of :data:`STALE_ON_RERUN` in run directory ``out``.
+
+    Called before a (re)run writes the row of a round the files do not
+    cover: a rerun from round 0 used to empty metrics.jsonl and leave the old
+    run's summary.json beside it, and if it failed, ``fedsim compare`` called
+    it finished and a sweep skipped it as done. Each unlink is atomic, and the
+    new run writes its own files when it ends.
+    """
+    for name in STALE_ON_RERUN:
+        (out / name).unlink(missing_ok=True)
+
+
+def _check_resumable(out: Path, ckpt_dir: Path, done: int, rounds: int) -> None:
+    """Refuse a checkpoint past ``training.rounds``.
+
+    A run cannot be shortened: nothing would train, and the summary would
+    call the longer run's results those of ``rounds`` rounds (orbax keeps only
+    the newest checkpoints, so the one of round ``rounds`` is usually gone).
+
+    Raises:
+      CheckpointError: naming ``training.rounds``, the checkpoint and the run
+        directory.
+    """
+    if done > rounds:
+        raise checkpoint.CheckpointError(
+            f"training.rounds is {rounds}, but the checkpoint {ckpt_dir / str(done)} of run "
+            f"directory {out} has {done} rounds done: a run cannot be shortened. Set "
+            f"training.rounds to {done} or more, use another output.dir, or delete the "
+            "checkpoints to start over")
+
+
+def _check_rows_kept(path: Path, ckpt_dir: Path, done: int) -> None:
+    """Check that metrics file ``path`` has the rows of every round a checkpoint did.
+
+    A resumed run trains only the rounds after the checkpoint; the rows
+    before come from the file. Without this, a lost metrics.jsonl ended in a
+    bare IndexError, and a run extended past it wrote a metrics.jsonl and a
+    summary without those rounds.
+
+    Raises:
+      RunFileError: naming the file, the missing rounds and the checkpoint.
+    """
+    have = {row["round"] for row in read_metrics(path)}
+    missing = [r for r in range(done) if r not in have]
+    if not missing:
+        return
+    shown = ", ".join(map(str, missing[:10])) + (f", ... ({len(missing)} in all)"
+                                                 if len(missing) > 10 else "")
+    rows = f"rows of rounds {shown}" if len(missing) > 1 else f"row of round {shown}"
+    raise RunFileError(
+        f"{path} lacks the {rows}{'' if path.exists() else ' (the file does not exist)'}, "
+        f"which the checkpoint {ckpt_dir / str(done)} has done: a resumed run trains only the "
+        "rounds after it, so the metrics and the summary would leave them out. Restore the "
+        f"file, or delete {ckpt_dir} to start over")
+
+
 def _run_rounds(cfg, sim, state, start, log, ckpt, watch, progress, on_round, acc, loss,
                 log_line):
     """Rounds ``start`` to the end; the final state and last evaluation.
@@ -142,6 +234,7 @@ def _run_rounds(cfg, sim, state, start, log, ckpt, watch, progress, on_round, ac
             row["skipped_clients"] = res.skipped_clients
         if (r + 1) % cfg.eval.every == 0 or r == rounds - 1:
             acc, loss = sim.evaluate(state.params)
+            _check_evaluation(cfg, r, acc, loss)  # before the row: no Infinity in the files
             row["test_accuracy"], row["test_loss"] = acc, loss
         for cb in sim.round_callbacks:
             row.update(_call_round_callback(cb, r, row, state) or {})
@@ -164,6 +257,28 @@ def _run_rounds(cfg, sim, state, start, log, ckpt, watch, progress, on_round, ac
             log_line(f"{error}", echo=False)  # the command prints it as it exits
             raise error
     return state, acc, loss
+
+
+def _check_evaluation(cfg: Config, round_idx: int, acc: float, loss: float) -> None:
+    """Stop a run whose global model evaluates to NaN/Inf.
+
+    The engine stops a round whose server step makes the params NaN/Inf
+    (:meth:`Simulation.run_round`); finite params can still be so large that
+    the model's outputs overflow (server_lr 1e38 left weights near 1e37). Such
+    a run used to end with exit 0 and ``"test_loss": Infinity`` in
+    metrics.jsonl and summary.json (not JSON that strict parsers read).
+
+    Raises:
+      NonFiniteError: naming the round and the settings that move the model.
+    """
+    if math.isfinite(acc) and math.isfinite(loss):
+        return
+    t = cfg.training
+    raise NonFiniteError(
+        f"round {round_idx}: evaluating the global model after the round gave test loss "
+        f"{loss} (accuracy {acc}): its weights are so large that its outputs overflow. The "
+        f"server step moved it too far: lower training.server_lr ({t.server_lr}, "
+        f"training.server_optimizer {t.server_optimizer}) or training.lr ({t.lr})")
 
 
 def pruning_schedule_note(cfg: Config) -> str | None:

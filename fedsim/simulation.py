@@ -548,7 +548,7 @@ class Simulation:
 
     # The jitted pieces that do not depend on the strategy, and the one that does.
     _SHARED_JITTED = ("_run_client", "_run_and_accumulate", "_run_and_accumulate_many",
-                      "_accumulate", "_finish", "_evaluate")
+                      "_accumulate", "_finish", "_evaluate", "_server_state_finite")
 
     def _compile(self, reuse: bool = False):
         """(Re)build the jitted pieces for ``self.strategy``.
@@ -762,6 +762,11 @@ class Simulation:
             return jnp.sum(correct) / n, jnp.sum(loss) / n
 
         self._evaluate = jax.jit(evaluate)
+        # (params finite, server optimizer state finite): run_round's check of the
+        # server step. No donation: the state goes on to the next round.
+        # One array, read in one transfer.
+        self._server_state_finite = jax.jit(lambda p, o: jnp.stack([_all_finite(p),
+                                                                    _all_finite(o)]))
 
     # --- running -----------------------------------------------------------
 
@@ -783,7 +788,9 @@ class Simulation:
 
         Raises:
           NonFiniteError: if a client's loss/update is NaN/Inf and
-            ``training.on_nonfinite`` is "stop" (the state is left unchanged).
+            ``training.on_nonfinite`` is "stop" (the state is left unchanged);
+            whatever it is, if the server step made the global params or the
+            server optimizer state NaN/Inf.
           InsufficientMemoryError: the cohort step plans more memory than is free.
         """
         k = self.reconfiguration_at(round_idx)
@@ -809,8 +816,40 @@ class Simulation:
         train_loss = (float(np.sum(losses[ok] * weights[ok]) / np.sum(weights[ok])) if ok.any()
                       else float("nan"))
         jax.block_until_ready(new_state.params)
-        return new_state, RoundResult(round_idx, ids, train_loss, time.perf_counter() - t0,
-                                      bad, observed)
+        seconds = time.perf_counter() - t0
+        self._raise_if_server_step_nonfinite(round_idx, new_state)
+        return new_state, RoundResult(round_idx, ids, train_loss, seconds, bad, observed)
+
+    def _raise_if_server_step_nonfinite(self, round_idx: int, state: ServerState) -> None:
+        """Stop a round whose server step made the global model NaN/Inf.
+
+        The clients' uploads are checked one by one (``_raise_if_nonfinite``),
+        but finite uploads times an extreme ``training.server_lr`` (or an
+        optimizer state that overflows) can still give NaN/Inf global params:
+        runs then ended with exit 0 and ``test_loss: Infinity``, or, under
+        ``skip_client``, went on skipping every client of a dead model. Checked
+        here, after every strategy's round step, whatever
+        ``training.on_nonfinite`` says: skipping clients cannot mend the global
+        model. One jitted reduction over the new params and server optimizer
+        state, read once the round is done (its time is not in the round's
+        ``seconds``).
+
+        Raises:
+          NonFiniteError: naming the round, what is non-finite and the settings
+            of the server step. The round's input state may have been donated
+            to its step by then.
+        """
+        params_ok, opt_ok = np.asarray(self._server_state_finite(state.params, state.opt_state))
+        if params_ok and opt_ok:
+            return
+        t = self.cfg.training
+        what = ("global params" if not params_ok else
+                "server optimizer state (its moments overflowed; the params would stop moving)")
+        raise NonFiniteError(
+            f"round {round_idx}: the server step produced NaN/Inf {what} from the clients' "
+            f"finite uploads: lower training.server_lr ({t.server_lr}) or change "
+            f"training.server_optimizer ({t.server_optimizer}). training.on_nonfinite does "
+            "not apply: it skips clients, not the server step")
 
     def _train_cohort(self, state: ServerState, ids: np.ndarray, ckey, round_idx: int,
                       observed_ids: set[int] = frozenset()):
@@ -896,9 +935,16 @@ class Simulation:
     def _raise_if_nonfinite(round_idx, ids, finite, stop):
         bad = [int(c) for c, f in zip(ids, finite) if not f]
         if bad and stop:
+            # Every client at once points at the model they all started from: a
+            # server step can leave finite weights so large that training on them
+            # overflows (caught a round late, as the server step's own check
+            # sees only NaN/Inf).
+            every = (" (every client of the round: the global model they started from "
+                     "may have diverged in the last server step; see training.server_lr)"
+                     if len(bad) == len(ids) and round_idx > 0 else "")
             raise NonFiniteError(f"round {round_idx}: client {bad[0]} produced a NaN/Inf "
-                                 f"loss or update (clients {bad}); lower training.lr or set "
-                                 "training.on_nonfinite=skip_client")
+                                 f"loss or update (clients {bad}){every}; lower training.lr "
+                                 "or set training.on_nonfinite=skip_client")
 
     def _observation(self, out: ClientOutput, params, cid: int, round_idx: int) -> ObservedUpload:
         t = self.cfg.training
@@ -967,5 +1013,9 @@ def _gather(x_all, y_all, idx_all, cid) -> CohortData:
 
 
 def _all_finite(tree) -> jax.Array:
+    """Whether every leaf of ``tree`` is finite (True for a tree without leaves,
+    such as plain SGD's optimizer state)."""
     leaves = jax.tree_util.tree_leaves(tree)
+    if not leaves:
+        return jnp.array(True)
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(l)) for l in leaves]))

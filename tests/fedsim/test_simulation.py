@@ -1,3 +1,4 @@
+import re
 from typing import Callable
 
 import chex
@@ -151,6 +152,55 @@ def test_nonfinite_clients_can_be_skipped():
     chex.assert_tree_all_finite(state.params)
     chex.assert_trees_all_close(state.params, p0)  # nothing aggregated
     assert np.isnan(res.train_loss)  # no client counted: no loss (it read 0.0, a perfect round)
+
+
+@pytest.mark.parametrize("strategy,per_call,on_nonfinite", [
+    ("loop", 1, "stop"), ("loop", 3, "skip_client"), ("vmap", 1, "stop"),
+    ("map", 1, "skip_client"), ("chunked", 1, "stop"), ("sharded", 1, "skip_client")])
+def test_a_nonfinite_server_step_stops_the_round_that_made_it(strategy, per_call, on_nonfinite):
+    """Finite uploads times a server_lr that is inf in float32: NaN/Inf params.
+
+    Nothing noticed: the run ended with exit 0 and ``test_loss: Infinity``;
+    under ``skip_client`` every later round skipped every client of a dead
+    model; under ``stop`` the next round blamed a client and training.lr.
+    Skipping clients cannot mend the global model, so either setting stops.
+    """
+    cfg = small_config(**{"training.client_parallelism": strategy, "training.chunk_size": 2,
+                          "training.loop_clients_per_call": per_call,
+                          "training.on_nonfinite": on_nonfinite,
+                          "training.server_optimizer": "sgd", "training.server_lr": 1e39})
+    sim = Simulation(cfg, dataset=small_dataset(), donate=strategy == "vmap")
+    with pytest.raises(NonFiniteError, match=r"round 0: the server step .*global params"
+                                             r".*training.server_lr") as e:
+        sim.run_round(sim.init_state(), 0)
+    # Not blamed on a client and its training.lr, as the next round's check did.
+    assert not re.search(r"client \d|training\.lr\b", str(e.value)), str(e.value)
+
+
+def test_clients_that_all_diverge_on_a_huge_global_model_point_at_the_server_step():
+    # server_lr 1e38 leaves finite weights near 1e37: round 0's server-step check
+    # passes, and round 1's clients all overflow. The message named only a
+    # client and training.lr.
+    cfg = small_config(**{"training.server_optimizer": "sgd", "training.server_lr": 1e38})
+    sim = Simulation(cfg, dataset=small_dataset())
+    state, _ = sim.run_round(sim.init_state(), 0)
+    with pytest.raises(NonFiniteError, match=r"round 1: client \d+ .*every client of the "
+                                             r"round.*training.server_lr"):
+        sim.run_round(state, 1)
+
+
+def test_a_nonfinite_server_optimizer_state_stops_the_round_that_made_it():
+    # |pseudo-gradient| 1e20 is finite, its square (Adam's second moment) is not:
+    # Adam's step is then 1e20 / inf = 0, finite params that never move again.
+    def huge_upload():
+        def apply(delta, state, *, key, context):
+            return jax.tree_util.tree_map(lambda d: jnp.sign(d) * 1e20, delta), state
+        return Defense(init=lambda p: (), apply=apply, stage="upload", name="huge")
+
+    cfg = small_config(**{"training.server_optimizer": "adam", "training.server_lr": 0.1})
+    sim = Simulation(cfg, dataset=small_dataset(), defenses={"upload": huge_upload()})
+    with pytest.raises(NonFiniteError, match=r"round 0: the server step .*server optimizer state"):
+        sim.run_round(sim.init_state(), 0)
 
 
 def _first_leaf_is(first, context):
