@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -266,6 +267,11 @@ def _check_range(value, meta, path):
     if "choices" in meta and value not in meta["choices"]:
         raise ConfigError(f"config key '{path}': {value!r} is not allowed; "
                           f"allowed values: {', '.join(map(str, meta['choices']))}")
+    bounded = any(k in meta for k in ("min", "max", "gt", "lt"))
+    if bounded and isinstance(value, float) and not math.isfinite(value):
+        # NaN fails every comparison below, but inf passes min/gt: lr = .inf
+        # loaded and only failed in round 0, naming a client.
+        raise ConfigError(f"config key '{path}': {value!r} is not a finite number")
     for key, ok, word in (("min", lambda v, b: v >= b, ">="), ("max", lambda v, b: v <= b, "<="),
                           ("gt", lambda v, b: v > b, ">"), ("lt", lambda v, b: v < b, "<")):
         if key in meta and not ok(value, meta[key]):

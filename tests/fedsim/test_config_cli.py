@@ -22,6 +22,9 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
     ("clients_per_round=1000", r"clients_per_round"),
     # JAX keys keep 32 bits: 2**32 would repeat seed 0's init and cohorts.
     ("seed=4294967296", r"'seed': 4294967296 is out of range; must be <= 4294967295"),
+    ("training.lr=.inf", r"'training.lr': inf is not a finite number"),
+    ("training.server_lr=1e400", r"'training.server_lr': inf is not a finite number"),
+    ("data.alpha=.inf", r"'data.alpha': inf is not a finite number"),
 ])
 def test_bad_overrides_name_the_key(override, pattern):
     with pytest.raises(ConfigError, match=pattern):
