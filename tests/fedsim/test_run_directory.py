@@ -134,3 +134,22 @@ def test_an_output_dir_that_is_a_file_is_a_one_line_error(tmp_path, capsys, wher
     line = [l for l in err.splitlines() if l.strip()][-1]
     assert line.startswith("fedsim: ") and str(afile) in line and "output.dir" in line
     assert afile.read_text() == "not a directory\n"
+
+
+def test_result_files_get_the_mode_open_would_give_them(tmp_path):
+    """mkstemp makes 0600 files and the rename kept that, so collaborators who can
+    read a shared run directory could not read its config, metrics or summary."""
+    import os
+    import stat
+
+    from fedsim.results import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.json", "{}")
+        os.umask(0o077)
+        atomic_write_text(tmp_path / "b.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "b.json").stat().st_mode) == 0o600
