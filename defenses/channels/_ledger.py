@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from defenses._round_counts import restored_counts
 from defenses.bounds import gaussian_entropy, mse_lower_bound
 from defenses.channels._statistics import DataStatistics, data_statistics, resolve_statistics
 
@@ -99,14 +100,9 @@ class LeakageLedger:
         Raises:
           ValueError: the state counts another number of clients.
         """
-        if not isinstance(state, dict) or state.get("kind") != _STATE_KIND:
-            return
-        saved = np.asarray(state["cum"], dtype=np.int64)
-        if saved.shape != self.cum.shape:
-            raise ValueError(f"leakage ledger: the checkpoint's state has step counts for "
-                             f"{saved.size} clients, this simulation has {self.cum.size}")
-        self.cum = saved.copy()
-        self.rounds_counted = int(state["rounds_counted"])
+        restored = restored_counts(state, _STATE_KIND, "cum", self.cum, "leakage ledger")
+        if restored is not None:
+            self.cum, self.rounds_counted = restored
 
     def __call__(self, round_idx: int, row: dict) -> dict:
         del row

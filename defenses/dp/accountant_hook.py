@@ -36,6 +36,7 @@ import numbers
 
 import numpy as np
 
+from defenses._round_counts import restored_counts
 from defenses.dp._params import dp_parameters
 from fedsim.hooks import register_simulation_plugin
 
@@ -160,15 +161,11 @@ class PrivacyAccountant:
         Raises:
           ValueError: the state counts another number of clients.
         """
-        if not isinstance(state, dict) or state.get("kind") != _STATE_KIND:
+        restored = restored_counts(state, _STATE_KIND, "participations", self.participations,
+                                   "dp accountant")
+        if restored is None:
             return
-        saved = np.asarray(state["participations"], dtype=np.int64)
-        if saved.shape != self.participations.shape:
-            raise ValueError(f"dp accountant: the checkpoint's state has participation counts "
-                             f"for {saved.size} clients, this simulation has "
-                             f"{self.participations.size}")
-        self.participations = saved.copy()
-        self.rounds_counted = int(state["rounds_counted"])
+        self.participations, self.rounds_counted = restored
         # The run's δ survives a resume from the command line, where no one can
         # call attach_accountant; a δ chosen in this process wins.
         if not self.delta_given and state.get("delta") is not None:
