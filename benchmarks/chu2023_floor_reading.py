@@ -160,8 +160,15 @@ def main(argv=None) -> int:
     for p in (args.run, args.floor):
         if not p.exists():
             ap.error(f"no such file: {p}")
-    run = json.loads(args.run.read_text())
-    floor = json.loads(args.floor.read_text())
+    try:
+        run, floor = json.loads(args.run.read_text()), json.loads(args.floor.read_text())
+    except json.JSONDecodeError as e:
+        ap.error(f"not a JSON file ({e}): {args.run} or {args.floor}")
+    for path, d, keys in ((args.run, run, ("rows", "image_size")), (args.floor, floor, ("rows",))):
+        missing = [k for k in keys if not isinstance(d, dict) or k not in d]
+        if missing:
+            ap.error(f"{path} lacks {', '.join(missing)}: not a reproduce_chu2023 results file "
+                     f"resp. a nmi_chance_floor file")
     result = readings(run, floor)
     result["part_a"] = part_a_readings(run, floor)
     if result["last_round"] is None and result["part_a"] is None:
