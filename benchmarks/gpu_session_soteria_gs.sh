@@ -10,6 +10,8 @@
 # Usage (repo root, wheels in .whl/ as for gpu_session.sh, the Fashion-MNIST idx
 # files in .fmnist/ -- copied from /usr/share/datasets/fashion-mnist):
 #   FEDSIM_SOURCE_COMMIT=<commit> bash benchmarks/gpu_session_soteria_gs.sh OUT_DIR [TOTAL_SECONDS] [ITERATIONS...]
+# $GS_ARGS goes to every run (e.g. "--p-fc 0.2 --baselines dp_gaussian": fewer
+# settings where the device time is short).
 set -u
 out=${1:?usage: gpu_session_soteria_gs.sh OUT_DIR [TOTAL_SECONDS] [ITERATIONS...]}
 total=${2:-480}
@@ -23,7 +25,7 @@ for it in "${budgets[@]}"; do
   left=$(( total - (SECONDS - start) - 10 ))
   if (( left < 60 )); then echo "== iterations $it: skipped, ${left} s left" | tee -a "$out/log.txt"; continue; fi
   echo "== $(( SECONDS - start )) s: iterations $it (limit ${left} s)" | tee -a "$out/log.txt"
-  timeout -k 5 "$left" python3 -m benchmarks.soteria_gs_architecture --iterations "$it" \
+  timeout -k 5 "$left" python3 -m benchmarks.soteria_gs_architecture --iterations "$it" ${GS_ARGS:-} \
     --out "$out/it$it" 2>&1 | tee -a "$out/log.txt"
 done
 echo "== $(( SECONDS - start )) s: done" | tee -a "$out/log.txt"

@@ -286,7 +286,9 @@ def defense_grid(args, attack):
     sigmas = args.sigmas if attack == "dlg" else args.sigmas_gs
     grid += [("dp_gaussian", s) for s in sigmas]
     grid += [("dp_laplace", s) for s in sigmas]
-    return grid
+    # A caller may measure only some baselines (soteria_gs_architecture --baselines).
+    keep = getattr(args, "baselines", None)
+    return grid if keep is None else [g for g in grid if g[0] in ("none", "soteria", *keep)]
 
 
 def per_step(defense: Defense) -> Defense:
