@@ -42,6 +42,21 @@ class Preempted(RuntimeError):
         super().__init__(f"stopped by SIGTERM after round {rounds_done}: {then}")
 
 
+class SweepPreempted(Preempted):
+    """SIGTERM stopped a sweep between two cells (the cells before are finished).
+
+    Attributes:
+      cells_done: cells finished (run or found finished) when the sweep stopped.
+      cells: cells in the grid.
+    """
+
+    def __init__(self, cells_done: int, cells: int):
+        self.cells_done, self.cells = cells_done, cells
+        self.rounds_done, self.checkpointed = None, True
+        RuntimeError.__init__(self, f"stopped by SIGTERM after sweep cell {cells_done} of "
+                                    f"{cells}: run the same command again to run the rest")
+
+
 class Watch:
     """Whether a SIGTERM asks the run to stop after the current round.
 
@@ -74,8 +89,14 @@ class Watch:
 
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+            previous, self._previous = self._previous, None
+            signal.signal(signal.SIGTERM, previous)
+            # A SIGTERM in a run's last round does not stop it (the run is
+            # complete); the handler around the run, such as a sweep's, learns
+            # of it, so that it does not start the next cell as if none came.
+            # The default handler is not called: that would kill a finished run.
+            if self._signalled and callable(previous):
+                previous(signal.SIGTERM, None)
 
     def _on_signal(self, signum, frame) -> None:
         self._signalled = True

@@ -38,6 +38,7 @@ import yaml
 
 from fedsim.config import (Config, ConfigError, apply_overrides, from_dict, read_raw_config,
                            validate, yaml_load)
+from fedsim import preemption
 from fedsim.preemption import Preempted
 from fedsim.results import atomic_write_text, finite_number, write_json
 
@@ -380,6 +381,7 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
     grid = parse_grid(grid_items)
     keys = [k for k, _ in grid]
     out_dir = Path(out_dir)
+    _check_sweep_dir(out_dir)
     cells = [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in grid))]
     configs = list(zip(cells, cell_names(cells)))
     # Validate every cell before running any, so a typo fails fast.
@@ -404,6 +406,26 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
         raise ConfigError(refusal or "process 0 found a finished sweep cell that ran with "
                                      "another config (its error names the cell)")
     rows = []
+    # SIGTERM between cells, or in a cell's last round (which its run finishes
+    # rather than stop), stops the sweep before the next cell. Before, the
+    # signal was swallowed and the sweep went on. Only where every cell
+    # checkpoints (without, SIGTERM ends the process as before) and in one
+    # process (across processes the cells' own runs stop at a sync point).
+    handle = not distributed.joined() and all(cfg.output.checkpoint_every > 0
+                                              for _, _, cfg in built)
+    with preemption.Watch(handle_signal=handle) as watch:
+        _run_cells(built, keys, rows, out_dir, run_fn, read_done, done_file, table_fields,
+                   primary, log, watch if handle else None)
+    if primary and built and built[0][2].output.plots:
+        plot_cells(out_dir, [Path(cfg.output.dir) for _, _, cfg in built])
+    return rows
+
+
+def _run_cells(built, keys, rows, out_dir, run_fn, read_done, done_file, table_fields,
+               primary, log, watch) -> None:
+    """The loop of :func:`run_sweep` over its cells, appending to ``rows``."""
+    from fedsim import distributed
+
     for i, (assignment, name, cfg) in enumerate(built):
         done_path = Path(cfg.output.dir) / done_file
         row = {"cell": name, **assignment}
@@ -434,9 +456,29 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
             write_table(out_dir, keys, rows, table_fields)
         if stop is not None:
             raise stop
-    if primary and built and built[0][2].output.plots:
-        plot_cells(out_dir, [Path(cfg.output.dir) for _, _, cfg in built])
-    return rows
+        if watch is not None and i < len(built) - 1 and watch.stop_after(i + 1):
+            if primary:
+                log(f"stopped by SIGTERM after cell {i + 1} of {len(built)}")
+            raise preemption.SweepPreempted(i + 1, len(built))
+
+
+def _check_sweep_dir(out_dir: Path) -> None:
+    """Refuse a sweep directory that is, or lies below, a file, before any cell runs.
+
+    Before, every cell failed to make its run directory and writing the table
+    ended in a FileExistsError traceback.
+
+    Raises:
+      OutputPathError: naming ``--out`` and the file in the way.
+    """
+    from fedsim.results import OutputPathError
+
+    blocker = next((p for p in (out_dir, *out_dir.parents) if p.exists() and not p.is_dir()),
+                   None)
+    if blocker is not None:
+        why = ("exists and is not a directory" if blocker == out_dir else
+               f"cannot be a directory, {blocker} is a file")
+        raise OutputPathError(f"sweep directory (--out) {out_dir}: {why}; choose another --out")
 
 
 def plot_cells(out_dir: Path, cell_dirs: list[Path]) -> None:

@@ -40,6 +40,23 @@ def test_the_watch_sets_its_flag_on_sigterm_and_restores_the_handler():
         assert not watch.stop_after(1)
 
 
+def test_a_sigterm_the_inner_watch_did_not_stop_for_reaches_the_outer_one():
+    # A run's last round does not stop for SIGTERM (the run is complete); a
+    # sweep around it must still learn of it, or it starts the next cell.
+    before = signal.getsignal(signal.SIGTERM)
+    with preemption.Watch(handle_signal=True) as outer:
+        with preemption.Watch(handle_signal=True) as inner:
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert inner.stop_after(1) and outer.stop_after(1)
+        with preemption.Watch(handle_signal=True):  # no signal: nothing passed on
+            pass
+    assert signal.getsignal(signal.SIGTERM) is before
+    with preemption.Watch(handle_signal=True) as outer:
+        with preemption.Watch(handle_signal=True):
+            pass
+        assert not outer.stop_after(1)
+
+
 def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 

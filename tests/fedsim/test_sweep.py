@@ -300,6 +300,54 @@ def test_an_empty_output_section_is_a_config_error(tmp_path):
     assert [r["status"] for r in rows] == ["done"]
 
 
+def test_a_sweep_directory_that_is_a_file_is_named(tmp_path, capsys):
+    # Before: every cell failed, then a FileExistsError traceback from the table.
+    from fedsim.cli import main
+    from fedsim.results import OutputPathError
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE)
+    (tmp_path / "f").write_text("")
+    ran = []
+    with pytest.raises(OutputPathError, match=r"--out\) .*f: exists and is not a directory"):
+        run_sweep(cfg, ["seed=1"], tmp_path / "f", run_fn=ran.append, log=lambda m: None)
+    with pytest.raises(OutputPathError, match=r"cannot be a directory, .*f is a file"):
+        run_sweep(cfg, ["seed=1"], tmp_path / "f" / "s", run_fn=ran.append, log=lambda m: None)
+    assert ran == []  # refused before any cell ran
+    assert main(["sweep", str(cfg), "--grid", "seed=1", "--out", str(tmp_path / "f")]) == 1
+    assert "choose another --out" in capsys.readouterr().err
+
+
+def test_sigterm_in_a_cells_last_round_stops_the_sweep_before_the_next_cell(tmp_path):
+    # Before: the cell's run finished its last round, swallowed the signal, and
+    # the sweep went on to the next cell.
+    import os
+    import signal
+
+    from fedsim.preemption import SweepPreempted
+    from fedsim.run import run_simulation
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE.replace("defenses: [{name: fake, kappa: 0.5}]\n", ""))
+    ran = []
+
+    def run_fn(c):
+        ran.append(c.name)
+        last = c.training.rounds - 1
+        kill = lambda res, row: row["round"] == last and os.kill(os.getpid(), signal.SIGTERM)
+        return run_simulation(c, quiet=True, on_round=kill if len(ran) == 1 else None)
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SweepPreempted, match="after sweep cell 1 of 2"):
+        run_sweep(cfg, ["seed=0,1"], tmp_path / "s", run_fn=run_fn, log=lambda m: None)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert len(ran) == 1 and (tmp_path / "s" / "cells" / "seed=0" / "summary.json").exists()
+    assert not (tmp_path / "s" / "cells" / "seed=1").exists()
+    table = json.loads((tmp_path / "s" / "results.json").read_text())["rows"]
+    assert [r["status"] for r in table] == ["done"]
+    # The same command again runs the rest.
+    rows = run_sweep(cfg, ["seed=0,1"], tmp_path / "s", run_fn=run_fn, log=lambda m: None)
+    assert [r["status"] for r in rows] == ["done (skipped)", "done"] and len(ran) == 2
+
+
 @pytest.mark.slow
 def test_sweep_end_to_end_cli(tmp_path):
     from fedsim.cli import main
