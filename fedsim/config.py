@@ -405,6 +405,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'training.{key}': {val!r} applies to FedAvg's local "
                           f"training; a FedSGD client sends one plain gradient step (use "
                           f"training.server_optimizer for momentum or Adam at the server)")
+    _check_data_source(d)
     for i, spec in enumerate(cfg.defenses):
         if not isinstance(spec, dict) or "name" not in spec:
             raise ConfigError(f"config key 'defenses[{i}]': expected a mapping with a 'name' key")
@@ -439,6 +440,27 @@ def validate(cfg: Config) -> None:
     if cfg.model.name not in MODEL_REGISTRY:
         raise ConfigError(f"config key 'model.name': {cfg.model.name!r} is not allowed; allowed "
                           f"values: {', '.join(sorted(MODEL_REGISTRY))}")
+
+
+def _check_data_source(d: DataConfig) -> None:
+    """Refuse data settings the chosen dataset would ignore without a word.
+
+    The synthetic dataset is made in memory from the seed, so a ``source``,
+    ``data_dir`` or ``label_key`` set for it changed nothing; Fashion-MNIST's
+    IDX files carry their own labels, so ``label_key`` applies to it only
+    through tfds.
+    """
+    if d.dataset == "synthetic":
+        for key, value, default in (("source", d.source, "auto"), ("data_dir", d.data_dir, None),
+                                    ("label_key", d.label_key, None)):
+            if value != default:
+                raise ConfigError(f"config key 'data.{key}': {value!r} does not apply to "
+                                  f"dataset 'synthetic' (made in memory from the seed); "
+                                  f"remove it")
+    elif d.dataset == "fashion_mnist" and d.label_key is not None and d.source != "tfds":
+        raise ConfigError(f"config key 'data.label_key': {d.label_key!r} applies to tfds data; "
+                          f"fashion_mnist with data.source {d.source!r} may read the IDX files, "
+                          f"whose labels are the classes (set data.source: tfds to use it)")
 
 
 def dump_config(cfg: Config) -> str:

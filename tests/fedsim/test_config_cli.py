@@ -31,6 +31,24 @@ def test_bad_overrides_name_the_key(override, pattern):
         load_config(QUICKSTART, [override])
 
 
+@pytest.mark.parametrize("overrides,pattern", [
+    (["data.dataset=synthetic", "data.source=tfds"],
+     r"'data.source': 'tfds' does not apply to dataset 'synthetic'"),
+    (["data.dataset=synthetic", "data.data_dir=/x"],
+     r"'data.data_dir': '/x' does not apply to dataset 'synthetic'"),
+    (["data.dataset=synthetic", "data.label_key=label"],
+     r"'data.label_key': 'label' does not apply to dataset 'synthetic'"),
+    (["data.dataset=fashion_mnist", "data.label_key=label"],
+     r"'data.label_key': 'label' applies to tfds data.*data.source 'auto'"),
+])
+def test_data_settings_the_dataset_would_ignore_are_refused(overrides, pattern):
+    # Before, each was accepted and changed nothing.
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(QUICKSTART, overrides)
+    assert load_config(QUICKSTART, ["data.dataset=fashion_mnist", "data.label_key=label",
+                                    "data.source=tfds"]).data.label_key == "label"
+
+
 def test_unknown_key_in_file(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump({"training": {"rounds": 2, "roundz": 3}}))

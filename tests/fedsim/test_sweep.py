@@ -232,7 +232,7 @@ def test_cells_whose_names_collide_get_names_of_their_own(tmp_path):
     # Before, '/d/a b' and '/d/a_b' both ran in cells/data.data_dir=_d_a_b: the
     # second was skipped as done and reported the first one's numbers.
     cfg = tmp_path / "base.yaml"
-    cfg.write_text(BASE)
+    cfg.write_text(BASE.replace("dataset: synthetic", "dataset: fashion_mnist"))  # has a data_dir
     seen = []
 
     def fake_run(c):
@@ -279,7 +279,7 @@ def test_grid_values_may_be_lists_and_bad_yaml_is_named():
 
 def test_a_quoted_grid_string_stays_a_string_in_the_cells_config(tmp_path):
     # Passed on as text, '1e5' and 'true' were parsed again: a number and a bool.
-    raw = {"model": {"name": "mlp"}, "data": {"dataset": "synthetic"}}
+    raw = {"model": {"name": "mlp"}, "data": {"dataset": "fashion_mnist"}}
     (values,) = [v for _, v in parse_grid(["data.data_dir='1e5','true'"])]
     assert values == ["1e5", "true"]
     assert [cell_config(raw, {"data.data_dir": v}, tmp_path, "c").data.data_dir
