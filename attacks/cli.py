@@ -262,6 +262,13 @@ def _simulate_and_attack(cfg: Config, quiet: bool) -> tuple[dict, dict]:
     simulated.pop("final_state", None)
     if not uploads:
         raise ConfigError("no upload was observed: do observer.clients take part in observer.rounds?")
+    if primary:
+        # run_simulation has just written this attack's config.yaml: an attack
+        # that now fails must not leave the last attack's numbers beside it, which
+        # `fedsim report`/`compare` and a sweep (done = this file) would take for
+        # this config's.
+        for stale in ("attack_summary.json", "attack_grid.png"):
+            (out / stale).unlink(missing_ok=True)
     t0 = time.perf_counter()
     key = jax.random.fold_in(jax.random.key(cfg.seed), ATTACK_STREAM)
     # The simulation's float32 precision for the attack too (on a GPU, XLA's

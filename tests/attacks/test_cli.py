@@ -218,6 +218,31 @@ def test_a_killed_attack_run_resumes_from_its_stored_observations(tmp_path, monk
     assert "resumed from" in (tmp_path / "killed" / "run.log").read_text()
 
 
+def test_an_attack_that_fails_on_a_rerun_leaves_no_earlier_summary(tmp_path, monkeypatch):
+    # Before: config.yaml held the new attack section and attack_summary.json the
+    # old attack's numbers, which report, compare and sweeps read as the new one's.
+    import attacks.cli as cli
+    score = [{"client": 0, "round": 0, "mse": 0.0, "psnr": 0.0, "ssim": 0.0, "nmi": 0.0,
+              "label_acc": 1.0}]
+    monkeypatch.setattr(cli, "attack_uploads", lambda uploads, section, key: score)
+    monkeypatch.setattr(cli, "save_grid", lambda results, path: path.write_bytes(b"png"))
+    # Checkpointed: the rerun finds the simulation finished and only attacks again.
+    cfg = lambda *o: load_config(None, BASE + [f"output.dir={tmp_path}",
+                                               "output.checkpoint_every=1", *o])
+    cli.run_attack_experiment(cfg(), quiet=True)
+    assert (tmp_path / "attack_summary.json").exists() and (tmp_path / "attack_grid.png").exists()
+
+    def fails(uploads, section, key):
+        raise FloatingPointError("every restart ended NaN")
+
+    monkeypatch.setattr(cli, "attack_uploads", fails)
+    with pytest.raises(FloatingPointError):
+        cli.run_attack_experiment(cfg("attack.config={iterations: 5}"), quiet=True)
+    assert "iterations: 5" in (tmp_path / "config.yaml").read_text()
+    assert not (tmp_path / "attack_summary.json").exists()
+    assert not (tmp_path / "attack_grid.png").exists()
+
+
 def test_a_finished_attack_run_is_attacked_again_without_simulating(tmp_path, capsys):
     first = _attack(tmp_path / "run")
     from fedsim.cli import main as fedsim_main
