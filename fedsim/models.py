@@ -15,9 +15,14 @@ LeNet-5's fused conv → ReLU → pool blocks (:class:`ConvReLUMaxPool`).
   5×5 convs with 12 channels (strides 2, 2, 1, 1), sigmoid, one FC layer.
 * ``lenet5``: the classic ReLU LeNet-5 (6, 16 channels; 120, 84 units); the
   engine's fast default for training on CPU.
-* ``convnet``: the ConvNet of Geiping et al. (2020) used for GS in Soteria
-  (paper 003 Table 3), width 32, ReLU, no batch norm (so a single example's
-  gradient is well defined; stated deviation).
+* ``convnet``: the ConvNet of Geiping et al. (2020) that Soteria's public GS
+  code attacks (inversefed's ``ConvNet``): eight 3×3 convolutions (width,
+  2w, 2w, 4w, 4w, 4w, pool 3, 4w, 4w, pool 3), width 32, ReLU, no batch
+  norm (so a single example's gradient is well defined; stated deviation).
+  Paper 003's Table 3 lists nine 5×5 convolutions instead; its ninth is the
+  code's ``conv6`` written twice (a repeated key, which the code's
+  OrderedDict keeps once), and we follow the code's 3×3 kernels, as the
+  authors ran it. At 32×32 both give L = 1152 FC inputs.
 * ``conv2``: LEAF/FEMNIST Conv-2 (paper 002 §6): conv5×5·32, pool, conv5×5·64,
   pool, FC 2048, FC classes.
 * ``alexnet``: a 32×32 AlexNet (5 convs 64-192-384-256-256, FC 4096-4096).
@@ -496,7 +501,11 @@ class LeNet5LeCun(nn.Module):
 
 @register_model("convnet")
 class ConvNet(nn.Module):
-    """Geiping et al.'s ConvNet (width 32), ReLU, no batch norm."""
+    """Geiping et al.'s ConvNet (width 32), ReLU, no batch norm.
+
+    As in inversefed's code, which Soteria's GS experiments use: eight 3×3
+    convolutions. Paper 003 Table 3 lists nine 5×5 ones (module docstring).
+    """
 
     num_classes: int = 10
     width: int = 32

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import resource
 import sys
@@ -117,6 +118,13 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
         progress.close()
     if ckpt is not None:
         ckpt.close()
+    kept = _kept_summary(out) if primary and start >= rounds else None
+    if kept is not None:
+        # A finished run run again trains no round: its summary stays as the
+        # training wrote it. Rewritten, it held this command's few seconds and
+        # its environment, which trained nothing (`fedsim compare` shows both).
+        kept["final_state"] = state
+        return kept
     summary = {
         "name": cfg.name,
         "test_accuracy": acc,
@@ -129,7 +137,10 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
         "dataset": cfg.data.dataset,
         "client_parallelism": sim.strategy,
         "seed": cfg.seed,
+        # this command's time and the rounds it trained (fewer than "rounds"
+        # where it resumed from a checkpoint)
         "seconds": time.perf_counter() - t_start,
+        "rounds_trained": rounds - start,
         "peak_rss_mb": peak_rss_mb(),
         # the code, JAX and device the numbers came from (same config and seed on
         # another of these can differ in the last bits, which training amplifies)
@@ -156,6 +167,16 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
 #: (a sweep's cell) as finished.
 STALE_ON_RERUN = ("summary.json", "learning_curve.png", "attack_summary.json",
                   "attack_grid.png")
+
+
+def _kept_summary(out: Path) -> dict | None:
+    """The ``summary.json`` a finished run left in ``out``, or None where there
+    is none to keep (missing, or not a JSON object: then it is written anew)."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
 
 
 def _drop_stale_results(out: Path) -> None:

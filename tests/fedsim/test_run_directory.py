@@ -69,10 +69,21 @@ def test_extending_a_finished_run_drops_its_summary_until_the_longer_run_ends(tm
     summary = _run(tmp_path, on_round=look, **{"output.checkpoint_every": 1,
                                                "training.rounds": 3})
     assert json.loads((tmp_path / "summary.json").read_text())["rounds"] == 3 == summary["rounds"]
-    # Rerunning a finished run trains nothing and keeps (rewrites) its summary.
-    summary = _run(tmp_path, on_round=look, **{"output.checkpoint_every": 1,
-                                               "training.rounds": 3})
-    assert (tmp_path / "summary.json").exists()
+    # The extension trained one round (its seconds are that one round's).
+    assert summary["rounds_trained"] == 1
+    # Rerunning a finished run trains nothing and keeps its summary as it was:
+    # rewritten, it held the rerun's seconds and environment, which trained nothing.
+    written = (tmp_path / "summary.json").read_bytes()
+    again = _run(tmp_path, on_round=look, **{"output.checkpoint_every": 1,
+                                             "training.rounds": 3})
+    assert (tmp_path / "summary.json").read_bytes() == written
+    assert again["seconds"] == summary["seconds"] and again["rounds_trained"] == 1
+    assert "final_state" in again
+    # A summary that is not a JSON object is written anew.
+    (tmp_path / "summary.json").write_text("[]")
+    again = _run(tmp_path, **{"output.checkpoint_every": 1, "training.rounds": 3})
+    assert again["rounds_trained"] == 0
+    assert json.loads((tmp_path / "summary.json").read_text())["rounds_trained"] == 0
 
 
 def test_fewer_rounds_than_the_checkpoint_holds_is_refused_by_name(tmp_path):
