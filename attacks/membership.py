@@ -174,9 +174,23 @@ class AttackNet(nn.Module):
         return nn.Dense(1)(h)[:, 0]
 
 
+def _scale(v: jax.Array) -> jax.Array:
+    """Each column's standard deviation, 1 where it is (about) 0.
+
+    A column constant in the attacker's known set (the one-hot column of a
+    class it holds no example of, a gradient entry that is always 0) is then
+    only centred: dividing by its std of 0 (+1e-6) once turned an example of
+    that class into an input of 1e6, scored about -1e6 (always a non-member).
+    """
+    s = v.std(0)
+    return jnp.where(s > 1e-6, s, 1.0)
+
+
 def _standardise(f: MIAFeatures, stats=None):
+    """``f`` standardised per column by ``stats`` (each feature's ``(mean, scale)``);
+    without ``stats``, by its own (:func:`_scale`), which are returned too."""
     if stats is None:
-        stats = jax.tree_util.tree_map(lambda v: (v.mean(0), v.std(0) + 1e-6), tuple(f),
+        stats = jax.tree_util.tree_map(lambda v: (v.mean(0), _scale(v)), tuple(f),
                                        is_leaf=lambda v: isinstance(v, jax.Array))
     return MIAFeatures(*[(v - m) / s for v, (m, s) in zip(f, stats)]), stats
 

@@ -31,13 +31,17 @@ import optax
 
 from attacks.api import Reconstruction, register_attack
 from attacks.gradient_inversion import AttackConfigError
+from fedsim import models
 from fedsim.typing import Observation
 
 DEFAULTS = {"aux_images": None, "classes": None, "iterations": 600, "lr": 1e-2, "model": "local"}
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
-def _invert(apply_fn, params, x0, classes, iterations, lr):
+# ``settings`` (:func:`fedsim.models.trace_settings`) is in the jit's key so that a
+# call inside ``models.im2col_max_batch`` / ``conv_implementation`` traces again
+# (as attacks.membership's jits do).
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
+def _invert(apply_fn, params, x0, classes, iterations, lr, settings):
     opt = optax.adam(lr)
 
     def one(c):
@@ -116,7 +120,7 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
         params = jax.tree_util.tree_map(lambda w, d: w + d, params, observation.update)
     classes = np.arange(observation.num_classes) if cfg["classes"] is None else np.asarray(cfg["classes"])
     x, cost = _invert(observation.apply_fn, params, jnp.asarray(x0), jnp.asarray(classes, jnp.int32),
-                      int(cfg["iterations"]), float(cfg["lr"]))
+                      int(cfg["iterations"]), float(cfg["lr"]), models.trace_settings())
     if not bool(jnp.all(jnp.isfinite(x))):
         raise FloatingPointError("model inversion produced non-finite inputs; lower attack.config.lr")
     return Reconstruction(x, jnp.asarray(classes, jnp.int32), jnp.mean(cost), {"cost_per_class": cost})
@@ -136,7 +140,28 @@ def class_centres(x, y, num_classes: int) -> np.ndarray:
 
 
 def class_centre_mse(x_inv, classes, centres) -> float:
-    """Paper 000 §6.1: median over classes of MSE(inverted image, class centre)."""
+    """Paper 000 §6.1: median over classes of MSE(inverted image, class centre).
+
+    Args:
+      x_inv: the inverted images, one per entry of ``classes``.
+      classes: the class of each.
+      centres: :func:`class_centres` of the data the classes are scored against.
+
+    Raises:
+      ValueError: a class of ``classes`` has no centre (absent from the data
+        the centres come from, e.g. a non-IID client's, or out of range),
+        naming them. Its NaN used to make the median NaN without a word; a
+        median over the other classes only would be another metric than the
+        paper's, so the caller chooses: pass only the classes that have one.
+    """
     x_inv = np.asarray(x_inv, np.float64)
-    errs = [np.mean((x_inv[i] - centres[int(c)]) ** 2) for i, c in enumerate(np.asarray(classes))]
+    centres = np.asarray(centres, np.float64)
+    classes = [int(c) for c in np.asarray(classes).ravel()]
+    missing = sorted({c for c in classes
+                      if not (0 <= c < len(centres) and np.all(np.isfinite(centres[c])))})
+    if missing:
+        raise ValueError(f"class_centre_mse: class(es) {missing} have no centre (absent from "
+                         "the data the centres come from); score only the classes present, "
+                         "e.g. those whose class_centres are finite")
+    errs = [np.mean((x_inv[i] - centres[c]) ** 2) for i, c in enumerate(classes)]
     return float(np.median(errs))

@@ -57,23 +57,25 @@ def _add_compare(sub) -> None:
     p.add_argument("runs", nargs="+", metavar="DIR",
                    help="run directories (finished or not), or sweeps' directories (their cells)")
     p.add_argument("--out", metavar="PNG", help="write test accuracy and train loss per round, "
-                                                 "one line per run, to this PNG")
+                                                 "one line per run, to this PNG (.png added "
+                                                 "where it has no extension)")
     p.set_defaults(func=_cmd_compare)
 
 
 def _cmd_compare(args) -> int:
-    from fedsim.compare import compare
+    from fedsim.compare import compare, plot_path
 
     print(compare(args.runs, args.out), end="")
     if args.out:
-        print(f"plot: {args.out}", file=sys.stderr)
+        print(f"plot: {plot_path(args.out)}", file=sys.stderr)
     return 0
 
 
 def _cmd_report(args) -> int:
     from pathlib import Path
 
-    from fedsim.results import RunFileError, plot_learning_curve, read_json_object, read_metrics
+    from fedsim.results import (plot_learning_curve, read_attack_summary, read_json_object,
+                                read_metrics)
 
     run_dir = Path(args.run_dir)
     summary_path = run_dir / "summary.json"
@@ -97,15 +99,17 @@ def _cmd_report(args) -> int:
               + "".join(f" {'' if k not in r else f'{_number(r[k]):.4g}':>{max(len(k), 10)}}"
                         for k in extra))
     if rows:
-        plot_learning_curve(rows, run_dir / "learning_curve.png")
+        plot = run_dir / "learning_curve.png"
+        try:
+            plot_learning_curve(rows, plot)
+        except OSError as e:  # a read-only or another user's run, a directory in the way
+            # The report is what was asked for: the plot is a by-product.
+            print(f"fedsim: warning: {plot} not written ({type(e).__name__}: "
+                  f"{e.strerror or e})", file=sys.stderr)
     attack_path = run_dir / "attack_summary.json"
     if attack_path.is_file():  # a `fedsim attack` run: its victims too
-        attack = read_json_object(attack_path)
+        attack = read_attack_summary(attack_path)
         victims, mean = attack.get("victims", []), attack.get("mean", {})
-        if not (isinstance(victims, list) and all(isinstance(v, dict) for v in victims)
-                and isinstance(mean, dict)):
-            raise RunFileError(f"{attack_path}: expected 'victims' to be a list of objects "
-                               "and 'mean' an object")
         print(f"attack {attack.get('attack')} (grants {attack.get('grants')}):")
         print(f"{'client':>6} {'round':>6} {'psnr':>7} {'ssim':>6} {'nmi':>6} {'mse':>9} "
               f"{'label_acc':>9}")

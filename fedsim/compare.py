@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 
 from fedsim.provenance import short_commit
-from fedsim.results import finite_number, read_json_object, read_metrics
+from fedsim.results import (RunFileError, finite_number, read_attack_summary, read_json_object,
+                            read_metrics)
 
 #: Columns shown where at least one run has them, after the ones every run has.
 OPTIONAL_COLUMNS = ("epsilon", "leakage_total", "attack_psnr", "attack_nmi", "attack_ami")
@@ -80,11 +81,50 @@ def labels(dirs: list[Path]) -> list[str]:
 
 
 def load_run(run_dir: Path) -> dict:
-    """One run's rows, summary (empty while unfinished) and attack means."""
+    """One run's rows, summary (empty while unfinished), attack means and whether
+    it is finished.
+
+    A run is finished once its ``summary.json`` exists; an attack run (its
+    ``config.yaml`` has an ``attack`` section, or it has an
+    ``attack_summary.json``) only once its ``attack_summary.json`` exists too:
+    the simulation writes ``summary.json`` before the attack starts, and a
+    killed or failed attack leaves it (the rule of
+    :data:`fedsim.run.STALE_ON_RERUN` and of the attack sweep's done file).
+
+    Raises:
+      RunFileError: a run file that is not what fedsim writes there, naming it.
+    """
     rows = read_metrics(run_dir / "metrics.jsonl")
     summary = read_json_object(run_dir / "summary.json")
-    attack = read_json_object(run_dir / "attack_summary.json").get("mean", {})
-    return {"rows": rows, "summary": summary, "attack": attack}
+    attack_path = run_dir / "attack_summary.json"
+    attack = read_attack_summary(attack_path).get("mean", {})
+    attack_run = attack_path.is_file() or _has_attack_section(run_dir / "config.yaml")
+    finished = bool(summary) and (not attack_run or attack_path.is_file())
+    return {"rows": rows, "summary": summary, "attack": attack, "finished": finished}
+
+
+def _has_attack_section(config_path: Path) -> bool:
+    """Whether the run's ``config.yaml`` has an ``attack`` section (False where
+    there is no config.yaml: a run directory fedsim did not write).
+
+    Raises:
+      RunFileError: the file exists but is not a YAML mapping, naming it.
+    """
+    if not config_path.is_file():
+        return False
+    import yaml
+
+    from fedsim.config import yaml_load
+
+    try:
+        cfg = yaml_load(config_path.read_text())
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        why = (str(e).splitlines() or [""])[0]  # a YAML error's first line
+        raise RunFileError(f"{config_path}: not readable as YAML ({type(e).__name__}: {why})"
+                           ) from None
+    if not isinstance(cfg, dict):
+        raise RunFileError(f"{config_path}: expected a YAML mapping, got {type(cfg).__name__}")
+    return cfg.get("attack") is not None
 
 
 def table_row(label: str, run: dict) -> dict:
@@ -95,7 +135,7 @@ def table_row(label: str, run: dict) -> dict:
     best = max(evals, key=lambda r: r["test_accuracy"]) if evals else None
     out = {
         "run": label,
-        "status": "finished" if summary else "unfinished",
+        "status": "finished" if run.get("finished", bool(summary)) else "unfinished",
         "rounds": len(rows),
         "test_accuracy": evals[-1]["test_accuracy"] if evals else None,
         "best_test_accuracy": best["test_accuracy"] if best else None,
@@ -201,8 +241,17 @@ def plot_learning_curves(names: list[str], runs: list[dict], path: Path) -> None
         plt.close(fig)
 
 
+def plot_path(out: str | Path) -> Path:
+    """Where :func:`compare` writes the plot of ``--out out``: ``out``, with
+    ``.png`` added where it has no extension (as matplotlib would add it; the
+    command says this path, not ``out``)."""
+    out = Path(out)
+    return out if out.suffix else out.with_name(out.name + ".png")
+
+
 def compare(paths: list[str | Path], out: str | Path | None = None) -> str:
-    """The comparison table of the runs ``paths`` name; with ``out``, their plot there.
+    """The comparison table of the runs ``paths`` name; with ``out``, their plot
+    at :func:`plot_path` of it.
 
     Returns:
       The markdown table.
@@ -211,6 +260,6 @@ def compare(paths: list[str | Path], out: str | Path | None = None) -> str:
     names = labels(dirs)
     runs = [load_run(d) for d in dirs]
     if out is not None:
-        plot_learning_curves(names, runs, Path(out))
+        plot_learning_curves(names, runs, plot_path(out))
     return (markdown_table([table_row(n, r) for n, r in zip(names, runs)])
             + environment_note(names, runs))

@@ -171,6 +171,25 @@ def read_json_object(path) -> dict:
     return value
 
 
+def read_attack_summary(path) -> dict:
+    """``path``'s attack summary (``attack_summary.json``); {} where it does not
+    exist (yet).
+
+    Raises:
+      RunFileError: the file exists but is not a JSON object whose ``victims``
+        (where present) is a list of objects and whose ``mean`` (where present)
+        is an object, naming it (``fedsim report`` and ``fedsim compare``
+        read it alike).
+    """
+    attack = read_json_object(path)
+    victims, mean = attack.get("victims", []), attack.get("mean", {})
+    if not (isinstance(victims, list) and all(isinstance(v, dict) for v in victims)
+            and isinstance(mean, dict)):
+        raise RunFileError(f"{path}: expected 'victims' to be a list of objects "
+                           "and 'mean' an object")
+    return attack
+
+
 class MetricsLog:
     """Append-only metrics.jsonl, one JSON object per round.
 
@@ -225,6 +244,8 @@ def plot_learning_curve(rows: list[dict], path) -> None:
         ax2.set_ylim(0, 1)
     ax1.set_title("learning curve")
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    finally:  # a figure that could not be written is closed too
+        plt.close(fig)

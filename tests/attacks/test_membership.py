@@ -67,6 +67,30 @@ def test_learned_attack_separates_and_compiles_once_for_new_data():
     assert sizes[1] == sizes[0]
 
 
+def test_a_class_the_known_set_lacks_is_scored_like_the_others():
+    # The one-hot column of class 3 is 0 throughout the attacker's known set: its
+    # std of 0 (+1e-6) turned an example of class 3 into an input of 1e6, which
+    # scored about -1e6, a non-member whatever its loss.
+    rng = np.random.default_rng(3)
+
+    def feats(n, shift, classes):
+        f = _separable_features(rng, n, shift)
+        return f._replace(label_onehot=jax.nn.one_hot(rng.choice(classes, n), 4))
+
+    known = (0, 1, 2)
+    net, stats = MIA.train_learned_attack(feats(40, -1.0, known), feats(40, 1.0, known),
+                                          jax.random.key(0), steps=60)
+    test_m = [feats(15, -1.0, known), feats(15, -1.0, (3,))]
+    test_n = [feats(15, 1.0, known), feats(15, 1.0, (3,))]
+    unseen, _ = MIA._standardise(test_m[1], stats)
+    # Centred only: 1 in its own column, as -1 in the others' (their mean 1/3, std ~0.47).
+    np.testing.assert_allclose(np.asarray(unseen.label_onehot[:, 3]), 1.0)
+    assert float(jnp.max(jnp.abs(unseen.label_onehot))) < 2
+    scores = lambda fs: np.concatenate([MIA.learned_scores(net, stats, f) for f in fs])
+    assert np.max(np.abs(scores(test_m + test_n))) < 1e3
+    assert MIA.auc(scores(test_m), scores(test_n)) > 0.95
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"steps": 0}, "steps"), ({"steps": 2.5}, "steps"), ({"steps": True}, "steps"),
     ({"lr": 0.0}, "lr"), ({"lr": float("nan")}, "lr"), ({"lr": "1e-3"}, "lr"),

@@ -7,7 +7,9 @@ import pytest
 
 from attacks import run_attack
 from attacks.gradient_inversion import AttackConfigError
+from attacks import model_inversion
 from attacks.model_inversion import class_centre_mse, class_centres
+from fedsim import models
 from fedsim.data import synthetic_dataset
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.typing import Observation
@@ -38,3 +40,35 @@ def test_model_inversion_requires_aux():
     obs = Observation(None, None, None, "fedsgd", 0.1, 1, None, None, None, (4, 4, 1), 10)
     with pytest.raises(AttackConfigError, match="aux_images"):
         run_attack("model_inversion", obs, {}, jax.random.key(0))
+
+
+def test_class_centre_mse_names_classes_without_a_centre():
+    # A client holding 2 of 10 classes: the other 8 centres are NaN, and the
+    # median over all 10 classes was NaN without a word.
+    rng = np.random.default_rng(0)
+    centres = class_centres(rng.uniform(size=(40, 4, 4, 1)), np.repeat([0, 1], 20), 10)
+    x_inv = rng.uniform(size=(10, 4, 4, 1))
+    with pytest.raises(ValueError, match=r"class\(es\) \[2, 3, 4, 5, 6, 7, 8, 9\] have no centre"):
+        class_centre_mse(x_inv, np.arange(10), centres)
+    with pytest.raises(ValueError, match=r"class\(es\) \[10\] have no centre"):
+        class_centre_mse(x_inv[:2], [0, 10], centres)
+    present = np.flatnonzero(np.all(np.isfinite(centres.reshape(10, -1)), axis=1))
+    expected = np.median([np.mean((x_inv[c] - centres[c]) ** 2) for c in present])
+    assert class_centre_mse(x_inv[present], present, centres) == pytest.approx(expected)
+
+
+def test_inversion_traces_again_inside_a_conv_implementation_block():
+    # Jitted once per model, it reused the executable traced under the default
+    # convolution rule inside models.conv_implementation("xla").
+    model = build_model("lenet5")
+    f = make_apply_fn(model)
+    p = init_params(model, (16, 16, 1), jax.random.key(0))
+    obs = Observation(p, jax.tree_util.tree_map(jnp.zeros_like, p), f, "fedsgd", 0.1, 1, None,
+                      None, None, (16, 16, 1), 10)
+    config = {"aux_images": np.full((16, 16, 1), 0.5, np.float32), "classes": [0, 1],
+              "iterations": 2}
+    run_attack("model_inversion", obs, config, jax.random.key(0))
+    before = model_inversion._invert._cache_size()
+    with models.conv_implementation("xla"):
+        run_attack("model_inversion", obs, config, jax.random.key(0))
+    assert model_inversion._invert._cache_size() == before + 1

@@ -137,3 +137,52 @@ def test_runs_from_other_environments_are_named(tmp_path):
     assert len(_table(text)) == 3  # the table itself is unchanged
     assert "environments differ" not in compare([a, same, old])
     assert "environments differ" not in compare([a, old])
+
+
+def test_an_attack_run_is_finished_only_once_its_attack_summary_exists(tmp_path):
+    # The simulation writes summary.json before the attack starts: a killed or
+    # failed attack left a run that compare called finished.
+    attack_cfg = "seed: 0\nattack:\n  name: inverting_gradients\n  grants: {}\n"
+    killed = _write_run(tmp_path / "killed", [0.5], [2.0], summary={"seconds": 1.0})
+    (killed / "config.yaml").write_text(attack_cfg)
+    done = _write_run(tmp_path / "done", [0.5], [2.0], summary={"seconds": 1.0},
+                      attack={"psnr": 20.0})
+    (done / "config.yaml").write_text(attack_cfg)
+    plain = _write_run(tmp_path / "plain", [0.5], [2.0], summary={"seconds": 1.0})
+    (plain / "config.yaml").write_text("seed: 0\nattack: null\n")
+    table = _table(compare([killed, done, plain]))
+    assert [r["status"] for r in table] == ["unfinished", "finished", "finished"]
+    # Without a config.yaml, an attack_summary.json alone says it is an attack run.
+    lone = _write_run(tmp_path / "lone", [0.5], [2.0], attack={"psnr": 20.0})
+    assert _table(compare([lone]))[0]["status"] == "unfinished"
+    # A config.yaml that is not one fedsim wrote is named, not read as "no attack".
+    (plain / "config.yaml").write_text("attack: [\n")
+    with pytest.raises(RunFileError, match="plain/config.yaml: not readable as YAML"):
+        compare([plain])
+    (plain / "config.yaml").write_text("- 1\n")
+    with pytest.raises(RunFileError, match="plain/config.yaml: expected a YAML mapping, got list"):
+        compare([plain])
+
+
+@pytest.mark.parametrize("mean", [None, [1, 2], "20.5"])
+def test_an_attack_summary_whose_mean_is_not_an_object_is_named(tmp_path, capsys, mean):
+    # compare ended in an AttributeError traceback where `fedsim report` named the file.
+    run = _write_run(tmp_path / "r", [0.5], [2.0], summary={"seconds": 1.0})
+    path = run / "attack_summary.json"
+    path.write_text(json.dumps({"victims": [], "mean": mean}))
+    with pytest.raises(RunFileError, match="attack_summary.json: expected 'victims' to be a "
+                                           "list of objects and 'mean' an object"):
+        compare([run])
+    for command in (["compare", str(run)], ["report", str(run)]):
+        assert main(command) == 1
+        assert capsys.readouterr().err == (f"fedsim: error: {path}: expected 'victims' to be a "
+                                           "list of objects and 'mean' an object\n")
+
+
+def test_out_without_an_extension_says_the_file_it_wrote(tmp_path, capsys):
+    # matplotlib adds .png to a path without an extension; the command said the path given.
+    run = _write_run(tmp_path / "r", [0.5, 0.75], [2.0, 1.0], summary={"seconds": 2.0})
+    assert main(["compare", str(run), "--out", str(tmp_path / "curves")]) == 0
+    assert f"plot: {tmp_path / 'curves.png'}\n" in capsys.readouterr().err
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "curves").exists()
