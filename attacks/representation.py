@@ -5,9 +5,12 @@ Implements Sun et al. (Soteria, CVPR 2021) §3.2 and Appendix A:
 * **Alg. 3** (last layer): the per-class row norms ‖∇W_i‖₂ of the last FC
   layer's update peak at the classes the client trained on; the class-i
   representation entering that layer is, up to a scale γ, the row ∇W_i.
-  "Peaks" is not made precise in the paper; our rule: classes whose row norm
-  is ≥ ``peak_ratio`` × the largest row norm (default 0.3), or the
-  ``num_classes_present`` largest if the caller knows how many.
+  "Peaks" is not made precise in the paper; our rules: classes whose row norm
+  is ≥ ``peak_ratio`` × the largest row norm (default 0.3), or, with
+  ``rule="gap"``, the classes before the largest ratio between consecutive
+  sorted row norms when that ratio is ≥ ``min_gap`` (default 2) and ALL
+  classes when no gap stands out (a client holding every class, e.g. IID);
+  or the ``num_classes_present`` largest if the caller knows how many.
 * **Alg. 4** (previous FC layers): given the class representation b′ inferred
   at the *next* layer's input, take the M entries of b′ with the largest
   magnitude and sum those rows of this layer's update: r̂ = Σ_{k∈M} ∇W_k.
@@ -19,9 +22,10 @@ an update Δ (a scale change).
 Metric (paper 003 §3.2 "cor"): the correlation coefficient between the true
 class representation (the mean of the class's inputs to the layer) and the
 inferred one. We use |Pearson correlation|: the scale γ is unknown and its
-sign is negative for a gradient's label row, so the sign carries no
-information about the attack's success (stated choice; the paper reports
-positive values).
+sign is negative for a gradient's label row (positive for an update
+Δ = −lr·∇), and the rows Alg. 4 sums carry the signs of ∂l/∂b_k, so the sign
+carries no information about the attack's success (stated choice; the paper
+reports positive values). ``absolute=False`` gives the signed coefficient.
 """
 
 from __future__ import annotations
@@ -41,29 +45,53 @@ def row_norms(kernel_update) -> np.ndarray:
 
 
 def infer_classes(last_kernel_update, peak_ratio: float = 0.3,
-                  num_classes_present: int | None = None, rule: str = "ratio") -> np.ndarray:
+                  num_classes_present: int | None = None, rule: str = "ratio",
+                  min_gap: float = 2.0) -> np.ndarray:
     """Alg. 3 steps 1–2: the classes whose row norms peak (ascending order).
 
     Args:
       last_kernel_update: the last FC layer's kernel update [in, out].
       peak_ratio: ``rule="ratio"``: keep classes with norm ≥ peak_ratio × max.
       num_classes_present: keep exactly this many largest (overrides ``rule``).
-      rule: "ratio" (above) or "gap": keep the classes ranked before the
-        largest ratio between consecutive sorted row norms.
+      rule: "ratio" (above) or "gap": sort the row norms in decreasing order;
+        if the largest ratio between consecutive ones is ≥ ``min_gap``, keep
+        the classes ranked before it; otherwise no gap stands out and every
+        class is a peak: all C classes are returned (a client that holds
+        every class, e.g. an IID one, has no small rows).
+      min_gap: ``rule="gap"``: the smallest ratio that counts as a gap
+        (≥ 1; default 2: the next row norm is at most half the previous one;
+        1 always cuts, i.e. never returns all C classes).
     """
     norms = row_norms(last_kernel_update)
     if num_classes_present is not None:
         return np.sort(np.argsort(-norms)[:num_classes_present])
     if rule == "gap":
-        order = np.argsort(-norms)
-        ranked = norms[order]
-        cut = int(np.argmax(ranked[:-1] / np.maximum(ranked[1:], 1e-30))) + 1
-        return np.sort(order[:cut])
+        return np.sort(_gap_cut(norms, min_gap)[0])
     if rule != "ratio":
         raise ValueError(f"rule must be 'ratio' or 'gap', got {rule!r}")
     if not 0.0 < peak_ratio <= 1.0:
         raise ValueError(f"peak_ratio must be in (0, 1], got {peak_ratio}")
     return np.flatnonzero(norms >= peak_ratio * norms.max())
+
+
+def _gap_cut(norms: np.ndarray, min_gap: float) -> tuple[np.ndarray, float]:
+    """The gap rule of :func:`infer_classes`: (classes kept, largest consecutive ratio)."""
+    if not min_gap >= 1.0:
+        raise ValueError(f"min_gap must be >= 1, got {min_gap}")
+    order = np.argsort(-norms)
+    if norms.size < 2:
+        return order, float("inf")
+    ranked = norms[order]
+    ratios = ranked[:-1] / np.maximum(ranked[1:], 1e-30)
+    i = int(np.argmax(ratios))
+    if ratios[i] < min_gap:  # no gap stands out: every class is a peak
+        return order, float(ratios[i])
+    return order[:i + 1], float(ratios[i])
+
+
+def largest_gap_ratio(last_kernel_update) -> float:
+    """The largest ratio between consecutive sorted row norms (the gap rule's statistic)."""
+    return _gap_cut(row_norms(last_kernel_update), 1.0)[1]
 
 
 def previous_layer_representation(kernel_update, next_representation, num_top: int) -> np.ndarray:

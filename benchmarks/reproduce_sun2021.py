@@ -27,7 +27,8 @@ Usage:
 ``fashion_mnist``, offline here; ``mnist`` / ``cifar10`` through
 tensorflow-datasets where a network or a prepared data_dir exists). Another
 dataset's results go to ``sun2021_<dataset>.*`` (unless ``--stem`` is given),
-and ``--merge`` refuses a JSON of another dataset.
+and ``--merge`` refuses a JSON of another dataset or ``--seed``, or one whose
+kept DP rows read σ otherwise than ``--dp-sigma``.
 
 Outputs ``benchmarks/results/sun2021.json``, ``.md`` and PNGs (the JSON's and
 markdown's ``mode`` says which mode produced them).
@@ -54,7 +55,7 @@ from attacks import dlg, inverting_gradients  # noqa: E402
 from attacks.api import observation_from_gradient  # noqa: E402
 from attacks.metrics import mse as mse_metric, psnr as psnr_metric  # noqa: E402
 from attacks.representation import (fc_kernels, infer_classes, infer_representations,  # noqa: E402
-                                    representation_correlation)
+                                    largest_gap_ratio, representation_correlation)
 from benchmarks.provenance import git_commit  # noqa: E402
 from defenses.dp.update_noise import update_gaussian, update_laplace  # noqa: E402
 from defenses.pruning import magnitude_prune  # noqa: E402
@@ -114,8 +115,14 @@ COMMON_NOTES = [
     "lr 0.3 (paper 0.01: with the U(-0.5, 0.5) init lr 0.01 is still at 10 % after 60 rounds "
     "here, lr 0.1 at 52 %, lr 0.3 at 58 %).",
     "cor: LeNet-5 (the paper's Conv-6-16/FC-120-84-10 base model), SGD lr 0.01; cor = "
-    "Pearson correlation of r̂ with the true mean class representation at the round's global "
-    "model; M = 5 (Alg 4).",
+    "|Pearson correlation| of r̂ with the true mean class representation at the round's "
+    "global model (`attacks.representation`'s metric: the scale γ is unknown, and the rows "
+    "Alg 4 sums carry the signs of ∂l/∂b_k, so the sign says nothing about the attack; the "
+    "signed coefficient is shown beside it; runs before Nov 27 2026 reported it as cor); "
+    "M = 5 (Alg 4). Class inference (Alg 3, our rule; the paper does not make 'peaks' "
+    "precise): sort the last layer's row norms; the classes before the largest ratio of "
+    "consecutive norms if that ratio is ≥ 2, else all classes (no gap stands out, as for an "
+    "IID client); acc = share of clients whose inferred class set equals their true one.",
     "Logistic regression (Fig 7): 28×28 Fashion-MNIST, non-IID as above, B = 32, SGD lr 0.1 "
     "(the paper follows [27]; its lr is not given), ε = 50 of 784 features (paper's ε).",
 ]
@@ -226,11 +233,44 @@ def make_cfg(args, model, rounds, *, partition="shards", E=1, B=32, name="sun202
 
 # ---------------------------------------------------------------- 1. cor ----
 
+# Alg 3's class inference (attacks.representation.infer_classes, rule "gap"):
+# the classes before the largest ratio of consecutive sorted row norms when it
+# is >= COR_MIN_GAP, else all classes (no gap stands out: an IID client).
+COR_MIN_GAP = 2.0
+COR_LAYERS = ("Dense_0", "Dense_1", "Dense_2")
+
+
+def client_cor(update, params, apply_fn, x, y, num_top):
+    """One client's Table 1 numbers from its upload ``update`` (LeNet-5's FC layers).
+
+    Returns ``{"cor": [[|Pearson| per class] per FC layer], "signed": [[signed
+    Pearson] ...], "class_hit": Alg 3's gap rule found exactly the client's
+    classes, "gap": the largest consecutive row-norm ratio}``. cor is
+    attacks.representation's metric, |Pearson|; the signed coefficient is kept
+    beside it, labelled.
+    """
+    true_classes = np.unique(y)
+    last = update[COR_LAYERS[-1]]["kernel"]
+    inferred = infer_classes(last, rule="gap", min_gap=COR_MIN_GAP)
+    reps = infer_representations(fc_kernels(update, list(COR_LAYERS)), num_top=num_top,
+                                 classes=true_classes)
+    cors, signed = [[] for _ in COR_LAYERS], [[] for _ in COR_LAYERS]
+    for c in true_classes:
+        xc = jnp.asarray(x[y == c])
+        for li, name in enumerate(COR_LAYERS):
+            r_true = np.asarray(representation(apply_fn, params, xc, (name,))).mean(0)
+            cors[li].append(representation_correlation(reps[int(c)][li], r_true))
+            signed[li].append(representation_correlation(reps[int(c)][li], r_true,
+                                                         absolute=False))
+    return {"cor": cors, "signed": signed,
+            "class_hit": bool(np.array_equal(inferred, true_classes)),
+            "gap": largest_gap_ratio(last)}
+
+
 def cor_table(args, log):
     settings = [("E=1,B=32", 1, 32, "shards"), ("E=5,B=32", 5, 32, "shards"),
                 ("E=10,B=32", 10, 32, "shards"), ("E=1,B=16", 1, 16, "shards"),
                 ("E=1,B=8", 1, 8, "shards"), ("E=1,B=32 (IID)", 1, 32, "iid")]
-    layers = [("Dense_0",), ("Dense_1",), ("Dense_2",)]
     rows = []
     for label, E, B, part in settings:
         t0 = time.perf_counter()
@@ -238,8 +278,8 @@ def cor_table(args, log):
         sim = Simulation(cfg)
         state = sim.init_state()
         update_fn = jax.jit(sim.client_update)
-        cors = [[], [], []]
-        class_hits = []
+        cors, signed = [[], [], []], [[], [], []]
+        class_hits, gaps = [], []
         local_keys = stream(args, "cor/local_update")
         for rnd in range(args.cor_rounds):
             ids = sim.cohort(rnd)
@@ -250,23 +290,21 @@ def cor_table(args, log):
                 local_key = jax.random.fold_in(jax.random.fold_in(local_keys, rnd), int(cid))
                 out = update_fn(state.params, data, cstate, local_key)
                 n = int(data.n)
-                x, y = np.asarray(data.x[:n]), np.asarray(data.y[:n])
-                true_classes = np.unique(y)
-                inferred = infer_classes(out.update["Dense_2"]["kernel"], rule="gap")
-                class_hits.append(bool(np.array_equal(inferred, true_classes)))
-                reps = infer_representations(fc_kernels(out.update, [p[0] for p in layers]),
-                                             num_top=args.alg4_m, classes=true_classes)
-                for c in true_classes:
-                    xc = jnp.asarray(x[y == c])
-                    for li, path in enumerate(layers):
-                        r_true = np.asarray(representation(sim.apply_fn, state.params, xc, path)).mean(0)
-                        cors[li].append(representation_correlation(reps[int(c)][li], r_true,
-                                                                  absolute=False))
+                c = client_cor(out.update, state.params, sim.apply_fn,
+                               np.asarray(data.x[:n]), np.asarray(data.y[:n]), args.alg4_m)
+                for li in range(3):
+                    cors[li] += c["cor"][li]
+                    signed[li] += c["signed"][li]
+                class_hits.append(c["class_hit"])
+                gaps.append(c["gap"])
             state, _ = sim.run_round(state, rnd)
         row = {"setting": label, "E": E, "B": B, "partition": part,
                "cor_fc1": float(np.nanmean(cors[0])), "cor_fc2": float(np.nanmean(cors[1])),
-               "cor_fc3": float(np.nanmean(cors[2])),
+               "cor_fc3": float(np.nanmean(cors[2])), "cor_metric": "abs_pearson",
+               "signed_pearson_fc1_fc2_fc3": [float(np.nanmean(v)) for v in signed],
                "class_inference_accuracy": float(np.mean(class_hits)),
+               "class_rule": f"gap, min_gap {COR_MIN_GAP:g}",
+               "largest_gap_ratio_per_client": gaps,
                "rounds": args.cor_rounds, "clients_per_round": args.cor_clients,
                "paper_fc1_fc2_fc3": PAPER["cor_table1_cifar10"][label]}
         rows.append(row)
@@ -792,6 +830,17 @@ def main(argv=None):
         if old.get("dataset", DEFAULT_DATASET) != a.dataset:
             ap.error(f"--merge: {json_path} holds {old.get('dataset', DEFAULT_DATASET)} "
                      f"results; this run is --dataset {a.dataset}")
+        if old.get("seed", a.seed) != a.seed:
+            ap.error(f"--merge: {json_path} holds --seed {old['seed']} results; this run is "
+                     f"--seed {a.seed}")
+        # The DP rows the merge keeps (other attacks') must read σ as this run does.
+        readings = {r.get("dp_sigma_reading") or "scale" for r in old.get("rows", [])
+                    if r.get("attack") not in parts
+                    and r.get("defense") in ("dp_gaussian", "dp_laplace")}
+        if readings - {a.dp_sigma}:
+            ap.error(f"--merge: {json_path} keeps DP rows with --dp-sigma "
+                     f"{', '.join(sorted(readings))}; this run is --dp-sigma {a.dp_sigma} "
+                     "(rerun those parts too, or pass their reading)")
         result.update({k: v for k, v in old.items() if k not in ("paper", "device")})
         result["rows"] = [r for r in old["rows"] if r["attack"] not in parts]
         if "parts_run" not in old:  # a JSON written before parts_run existed
@@ -1071,12 +1120,24 @@ def write_markdown(res, path):
                              f"{a['relative_gradient_error']:.3f}.")
         lines.append("")
     if res.get("cor"):
-        lines += ["## Representation inference `cor` (Table 1; paper: CIFAR-10)", "",
-                  "| setting | FC1 | FC2 | FC3 (last) | class inference acc | paper FC1/FC2/FC3 |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["## Representation inference `cor` (Table 1; paper: CIFAR-10)", ""]
+        if all(r.get("cor_metric") == "abs_pearson" for r in res["cor"]):
+            lines += ["cor = |Pearson correlation| (mean over clients × their classes); the "
+                      "signed Pearson coefficient beside it for comparison. Class inference: "
+                      "Alg 3 with the gap rule (" + res["cor"][0].get("class_rule", "gap") +
+                      "; see the notes).", ""]
+        else:  # rows written before the metric was recorded: the signed coefficient
+            lines += ["cor here = the SIGNED Pearson correlation (rows written before Nov 27 "
+                      "2026; `attacks.representation`'s cor is |Pearson|), and class "
+                      "inference by the gap rule without a threshold (never all classes).", ""]
+        lines += ["| setting | cor FC1 | cor FC2 | cor FC3 (last) | signed Pearson FC1 / FC2 / "
+                  "FC3 | class inference acc | paper FC1/FC2/FC3 |",
+                  "|---|---|---|---|---|---|---|"]
         for r in res["cor"]:
+            sp = r.get("signed_pearson_fc1_fc2_fc3")
+            sp_s = "—" if sp is None else " / ".join(f"{v:.3f}" for v in sp)
             lines.append(f"| {r['setting']} | {r['cor_fc1']:.3f} | {r['cor_fc2']:.3f} | "
-                         f"{r['cor_fc3']:.3f} | {r['class_inference_accuracy']:.2f} | "
+                         f"{r['cor_fc3']:.3f} | {sp_s} | {r['class_inference_accuracy']:.2f} | "
                          f"{' / '.join(f'{v:.2f}' for v in r['paper_fc1_fc2_fc3'])} |")
         lines.append("")
     if "convergence_logreg" in res:

@@ -115,11 +115,12 @@ def write_markdown(res, path):
         f"Gradients, cosine over all layers, signed Adam lr {res['attack_lr']}, "
         f"{res['iterations']} iterations (paper 003 §6.1), one test image per upload at the "
         f"initial model, label inferred; {len(res['victims'])} victims {res['victims']}; "
-        + ("the same victims, defense noise keys and attack initialisations at every "
-           "setting (one attack call per setting, same key)." if res.get("paired_init") else
-           "the same victims and defense noise keys at every setting; attack initialisations "
-           "differ between settings (one vmapped call over all settings × victims, a key "
-           "each)."),
+        + ("the same victims and attack initialisations at every setting (one attack call "
+           "per setting, same key)" if res.get("paired_init") else
+           "the same victims at every setting; attack initialisations differ between "
+           "settings (one vmapped call over all settings × victims, a key each)")
+        + "; the DP settings' noise keys differ between settings (each folds in its grid "
+          "index and the victim's: independent draws, not paired).",
         "",
         "| defense | param | MSE (mean ± SE over victims) | PSNR (dB) | per victim |",
         "|---|---|---|---|---|",

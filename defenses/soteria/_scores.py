@@ -17,8 +17,11 @@ For non-negative representations (sigmoid LeNet, ReLU ConvNet) the two
 orderings coincide per example (s_code = 1 / s_exact); they differ when r has
 negative entries (code prunes them first) and in how a batch is pooled (sum of
 s_code vs sum of s_exact). A feature with rᵢ = 0 is never preferred by either
-(its removal changes nothing). Both zero exactly ``round(p_fc · L)`` features
-(the code's ``np.percentile`` threshold zeroes approximately that many).
+(its removal changes nothing); the code score never prunes it at all (the
+authors' code gives it inf/nan), and in batch scope never prunes a feature
+that is 0 in any example of the batch. Both zero ``round(p_fc · L)``
+features (the code's ``np.percentile`` threshold zeroes approximately that
+many), or all the prunable ones where fewer can be pruned (code score only).
 """
 
 from __future__ import annotations
@@ -69,22 +72,44 @@ def pool_batch(priority: jax.Array, example_mask: jax.Array, score: str) -> jax.
 def keep_mask(priority: jax.Array, num_pruned: int) -> jax.Array:
     """{0,1} float mask over the last axis: 0 at the ``num_pruned`` top priorities.
 
-    Ties are broken by position (``lax.top_k``), so exactly ``num_pruned``
-    entries are zeroed.
+    A priority of −inf (or NaN) means "never pruned": per row, min(num_pruned,
+    number of other entries) entries are zeroed. Ties are broken by position
+    (``lax.top_k``).
     """
     L = priority.shape[-1]
     if num_pruned <= 0:
         return jnp.ones(priority.shape, jnp.float32)
     # top_k cannot rank -inf/nan reliably against each other; map them to the bottom.
     safe = jnp.where(jnp.isnan(priority), -jnp.inf, priority)
-    _, idx = jax.lax.top_k(safe, min(num_pruned, L))
-    pruned = jnp.sum(jax.nn.one_hot(idx, L, dtype=jnp.float32), axis=-2)
+    vals, idx = jax.lax.top_k(safe, min(num_pruned, L))
+    # Once num_pruned exceeds the prunable entries, top_k also returns -inf ones: skip them.
+    hit = jax.nn.one_hot(idx, L, dtype=jnp.float32) * (vals > -jnp.inf)[..., None]
+    pruned = jnp.sum(hit, axis=-2)
     return 1.0 - jnp.minimum(pruned, 1.0)
 
 
+def check_rate(p_fc) -> float:
+    """``p_fc`` as a float in [0, 1], or a ValueError naming it.
+
+    ε = round(p_fc · L) is a static count (``lax.top_k``'s k), so a traced
+    p_fc cannot work under jit; close over it instead (as :func:`soteria` does).
+    """
+    if isinstance(p_fc, jax.core.Tracer):
+        raise ValueError("soteria p_fc must be a concrete number in [0, 1], not a traced value "
+                         "(ε = round(p_fc · L) is a static count): close over it instead of "
+                         "passing it as a jit/vmap argument")
+    try:
+        p = float(p_fc)
+    except (TypeError, ValueError):
+        raise ValueError(f"soteria p_fc must be a number in [0, 1], got {p_fc!r}") from None
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"soteria p_fc must be in [0, 1] (a rate, 0.4 = 40 %), got {p_fc}")
+    return p
+
+
 def num_pruned_features(p_fc: float, num_features: int) -> int:
-    """ε of Alg 1 as a count: ``round(p_fc · L)``."""
-    return int(round(p_fc * num_features))
+    """ε of Alg 1 as a count: ``round(p_fc · L)`` (``p_fc`` checked to be in [0, 1])."""
+    return int(round(check_rate(p_fc) * num_features))
 
 
 def perturb_representation(r: jax.Array, grad_norm: jax.Array, p_fc: float, *,
@@ -95,7 +120,9 @@ def perturb_representation(r: jax.Array, grad_norm: jax.Array, p_fc: float, *,
     Args:
       r: [B, L] clean representations.
       grad_norm: [B, L] ‖∇_X rᵢ‖₂.
-      p_fc: pruning rate in [0, 1]; ε = round(p_fc · L).
+      p_fc: pruning rate in [0, 1] (a concrete number); ε = round(p_fc · L)
+        features, fewer where fewer can be pruned (``score="code"``: a
+        feature with rᵢ = 0 — in batch scope, in any real example — never is).
       score: "exact" or "code" (see module docstring).
       scope: "example" (Alg 2: a mask per example X ∈ B) or "batch" (one
         mask from scores summed over the batch, as in the authors' code).
@@ -103,11 +130,15 @@ def perturb_representation(r: jax.Array, grad_norm: jax.Array, p_fc: float, *,
 
     Returns:
       ``(r_prime, keep)`` with keep the {0,1} mask broadcastable to r.
+
+    Raises:
+      ValueError: for a p_fc outside [0, 1] (or not a concrete number), or an
+        unknown score/scope.
     """
+    k = num_pruned_features(p_fc, r.shape[-1])  # checks p_fc first
     if scope not in SCOPES:
         raise ValueError(f"soteria scope {scope!r}; allowed: {', '.join(SCOPES)}")
     priority = prune_priority(r, grad_norm, score)
-    k = num_pruned_features(p_fc, r.shape[-1])
     if scope == "batch":
         if example_mask is None:
             example_mask = jnp.ones(r.shape[:1], r.dtype)

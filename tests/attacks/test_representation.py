@@ -68,3 +68,34 @@ def test_gap_rule_and_signed_correlation():
     assert representation_correlation(a, -a) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="rule"):
         infer_classes(k, rule="nope")
+
+
+def test_gap_rule_returns_every_class_when_no_gap_stands_out():
+    """A client holding every class (IID) has no small rows: the gap rule returns all C
+    classes when no consecutive ratio of the sorted row norms reaches min_gap (default 2),
+    and still cuts at the gap of a 2-class update."""
+    k = np.random.default_rng(0).uniform(0.9, 1.1, (84, 10))  # every row a peak
+    np.testing.assert_array_equal(R.infer_classes(k, rule="gap"), np.arange(10))
+    assert R.largest_gap_ratio(k) < 2.0
+    two = np.full((4, 10), 0.01)
+    two[:, 3], two[:, 7], two[:, 1] = 5.0, 4.0, 0.1
+    np.testing.assert_array_equal(R.infer_classes(two, rule="gap"), [3, 7])
+    np.testing.assert_array_equal(R.infer_classes(two, rule="gap", min_gap=100.0), np.arange(10))
+    assert len(R.infer_classes(k, rule="gap", min_gap=1.0)) < 10  # 1: always cuts
+    with pytest.raises(ValueError, match="min_gap"):
+        R.infer_classes(k, rule="gap", min_gap=0.5)
+
+
+def test_gap_rule_on_lenet5_updates_of_two_and_of_all_classes():
+    """On LeNet-5 updates (16 examples per class): a 2-class client and a client holding
+    all 10 classes both get their exact class set from the gap rule."""
+    ds = synthetic_dataset(seed=0, image_size=16, num_train=400, num_test=10)
+    model = build_model("lenet5")
+    params = init_params(model, ds.input_shape, jax.random.key(0))
+    f = make_apply_fn(model)
+    for classes in [(2, 7), tuple(range(10))]:
+        sel = np.concatenate([np.flatnonzero(ds.y_train == c)[:16] for c in classes])
+        x, y = jnp.asarray(ds.x_train[sel]), jnp.asarray(ds.y_train[sel])
+        g = jax.grad(masked_mean_loss, argnums=1)(f, params, x, y, jnp.ones(len(y)))
+        last = -0.01 * np.asarray(g["Dense_2"]["kernel"])
+        np.testing.assert_array_equal(R.infer_classes(last, rule="gap"), classes)

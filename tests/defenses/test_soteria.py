@@ -144,6 +144,40 @@ def test_batch_scope_ignores_padding_rows():
     np.testing.assert_array_equal(keep, [[1.0, 1.0, 0.0]])
 
 
+def test_code_score_never_prunes_a_zero_feature_even_past_the_prunable_count():
+    """score="code": a feature with rᵢ = 0 (batch scope: in any example) is never pruned,
+    also when ε = round(p_fc·L) exceeds the prunable features: only those are zeroed."""
+    r = jnp.array([[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 3.0, 4.0]])  # ε = 3, 2 prunable
+    gn = jnp.ones_like(r)
+    rp, keep = perturb_representation(r, gn, 0.75, score="code", scope="batch")
+    np.testing.assert_array_equal(keep, [[1.0, 1.0, 0.0, 0.0]])
+    np.testing.assert_array_equal(rp[0], [1.0, 2.0, 0.0, 0.0])  # example 0 keeps r_0, r_1
+    _, keep_ex = perturb_representation(r, gn, 0.75, score="code", scope="example")
+    np.testing.assert_array_equal(keep_ex, [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    _, keep_jit = jax.jit(lambda a: perturb_representation(a, gn, 0.75, score="code",
+                                                           scope="batch"))(r)
+    np.testing.assert_array_equal(keep_jit, keep)
+
+
+@pytest.mark.parametrize("p_fc", [1.7, -0.3, float("nan"), "a"])
+def test_perturb_representation_and_soteria_gradient_reject_a_bad_rate(p_fc):
+    r = jnp.ones((2, 4))
+    with pytest.raises(ValueError, match="p_fc"):
+        perturb_representation(r, r, p_fc)
+    _, params, apply_fn, x, y, mask = _explicit_setup(B=2)
+    grad = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
+    with pytest.raises(ValueError, match="p_fc"):
+        soteria_gradient(grad, _ctx(params, apply_fn, x, y, mask), p_fc)
+
+
+def test_a_traced_rate_is_named_and_a_closed_over_one_works_under_jit():
+    r = jnp.array([[1.0, 2.0, 3.0, 4.0]])
+    with pytest.raises(ValueError, match="p_fc .*traced"):
+        jax.jit(lambda p: perturb_representation(r, r, p))(0.5)
+    _, keep = jax.jit(lambda a: perturb_representation(a, jnp.ones_like(a), 0.5))(r)
+    np.testing.assert_array_equal(keep, [[1.0, 1.0, 0.0, 0.0]])
+
+
 def _check_contract(params, apply_fn, x, y, mask, layer):
     grad = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
     d = build_defense("soteria", p_fc=0.3, layer=layer)

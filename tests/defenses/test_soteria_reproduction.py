@@ -307,3 +307,75 @@ def test_attack_grid_keys_are_named_streams_not_other_runs_keys(monkeypatch):
     assert np.array_equal(draw(3, "x"), draw(3, "x"))
     assert not np.array_equal(draw(3, "x"), draw(3, "y"))
     assert not np.array_equal(draw(3, "x"), draw(4, "x"))
+
+
+def test_client_cor_is_abs_pearson_and_infers_an_iid_clients_classes():
+    """Table 1's cor is attacks.representation's |Pearson| (the signed coefficient kept
+    beside it); the gap rule finds a 2-class and an all-class LeNet-5 client's classes."""
+    from benchmarks.reproduce_sun2021 import client_cor
+    from fedsim.client import masked_mean_loss
+    from fedsim.data import synthetic_dataset
+    ds = synthetic_dataset(seed=0, image_size=16, num_train=400, num_test=10)
+    model = build_model("lenet5")
+    params = init_params(model, ds.input_shape, jax.random.key(0))
+    f = make_apply_fn(model)
+    negative = 0
+    for classes in [(2, 7), tuple(range(10))]:
+        sel = np.concatenate([np.flatnonzero(ds.y_train == c)[:16] for c in classes])
+        x, y = ds.x_train[sel], ds.y_train[sel]
+        g = jax.grad(masked_mean_loss, argnums=1)(f, params, jnp.asarray(x), jnp.asarray(y),
+                                                  jnp.ones(len(y)))
+        c = client_cor(jax.tree_util.tree_map(lambda a: -0.01 * a, g), params, f, x, y, 5)
+        assert c["class_hit"], (classes, c["gap"])
+        cor, signed = np.asarray(c["cor"]), np.asarray(c["signed"])
+        assert cor.shape == signed.shape == (3, len(classes))
+        np.testing.assert_allclose(cor, np.abs(signed))
+        negative += int((signed < 0).sum())
+    assert negative > 0  # the signed coefficient would have differed here
+
+
+def _cor_result(**row):
+    base = {"setting": "E=1,B=32 (IID)", "cor_fc1": 0.47, "cor_fc2": 0.77, "cor_fc3": 0.68,
+            "class_inference_accuracy": 0.8, "paper_fc1_fc2_fc3": [0.48, 0.31, 0.18]}
+    return {"mode": "quick", "image_size": 16, "device": "cpu", "rows": [],
+            "cor": [{**base, **row}],
+            "paper": {"headline": "h", "table2_ranges": {}}}
+
+
+def test_cor_markdown_says_which_correlation_each_run_reports(tmp_path):
+    from benchmarks.reproduce_sun2021 import write_markdown
+    write_markdown(_cor_result(cor_metric="abs_pearson", class_rule="gap, min_gap 2",
+                               signed_pearson_fc1_fc2_fc3=[0.078, -0.536, 0.014]),
+                   tmp_path / "new.md")
+    md = (tmp_path / "new.md").read_text()
+    assert "cor = |Pearson correlation|" in md and "signed Pearson FC1 / FC2 / FC3" in md
+    assert "| 0.470 | 0.770 | 0.680 | 0.078 / -0.536 / 0.014 | 0.80 |" in md
+    assert "gap, min_gap 2" in md
+    write_markdown(_cor_result(), tmp_path / "old.md")  # a run from before the metric was kept
+    md = (tmp_path / "old.md").read_text()
+    assert "cor here = the SIGNED Pearson correlation" in md and "| — | 0.80 |" in md
+
+
+@pytest.mark.parametrize("argv, stored, message", [
+    (["--seed", "1"], {}, "holds --seed 0 results; this run is --seed 1"),
+    (["--dp-sigma", "scale"], {}, "keeps DP rows with --dp-sigma variance; this run is "
+                                  "--dp-sigma scale"),
+    ([], {"dp_sigma_reading": None}, "keeps DP rows with --dp-sigma scale"),  # before the option
+])
+def test_merge_refuses_another_seed_or_dp_sigma_reading(tmp_path, monkeypatch, capsys, argv,
+                                                       stored, message):
+    import json
+
+    from benchmarks.reproduce_sun2021 import main
+    _colour_loader(monkeypatch)
+    dp_row = {"attack": "dlg", "defense": "dp_gaussian", "param": 1e-4,
+              "dp_sigma_reading": "variance", **stored}
+    old = {"mode": "quick", "dataset": "cifar10", "seed": 0, "rows": [dp_row]}
+    path = tmp_path / "sun2021_cifar10.json"
+    path.write_text(json.dumps(old))
+    with pytest.raises(SystemExit):
+        main(["--quick", "--smoke", "--dataset", "cifar10", "--merge", "--parts", "logreg",
+              "--out", str(tmp_path)] + argv)
+    assert message in capsys.readouterr().err
+    assert json.loads(path.read_text()) == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sun2021_cifar10.json"]
