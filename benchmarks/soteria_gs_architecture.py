@@ -109,11 +109,13 @@ def write_markdown(res, path):
         "",
         f"Produced by `{res['command']}` at commit {res['git_commit']} in "
         f"{res['seconds']:.0f} s, seed {res['seed']}, device {res['device']}, jax "
-        f"{res['jax']}. Fashion-MNIST resized to 32×32×1 (CIFAR-10 is not offline here). "
+        f"{res['jax']}. Fashion-MNIST resized to {res['image_size']}×{res['image_size']}×1 "
+        "(CIFAR-10 is not offline here). "
         f"Model `{res['model']}`: its defended FC layer has L = {res['fc_inputs']} inputs "
         f"(the quick reproduction's width-8 ConvNet at 16×16: L = 32). GS = Inverting "
         f"Gradients, cosine over all layers, signed Adam lr {res['attack_lr']}, "
-        f"{res['iterations']} iterations (paper 003 §6.1), one test image per upload at the "
+        f"{res['iterations']} iterations (paper 003 §6.1 states 120; the authors' public GS "
+        "code runs 24,000), one test image per upload at the "
         f"initial model, label inferred; {len(res['victims'])} victims {res['victims']}; "
         + ("the same victims and attack initialisations at every setting (one attack call "
            "per setting, same key)" if res.get("paired_init") else
