@@ -7,8 +7,11 @@ Usage::
 Several old files are merged into one run (rows concatenated, seconds added),
 e.g. parts C and D stored separately against a ``--parts CD`` rerun.
 
-Rows are matched by :data:`KEY` (part, model, base, defense, p, B, attack,
-round, client, FL seed, λ_pri, defense rate); the report gives each metric's largest and median
+The runs must have the same recorded settings (seed included; the file-naming options
+``parts``, ``out`` and ``tag`` aside): runs whose settings differ are refused, naming
+the settings. Rows are matched by :data:`KEY` (part, model, base, defense, p, B, attack,
+round, client, FL seed, λ_pri, defense rate, and part A's seed, upload protocol and
+trained rounds and part B's upload semantics); the report gives each metric's largest and median
 absolute difference over the matched rows, the runs' seconds (total and the
 attacks' where recorded), and each acceptance check of
 ``reproduce_chu2023.acceptance_checks`` for both runs side by side. Written
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -28,10 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.reproduce_chu2023 import acceptance_checks  # noqa: E402
+from benchmarks.reproduce_chu2023 import acceptance_checks, settings_diff  # noqa: E402
 
+# Part A rows carry ``seed``, ``protocol`` and ``trained_rounds``; part B-D rows ``fl_seed``
+# and ``upload_semantics``: without them a part-A run at seed 0 and one at seed 1 (or
+# under another protocol) would match row by row as if one were a rerun of the other.
 KEY = ("part", "model", "base", "defense", "p", "B", "attack", "round", "client_id", "fl_seed",
-       "lambda_pri", "defense_rate")
+       "lambda_pri", "defense_rate", "seed", "protocol", "trained_rounds", "upload_semantics")
 METRICS = ("psnr", "nmi", "accuracy")
 
 
@@ -44,23 +51,58 @@ def attack_seconds(result: dict) -> list[float]:
                    if r.get("attack_seconds_all") is not None})
 
 
+def short_commits(text) -> str:
+    """``text`` with every full 40-hex commit cut to 7 characters, keeping what follows it
+    (``-dirty``, ``-declared``) and everything around it (a combined run's "A …, B …")."""
+    return re.sub(r"\b([0-9a-f]{7})[0-9a-f]{33}\b", r"\1", str(text))
+
+
+def settings_differences(old: dict, new: dict) -> list[str]:
+    """The recorded settings in which two results differ (seed included; the file-naming
+    options aside), as "name (old vs new)"; none where either records no settings."""
+    so, sn = old.get("settings"), new.get("settings")
+    if so is None or sn is None:
+        return []
+    diff = [("seed", so.get("seed", old.get("seed")), sn.get("seed", new.get("seed")))]
+    diff = [d for d in diff if d[1] != d[2]] + settings_diff(so, sn)
+    return [f"{k} ({a!r} vs {b!r})" for k, a, b in diff]
+
+
 def merge(results: list[dict]) -> dict:
-    """Several results files as one run: rows concatenated, seconds added."""
+    """Several results files as one run: rows concatenated, seconds added; their settings
+    must agree (``parts`` aside).
+
+    Raises:
+        ValueError: two of the files record other settings.
+    """
     if len(results) == 1:
         return results[0]
+    for i, r in enumerate(results[1:], 1):
+        diff = settings_differences(results[0], r)
+        if diff:
+            raise ValueError(f"old file {i + 1} was made with other settings than old file 1: "
+                             + ", ".join(diff))
     commits = list(dict.fromkeys(str(r.get("commit")) for r in results))
     seconds = [r.get("seconds") for r in results]
-    return {"rows": [row for r in results for row in r["rows"]],
-            "seconds": None if None in seconds else sum(seconds),
-            "commit": ", ".join(c[:7] for c in commits)}
+    merged = {"rows": [row for r in results for row in r["rows"]],
+              "seconds": None if None in seconds else sum(seconds),
+              "commit": ", ".join(short_commits(c) for c in commits)}
+    if "settings" in results[0]:
+        merged["settings"] = results[0]["settings"]
+    return merged
 
 
 def compare(old: dict, new: dict) -> dict:
     """The differences between two results dicts of the same settings.
 
     Raises:
-        ValueError: the runs' rows do not match one to one.
+        ValueError: the runs record different settings, or their rows do not match one
+            to one.
     """
+    diff = settings_differences(old, new)
+    if diff:
+        raise ValueError("the runs were made with other settings, so they are not a rerun of "
+                         "each other: " + ", ".join(diff))
     a = {row_key(r): r for r in old["rows"]}
     b = {row_key(r): r for r in new["rows"]}
     if len(a) != len(old["rows"]) or len(b) != len(new["rows"]):
@@ -87,7 +129,8 @@ def render(report: dict, names: tuple[str, str]) -> str:
     lines = [f"# {names[1]} against {names[0]}", "",
              f"Produced by `python -m benchmarks.compare_chu2023_runs "
              f"{names[0].replace(' + ', ' ')} {names[1]}`. "
-             f"Commits: old {str(report['commits'][0])[:24]}, new {str(report['commits'][1])[:7]}. "
+             f"Commits: old {short_commits(report['commits'][0])}, "
+             f"new {short_commits(report['commits'][1])}. "
              f"{report['rows']} rows matched by {', '.join(KEY)}.", "",
              "| | old | new |", "|---|---|---|",
              f"| seconds | {fmt(report['seconds'][0])} | {fmt(report['seconds'][1])} |",

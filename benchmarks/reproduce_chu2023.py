@@ -289,7 +289,8 @@ def part_a(args, ds, rows, seed):
                              "partition": _partition(args), "model": model_name,
                              "params": int(sum(l.size for l in jax.tree_util.tree_leaves(params))),
                              "prunable_params": d_w, "base": scheme, "defense": "none", "p": p,
-                             "B": B, "attack": name,
+                             "B": B, "attack": name, "lambda_pri": None, "defense_rate": None,
+                             "accuracy_round": None, "accuracy_at_round": None,
                              "nmi": float(np.mean([a for a, _ in sc])),
                              "psnr": float(np.mean([b for _, b in sc])), "accuracy": None,
                              "nmi_victims": [a for a, _ in sc], "psnr_victims": [b for _, b in sc],
@@ -454,7 +455,9 @@ def client_model_accuracy(sim, state, name, ds, rounds, max_clients=20, mask=Non
     their mean accuracy on each client's own label mix (Σ_k h_k a_k, a_k the
     per-class test accuracy: the client's local test data in a FEMNIST-style
     per-writer split, where the paper measures accuracy); ``global_local``:
-    the global model on the same label mixes.
+    the global model on the same label mixes; ``majority_local``: the mean over the
+    same clients of max_k h_k, what a model that always predicts the client's most
+    common label scores on that reading (:func:`majority_label_baseline`).
     """
     from defenses.pruning.masks import pseudo_pruning_begin
     pseudo = name == "priprune" or name.endswith("_pseudo")
@@ -476,7 +479,46 @@ def client_model_accuracy(sim, state, name, ds, rounds, max_clients=20, mask=Non
             local.append(glob_local[-1])
     acc_global = float(np.mean(accs)) if pseudo else sim.evaluate(state.params)[0]
     return {"global": acc_global, "local": float(np.mean(local)),
-            "global_local": float(np.mean(glob_local)), "ids": ids}
+            "global_local": float(np.mean(glob_local)), "ids": ids,
+            "majority_local": majority_label_baseline(sim, ids, ds.num_classes)}
+
+
+#: The own-label-mix reading's floor: Σ_k h_k·a_k of a model at chance on the whole test
+#: set can reach max_k h_k (always predict the client's most common label). The Largest
+#: (Pseudo) recovery check on that reading requires the recovered client models to beat
+#: the mean of max_k h_k over the evaluated clients by this margin (1 point); at or below
+#: it the reading cannot tell a recovered model from a constant predictor.
+OWN_MIX_MARGIN = 0.01
+
+
+def majority_label_baseline(sim, ids, num_classes) -> float:
+    """Mean over clients ``ids`` of max_k h_k (h: :func:`label_mix`): the own-label-mix
+    accuracy of a model that always predicts each client's most common label."""
+    return float(np.mean([label_mix(sim, c, num_classes).max() for c in ids]))
+
+
+def add_majority_baseline(rows, settings, ds) -> None:
+    """Give the part B-D rows of one run that lack it ``majority_label_local_accuracy``
+    (:func:`majority_label_baseline` over the row's ``client_model_ids``), recomputed from
+    the run's recorded ``settings``: the clients' label mixes are fixed by the seed and the
+    data settings (part B's :func:`fl_config`), no training is involved. Rows recorded
+    since the field exists keep their own value."""
+    need = [r for r in rows if r["part"] in ("B", "C", "D") and r.get("client_model_ids")
+            and "majority_label_local_accuracy" not in r]
+    if not need:
+        return
+    seeds = {r.get("fl_seed", settings["seed"]) for r in need}
+    if seeds != {settings["seed"]}:
+        raise ValueError(f"rows of FL seed(s) {sorted(seeds)} in a run of seed {settings['seed']}")
+    R = settings["rounds"]
+    sim = Simulation(fl_config(argparse.Namespace(**settings), settings["seed"], R,
+                               sorted({0, R // 2, R - 1})), dataset=ds)
+    cache = {}
+    for r in need:
+        ids = tuple(r["client_model_ids"])
+        if ids not in cache:
+            cache[ids] = majority_label_baseline(sim, ids, ds.num_classes)
+        r["majority_label_local_accuracy"] = cache[ids]
 
 
 PART_B_ATTACK_STREAM = "chu2023/B/attack"
@@ -621,12 +663,18 @@ def part_b(args, ds, rows, seed):
                          "model": b_model(args),
                          "base": "prunefl", "defense": name, "p": 0.3, "B": args.local_batch,
                          "attack": att, "nmi": n, "psnr": ps, "accuracy": acc,
+                         # ``accuracy`` is the final round's (R - 1); the attacked round's
+                         # own is ``accuracy_at_round`` (see ROW_FIELDS).
+                         "accuracy_round": len(acc_by_round) - 1,
+                         "accuracy_at_round": acc_by_round[ob.round],
+                         "lambda_pri": args.lambda_pri if name == "priprune" else None,
                          "ami": score_ami(rec.x, o.x),
                          "accuracy_last5": acc_last, "accuracy_by_round": acc_by_round,
                          "upload": up, "upload_semantics": args.upload,
                          "aggregation": aggregation_of(args.upload),
                          "client_model_accuracy": cm["global"], "client_model_ids": cm["ids"],
                          "client_model_local_accuracy": cm["local"],
+                         "majority_label_local_accuracy": cm["majority_local"],
                          "global_local_accuracy": cm["global_local"],
                          "round": ob.round, "client_id": ob.client_id,
                          "upload_zero_fraction": zf, "attack_loss": float(rec.loss),
@@ -733,10 +781,12 @@ def bound_table(ds, seed, d_star=8, n_examples=256, chunk=16):
                                                             rounds=T)}
 
 
-def other_b_runs(out: Path, stem: str = "chu2023") -> list[dict]:
+def other_b_runs(out: Path, stem: str = "chu2023", ds=None) -> list[dict]:
     """Part-B runs beside the main one: other seeds (``<stem>_B_seed<N>.json``) and other
     upload semantics (``<stem>_B_<upload>_uploads[_seed<N>].json``), each with its checks.
-    A run made with ``--tag`` is a side study, not a replication, and is left out."""
+    A run made with ``--tag`` is a side study, not a replication, and is left out. With
+    the dataset ``ds``, rows lacking them get the majority-label baseline
+    (:func:`add_majority_baseline`) and the :data:`ROW_FIELDS` before the checks."""
     files = sorted(out.glob(f"{stem}_B_seed*.json")) + sorted(out.glob(f"{stem}_B_*_uploads*.json"))
     runs = []
     for f in files:
@@ -745,6 +795,9 @@ def other_b_runs(out: Path, stem: str = "chu2023") -> list[dict]:
             continue                  # other defenses or settings, not a replication
         if b_model(argparse.Namespace(**o["settings"])) != "conv2":
             continue                  # another model (--b-model): not a replication either
+        if ds is not None:
+            add_majority_baseline(o["rows"], o["settings"], ds)
+        complete_row_fields(o["rows"], o["settings"])
         runs.append({"file": f.name, "seed": o["seed"], "commit": o.get("commit"),
                      "seconds": o["seconds"], "upload": o["settings"].get("upload", "weights"),
                      "settings": o["settings"], "rows": o["rows"],
@@ -755,14 +808,18 @@ def other_b_runs(out: Path, stem: str = "chu2023") -> list[dict]:
 FIG4_DEFENSES = ("largest", "random", "mix")
 
 
-def fig4_runs(out: Path, stem: str = "chu2023") -> list[dict]:
+def fig4_runs(out: Path, stem: str = "chu2023", ds=None) -> list[dict]:
     """Part-B side runs of the other fixed-rate defenses (``--parts B --defenses
-    none,random,mix,random_pseudo,mix_pseudo --tag fig4``: ``<stem>_B*_fig4.json``)."""
+    none,random,mix,random_pseudo,mix_pseudo --tag fig4``: ``<stem>_B*_fig4.json``);
+    with ``ds``, completed as in :func:`other_b_runs`."""
     runs = []
     for f in sorted(out.glob(f"{stem}_B*_fig4.json")):
         o = json.loads(f.read_text())
         if b_model(argparse.Namespace(**o["settings"])) != "conv2":
             continue  # read against the main (Conv-2) run's rows: same model only
+        if ds is not None:
+            add_majority_baseline(o["rows"], o["settings"], ds)
+        complete_row_fields(o["rows"], o["settings"])
         runs.append({"file": f.name, "seed": o["seed"], "commit": o.get("commit"),
                      "seconds": o["seconds"], "upload": o["settings"].get("upload", "weights"),
                      "settings": o["settings"], "rows": o["rows"]})
@@ -778,6 +835,37 @@ def pseudo_recovery(rows, real: str, last: int, key: str):
     if None in (base, lo, ps):
         return None
     return base, lo, ps, ((ps - lo) / (base - lo) if base - lo > 0 else None)
+
+
+def majority_baseline_of(rows, last, part="B", rate=None):
+    """The majority-label baseline of a run's own-label-mix reading (mean of the rows'
+    ``majority_label_local_accuracy`` in round ``last``), or None where not recorded."""
+    sel = [r["majority_label_local_accuracy"] for r in rows if r["part"] == part
+           and r["round"] == last and (rate is None or r.get("defense_rate") == rate)
+           and r.get("majority_label_local_accuracy") is not None]
+    return float(np.mean(sel)) if sel else None
+
+
+def majority_text(rows, last) -> str:
+    """The markdown's note on the own-label-mix reading's majority-label baseline."""
+    maj = majority_baseline_of(rows, last)
+    if maj is None:
+        return ("The own-label-mix reading's majority-label baseline is not recorded in "
+                "these rows, so the Largest (Pseudo) check on that reading is not evaluable.")
+    return (f"Majority-label baseline of the own-label-mix reading: {maj:.4f}, the mean over "
+            "the evaluated clients of max_k h_k (h the client's label mix), which a model "
+            "that always predicts the client's most common label scores there, even at "
+            "chance (0.10) on the whole test set. The Largest (Pseudo) recovery check on that "
+            f"reading needs its client models {100 * OWN_MIX_MARGIN:g} point above it; at or "
+            "below it the check FAILS as not evaluable (the other readings' checks are "
+            "unchanged).")
+
+
+def own_mix_header(rows, last, part="B", rate=None) -> str:
+    """The own-label-mix column's header, with the run's majority-label baseline."""
+    maj = majority_baseline_of(rows, last, part, rate)
+    return "client-model acc, own label mix" + (
+        "" if maj is None else f" (majority-label baseline {maj:.4f})")
 
 
 def fig4_lines(result) -> list[str]:
@@ -819,7 +907,7 @@ def fig4_lines(result) -> list[str]:
                      if len(runs) > 1 else "Largest is not in this run and the main part-B run "
                      "differs in seed or settings, so it is not shown."), "",
                   f"| defense | global acc | global acc, last {LAST_ROUNDS} rounds | "
-                  "client-model acc | client-model acc, own label mix | SGI NMI | SGI PSNR | "
+                  f"client-model acc | {own_mix_header(rows, last)} | SGI NMI | SGI PSNR | "
                   "GI NMI | GI PSNR | upload zeros |", "|---|---|---|---|---|---|---|---|---|---|"]
         order = ["none"] + [n for d in FIG4_DEFENSES for n in (d, f"{d}_pseudo")]
         for tag, rs in runs:
@@ -843,8 +931,15 @@ def fig4_lines(result) -> list[str]:
                 if rec is None:
                     continue
                 base, lo, ps, share = rec
+                maj = (majority_baseline_of(rs, last) if key == "client_model_local_accuracy"
+                       else None)
                 parts.append(f"{label} {base:.4f} → {lo:.4f} → {ps:.4f} ("
-                             + ("no loss" if share is None else f"{share:.0%}") + ")")
+                             + ("no loss" if share is None else f"{share:.0%}")
+                             + ("" if maj is None else
+                                f"; majority-label baseline {maj:.4f}, "
+                                + (f"not beaten by {100 * OWN_MIX_MARGIN:g} point: not "
+                                   "evaluable" if ps < maj + OWN_MIX_MARGIN else "beaten"))
+                             + ")")
             if parts:
                 lines.append(f"- {real}: " + "; ".join(parts))
     return lines
@@ -869,7 +964,8 @@ def semantics_summary(result) -> list[str]:
         for label, tag in short.items():
             c = next((c for c in checks if c["check"].startswith(start)
                       and c["check"].endswith(f"({label})") and "part D" not in c["check"]), None)
-            out.append("—" if c is None else ("PASS" if c["pass"] else "FAIL"))
+            out.append("—" if c is None else "PASS" if c["pass"] else
+                       "FAIL (n/e)" if c["detail"].startswith("not evaluable") else "FAIL")
         return out
 
     lines = ["", "## Part B verdicts by upload semantics and seed", "",
@@ -880,7 +976,11 @@ def semantics_summary(result) -> list[str]:
              "(update); `sender` — every client uploads updates and the server averages "
              "each coordinate over the clients that sent it (sender_mean). Each cell: global model / "
              "client models / client models on their own label mix / global model averaged "
-             f"over the last {LAST_ROUNDS} rounds (— where a run predates that reading).", "",
+             f"over the last {LAST_ROUNDS} rounds (— where a run predates that reading). "
+             "FAIL (n/e): Largest (Pseudo)'s client models do not beat the own-label-mix "
+             f"reading's majority-label baseline by {100 * OWN_MIX_MARGIN:g} point, so that "
+             "reading cannot tell them from always predicting each client's most common "
+             "label.", "",
              "| run | upload | seed | PriPrune: privacy + accuracy within 1 point | "
              "Largest (Pseudo) recovers ≥ 50 % |", "|---|---|---|---|---|"]
     for r in sorted(runs, key=lambda r: ({"weights": 0, "update": 1, "split": 2, "sender": 3}.get(r["upload"], 4),
@@ -891,10 +991,14 @@ def semantics_summary(result) -> list[str]:
     return lines
 
 
-def _start(settings: dict) -> str:
-    """A part-B run's Pseudo-Pruning start model (:func:`pseudo_start_of`) from its
-    recorded settings."""
-    return pseudo_start_of(argparse.Namespace(**settings))
+def pooling_variant(settings: dict) -> tuple:
+    """What of a part-B run's recorded settings keeps it from being pooled with another
+    seed of the same upload semantics: ((name, value), ...) of its Pseudo-Pruning start
+    model, observer fill, SGI mask and rounds (absent options: the values of the runs
+    recorded before them)."""
+    ns = argparse.Namespace(**settings)
+    return (("start", pseudo_start_of(ns)), ("fill", observer_fill_of(ns)),
+            ("SGI mask", sgi_mask_of(ns)), ("rounds", settings.get("rounds")))
 
 
 def priprune_seed_effects(rows) -> dict | None:
@@ -921,17 +1025,18 @@ def seed_pooled_lines(result) -> list[str]:
     per run (the verdict table above); this says how far the per-seed verdicts are from
     the threshold given the seed-to-seed spread, which in this small setting is large."""
     main_settings = result.get("settings_B", result.get("settings", {}))
-    runs = [(main_settings.get("upload", "weights"), _start(main_settings), result["seed"],
-             result["rows"])]
-    runs += [(o.get("upload", "weights"), _start(o.get("settings", {})), o["seed"], o["rows"])
-             for o in result.get("other_seeds_B", [])]
-    # Runs of another Pseudo-Pruning start model train other clients: pooled apart.
-    starts = {start for _, start, _, _ in runs}
+    runs = [(main_settings.get("upload", "weights"), pooling_variant(main_settings),
+             result["seed"], result["rows"])]
+    runs += [(o.get("upload", "weights"), pooling_variant(o.get("settings", {})), o["seed"],
+              o["rows"]) for o in result.get("other_seeds_B", [])]
+    # Runs of another Pseudo-Pruning start model, observer fill, SGI mask or number of
+    # rounds train or attack otherwise: pooled apart, each label naming what varies.
+    varying = [i for i in range(len(runs[0][1])) if len({v[i] for _, v, _, _ in runs}) > 1]
     by_upload = {}
-    for upload, start, seed, rows in runs:
+    for upload, variant, seed, rows in runs:
         eff = priprune_seed_effects(rows)
         if eff is not None:
-            label = upload if len(starts) == 1 else f"{upload}, {start} start"
+            label = upload + "".join(f", {variant[i][1]} {variant[i][0]}" for i in varying)
             by_upload.setdefault(label, {})[seed] = eff
     pooled = {u: e for u, e in by_upload.items() if len(e) >= 2}
     if not pooled:
@@ -951,8 +1056,8 @@ def seed_pooled_lines(result) -> list[str]:
         return f"{mean:+.1f} ± {sd:.1f} ({within}; 95 % CI {mean - half:+.1f} to {mean + half:+.1f})"
 
     lines = ["", "## PriPrune − PruneFL pooled over seeds", "",
-             "Per upload semantics (and Pseudo-Pruning start model, where the runs differ in "
-             "it) with runs at two or more seeds: mean ± sample std over the "
+             "Per upload semantics (and Pseudo-Pruning start model, observer fill, SGI mask "
+             "or rounds, where the runs differ in them) with runs at two or more seeds: mean ± sample std over the "
              "seeds of PriPrune's accuracy minus PruneFL's, in points, and in brackets the "
              "seeds within the 1-point rule and the 95 % t interval of the mean difference; "
              "SGI NMI gain as mean ± sample std (relative). The acceptance "
@@ -1016,7 +1121,7 @@ def other_seed_tables(result) -> list[str]:
                   f"{o['seconds']:.0f} s; same settings: "
                   f"{_same_b_settings(o['settings'], result.get('settings_B', {}))})", "",
                   f"| defense | global acc | global acc, last {LAST_ROUNDS} rounds | client-model acc | "
-                  "client-model acc, own label mix | "
+                  f"{own_mix_header(rows, last)} | "
                   "SGI NMI | SGI PSNR | GI NMI | GI PSNR |", "|---|---|---|---|---|---|---|---|---|"]
         fmt = lambda v: "—" if v is None else f"{v:.4f}"
         for name in dict.fromkeys(r["defense"] for r in rows):
@@ -1034,18 +1139,81 @@ def other_seed_tables(result) -> list[str]:
     return lines
 
 
+# Options added after a run was made are absent from its settings: their value then.
+_SETTING_DEFAULTS = {"a_trained_rounds": 0, "upload": "weights", "a_protocol": "pruned_model",
+                     "dataset": DEFAULT_DATASET, "partition": "dirichlet", "pseudo_start": "kept",
+                     "observer_fill": "sorted_cut", "sgi_mask": "support", "b_model": "conv2"}
+
+
+def settings_diff(other: dict, main: dict, skip_extra=()) -> list[tuple[str, object, object]]:
+    """(setting, other's value, main's value) for each setting that differs (seed, the
+    file-naming options and ``skip_extra`` aside; absent options read as their value
+    before they existed)."""
+    skip = {"seed", "parts", "combine", "out", "tag", *skip_extra}
+    get = lambda s, k: s.get(k, _SETTING_DEFAULTS.get(k))
+    return [(k, get(other, k), get(main, k)) for k in sorted(set(other) | set(main))
+            if k not in skip and get(other, k) != get(main, k)]
+
+
 def _same_b_settings(other: dict, main: dict, skip_extra=()) -> str:
     """'yes', or the settings that differ from the seed-0 part B (seed and ``skip_extra``
     aside)."""
-    skip = {"seed", "parts", "combine", "out", "tag", *skip_extra}
-    # Options added after a run was made are absent from its settings: their default then.
-    defaults = {"a_trained_rounds": 0, "upload": "weights", "a_protocol": "pruned_model",
-                "dataset": DEFAULT_DATASET, "partition": "dirichlet", "pseudo_start": "kept",
-                "observer_fill": "sorted_cut", "sgi_mask": "support"}
-    get = lambda s, k: s.get(k, defaults.get(k))
-    diff = [k for k in sorted(set(other) | set(main)) if k not in skip
-            and get(other, k) != get(main, k)]
-    return "yes" if not diff else "differ in " + ", ".join(diff)
+    diff = settings_diff(other, main, skip_extra)
+    return "yes" if not diff else "differ in " + ", ".join(k for k, _, _ in diff)
+
+
+def combine_mismatches(parts: dict, stem: str = "chu2023") -> list[str]:
+    """What keeps part files from being merged by ``--combine``: per part (``parts``:
+    name → its results file; part B is the reference), the top-level seed, mode, image
+    size, dataset or partition, and every recorded setting (:func:`settings_diff`; the
+    defense list aside, which parts A, C and D do not use) that differs from part B's.
+    Commits may differ: each part's is recorded in the combined ``commit``."""
+    ref = parts["B"]
+    out = []
+    for name, o in parts.items():
+        if name == "B":
+            continue
+        diff = [(k, o.get(k), ref.get(k)) for k in ("seed", "mode", "image_size", "dataset",
+                                                     "partition")
+                if k in o and k in ref and o[k] != ref[k]]
+        diff += settings_diff(o.get("settings", {}), ref.get("settings", {}),
+                              skip_extra=("defenses",))
+        if diff:
+            out.append(f"{stem}_{name}.json differs from {stem}_B.json in "
+                       + ", ".join(f"{k} ({v!r} vs {w!r})" for k, v, w in diff))
+    return out
+
+
+#: Fields every row carries beside the issue's (dataset, model, base, defense, p, attack,
+#: nmi, psnr, accuracy), so that rows of another attacked round, λ_pri or p̂ are told
+#: apart (part A's B axis and part B's two attacked clients differ further in ``B`` and
+#: ``client_id``): ``round`` (the
+#: attacked round; part A: the FedAvg rounds the model was trained before the attack, 0
+#: at the initial model), ``lambda_pri`` (PriPrune's λ_pri, None for other defenses),
+#: ``defense_rate`` (p̂ of Largest / Random / Mix, None without defense pruning),
+#: ``accuracy_round`` (the round whose global accuracy ``accuracy`` is: the run's last,
+#: for every attacked round) and ``accuracy_at_round`` (the global model's test accuracy
+#: after the attacked round, from ``accuracy_by_round``). Part A's ``accuracy`` is None.
+ROW_FIELDS = ("round", "lambda_pri", "defense_rate", "accuracy_round", "accuracy_at_round")
+
+
+def complete_row_fields(rows, settings) -> None:
+    """Add the :data:`ROW_FIELDS` a run's rows lack (files recorded before they existed),
+    from what the rows and the run's ``settings`` record; values present stay."""
+    for r in rows:
+        if "round" not in r and r["part"] == "A":
+            r["round"] = r.get("trained_rounds", 0)
+        if "lambda_pri" not in r:
+            r["lambda_pri"] = (settings.get("lambda_pri") if r["defense"] == "priprune"
+                               and r["part"] == "B" else None)
+        r.setdefault("defense_rate", None)
+        by_round = r.get("accuracy_by_round")
+        if "accuracy_round" not in r:
+            r["accuracy_round"] = (len(by_round) - 1 if by_round and r.get("accuracy")
+                                   is not None else None)
+        if "accuracy_at_round" not in r:
+            r["accuracy_at_round"] = (by_round[r["round"]] if by_round
+                                      and 0 <= r["round"] < len(by_round) else None)
 
 
 def add_round_bounds(result, bd):
@@ -1177,11 +1345,29 @@ def acceptance_checks(rows):
                     continue
                 loss = base - lo
                 rec = (ps - lo) / loss if loss > 0 else float("nan")
+                ok = bool(loss > 0 and rec >= 0.5)
+                detail = (f"none {base:.4f}, largest {lo:.4f}, largest_pseudo {ps:.4f} "
+                          f"(recovered {rec:.0%})")
+                if key == "client_model_local_accuracy":
+                    # Σ_k h_k·a_k of a model at chance reaches max_k h_k: judged against
+                    # the majority-label baseline (OWN_MIX_MARGIN).
+                    maj = f("largest_pseudo", "majority_label_local_accuracy")
+                    if maj is None:
+                        ok, detail = False, (
+                            "not evaluable: the majority-label baseline (mean over the "
+                            "clients of max_k h_k) is not recorded in these rows; " + detail)
+                    elif ps < maj + OWN_MIX_MARGIN:
+                        ok, detail = False, (
+                            f"not evaluable: at the majority-label baseline (largest_pseudo "
+                            f"{ps:.4f} does not beat {maj:.4f}, what always predicting each "
+                            f"client's most common label scores, by "
+                            f"{100 * OWN_MIX_MARGIN:g} point); " + detail)
+                    else:
+                        detail += (f"; majority-label baseline {maj:.4f}, beaten by "
+                                   f"{100 * (ps - maj):.1f} points")
                 checks.append({"check": f"Largest (Pseudo) recovers most (>= 50 %) of Largest's "
                                f"accuracy loss{where} ({label})",
-                               "pass": bool(loss > 0 and rec >= 0.5),
-                               "detail": f"none {base:.4f}, largest {lo:.4f}, largest_pseudo "
-                               f"{ps:.4f} (recovered {rec:.0%})"})
+                               "pass": ok, "detail": detail})
     return checks
 
 
@@ -1511,13 +1697,57 @@ def dataset_text(result) -> str:
 
 
 def command_options(result) -> str:
-    """The options that name the run's mode, dataset and partition."""
-    opts = "" if result["mode"] == "full" else f" --{result['mode']}"
+    """The options that name the run's mode, dataset and partition and, where the result
+    records its settings (part B's for a combined result), the options that reproduce
+    them: --pseudo-start, --observer-fill and --sgi-mask always (their defaults have
+    changed, and settings recorded before an option existed mean its old value: the
+    ``*_of`` helpers), the others where they are not the mode's default."""
+    mode = result["mode"]
+    opts = "" if mode == "full" else f" --{mode}"
     if result.get("dataset", DEFAULT_DATASET) != DEFAULT_DATASET:
         opts += f" --dataset {result['dataset']}"
     if result.get("partition", "dirichlet") != "dirichlet":
         opts += f" --partition {result['partition']}"
+    s = result.get("settings_B") or result.get("settings")
+    if not s:
+        return opts
+    ns = argparse.Namespace(**s)
+    q = mode in ("quick", "smoke")
+    if s.get("seed", 0) != 0:
+        opts += f" --seed {s['seed']}"
+    if mode != "smoke":  # --smoke fixes its own rounds
+        if s.get("image_size") not in (None, 16 if q else 28):
+            opts += f" --image-size {s['image_size']}"
+        if s.get("rounds") not in (None, 30 if q else 300):
+            opts += f" --rounds {s['rounds']}"
+    if s.get("upload", "weights") != "weights":
+        opts += f" --upload {s['upload']}"
+    opts += (f" --pseudo-start {pseudo_start_of(ns)} --observer-fill {observer_fill_of(ns)}"
+             f" --sgi-mask {sgi_mask_of(ns)}")
+    if b_model(ns) != "conv2":
+        opts += f" --b-model {b_model(ns)}"
+    if s.get("lambda_pri", 10.0) != 10.0:
+        opts += f" --lambda-pri {s['lambda_pri']:g}"
+    default_defenses = (["none", "largest", "largest_pseudo", "priprune"] if q else
+                        ["none", "largest", "random", "mix", "largest_pseudo", "random_pseudo",
+                         "mix_pseudo", "priprune"])
+    if s.get("defenses") not in (None, default_defenses):
+        opts += f" --defenses {','.join(s['defenses'])}"
     return opts
+
+
+def produced_by(result) -> str:
+    """The command line(s) that made ``result``: one process, or (a combined result) one
+    ``--parts`` run per part with the recorded options, then ``--combine``."""
+    opts = command_options(result)
+    if "settings_B" not in result:
+        return f"`benchmarks/reproduce_chu2023.py{opts}`"
+    parts = ", ".join(p for p in "ABCD" if any(r["part"] == p for r in result["rows"]))
+    where = command_options({"mode": "full", "dataset": result.get("dataset", DEFAULT_DATASET),
+                             "partition": result.get("partition", "dirichlet")})
+    return (f"`benchmarks/reproduce_chu2023.py{opts} --parts P` for P = {parts} (settings "
+            f"checked equal by --combine), then `benchmarks/reproduce_chu2023.py --combine"
+            f"{where}`")
 
 
 def markdown(result) -> str:
@@ -1525,7 +1755,7 @@ def markdown(result) -> str:
     lines = [f"# Chu et al. 2023 (PriPrune) reproduction — {result['mode']} mode",
              "", f"Device: {result['device']}; seed {result['seed']}; {dataset_text(result)}; "
              f"wall time {result['seconds']:.0f} s; commit(s) {result.get('commit', '?')}. "
-             f"Produced by `benchmarks/reproduce_chu2023.py{command_options(result)}`.", ""]
+             f"Produced by {produced_by(result)}.", ""]
     checks = result.get("checks") or acceptance_checks(rows)
     lines += ["## Acceptance checks (computed from the rows below)", ""]
     lines += [f"- **{'PASS' if c['pass'] else 'FAIL'}** {c['check']}: {c['detail']}" for c in checks]
@@ -1543,9 +1773,9 @@ def markdown(result) -> str:
                   "train from (Pseudo-Pruning / PriPrune keep withheld weights locally; without "
                   "it the global model), on the whole test set and on each client's own label "
                   "mix (FEMNIST-style local test data), over the same clients for every "
-                  "defense.", "",
+                  "defense. " + majority_text(b, last), "",
                   f"| defense | global acc | global acc, last {LAST_ROUNDS} rounds | client-model acc | "
-                  "client-model acc, own label mix | "
+                  f"{own_mix_header(b, last)} | "
                   "SGI NMI | SGI PSNR | GI NMI | GI PSNR | upload zeros | bound (bits) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         fmt = lambda v: "—" if v is None else f"{v:.4f}"
@@ -1586,7 +1816,7 @@ def markdown(result) -> str:
     if c and b:
         last = max(r["round"] for r in b)
         lines += ["", "## C. PriPrune vs λ_pri (paper grid; λ_pri = 10 is part B's run)", "",
-                  "| λ_pri | global acc | client-model acc | client-model acc, own label mix | "
+                  f"| λ_pri | global acc | client-model acc | {own_mix_header(c, last, 'C')} | "
                   "SGI NMI | SGI PSNR | mean p̂ |",
                   "|---|---|---|---|---|---|---|"]
         variants = [(float(sb.get("lambda_pri", 10.0)), [r for r in b if r["defense"] == "priprune"])]
@@ -1607,7 +1837,7 @@ def markdown(result) -> str:
     if d and b:
         lines += ["", "## D. Largest / Largest (Pseudo) vs defense rate p̂ (Fig 4(d); p̂ = "
                   f"{sb.get('defense_rate')} is part B's run, 'none' is part B's)", "",
-                  "| p̂ | defense | global acc | client-model acc | client-model acc, own label mix "
+                  f"| p̂ | defense | global acc | client-model acc | {own_mix_header(d, last, 'D')} "
                   "| SGI NMI | SGI PSNR | GI NMI |",
                   "|---|---|---|---|---|---|---|---|"]
         for rate in sorted({r["defense_rate"] for r in d}):
@@ -1646,24 +1876,38 @@ def markdown(result) -> str:
     return "\n".join(lines)
 
 
+def p_axis_batch(result) -> int:
+    """Part A's p-axis batch size: the recorded ``settings["p_axis_batch"]`` (8 quick, 20
+    full), else the batch the rows' Random pruning ran at (it is on the p axis only),
+    else 1 (the p axis before the setting existed)."""
+    bp = result.get("settings", {}).get("p_axis_batch")
+    if bp is None:
+        bp = next((r["B"] for r in result["rows"] if r["part"] == "A"
+                   and r["base"] == "random"), 1)
+    return bp
+
+
 def plot(result, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    a = [r for r in result["rows"] if r["part"] == "A" and r["model"] == "conv2" and r["B"] == 1]
+    bp = p_axis_batch(result)
+    a = [r for r in result["rows"] if r["part"] == "A" and r["model"] == "conv2" and r["B"] == bp]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for scheme in SCHEMES:
+    for i, scheme in enumerate(SCHEMES):  # one colour per scheme, in both panels
         for att, ls in (("gi", "--"), ("sgi", "-")):
             pts = sorted((r["p"], r["nmi"]) for r in a if r["base"] == scheme and r["attack"] == att)
             if pts:
-                axes[0].plot(*zip(*pts), ls, marker="o", label=f"{scheme} {att.upper()}")
-    axes[0].set(xlabel="pruning rate p", ylabel="NMI", title="NMI vs p (Conv-2, B=1)")
+                axes[0].plot(*zip(*pts), ls, marker="o", color=f"C{i}",
+                             label=f"{scheme} {att.upper()}")
+    axes[0].set(xlabel="pruning rate p", ylabel="NMI", title=f"NMI vs p (Conv-2, B={bp})")
     axes[0].legend(fontsize=6)
-    for scheme in SCHEMES:
+    for i, scheme in enumerate(SCHEMES):
         pts = sorted((r["p"], r["psnr"]) for r in a if r["base"] == scheme and r["attack"] == "sgi")
         if pts:
-            axes[1].plot(*zip(*pts), marker="o", label=scheme)
-    axes[1].set(xlabel="pruning rate p", ylabel="PSNR (dB)", title="SGI PSNR vs p")
+            axes[1].plot(*zip(*pts), marker="o", color=f"C{i}", label=scheme)
+    axes[1].set(xlabel="pruning rate p", ylabel="PSNR (dB)",
+                title=f"SGI PSNR vs p (Conv-2, B={bp})")
     axes[1].legend(fontsize=7)
     rows = result["rows"]
     b = [r for r in rows if r["part"] == "B" and r["attack"] == "sgi"]
@@ -1682,6 +1926,7 @@ def plot(result, path):
                 title="PruneFL + defenses (Fig 4/5)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _load(ap, dataset, partition, image_size):
@@ -1805,6 +2050,19 @@ def main(argv=None):
         c = json.loads(cp.read_text()) if cp.exists() else {"rows": [], "seconds": 0.0}
         dp = out_dir / f"{stem}_D.json"
         dd = json.loads(dp.read_text()) if dp.exists() else {"rows": [], "seconds": 0.0}
+        # Parts made with other settings would be read against part B's rows (C and D
+        # against its `none`, all of them on its last round): refused, not merged.
+        bad = combine_mismatches({"A": a, "B": b, **({"C": c} if c["rows"] else {}),
+                                  **({"D": dd} if dd["rows"] else {})}, stem)
+        if bad:
+            ap.error("--combine: the parts were made with other settings; rerun the "
+                     "differing part(s) with part B's: " + "; ".join(bad))
+        ds = _load(ap, args.dataset, args.partition, a["image_size"])
+        complete_row_fields(a["rows"], a["settings"])
+        for o in (b, c, dd):
+            if o["rows"]:
+                add_majority_baseline(o["rows"], b["settings"], ds)
+                complete_row_fields(o["rows"], b["settings"])
         result = {**a, "rows": a["rows"] + b["rows"] + c["rows"] + dd["rows"],
                   "seconds": a["seconds"] + b["seconds"] + c["seconds"] + dd["seconds"],
                   "commit": f"A {a.get('commit')}, B {b.get('commit')}"
@@ -1815,8 +2073,8 @@ def main(argv=None):
                           "the commits of each part are recorded" + (f" ({a['commit_note']})"
                                                       if a.get("commit_note") else ""),
                   "settings_B": b["settings"]}
-        result["other_seeds_B"] = other_b_runs(out_dir, stem)
-        result["fig4_B"] = fig4_runs(out_dir, stem)
+        result["other_seeds_B"] = other_b_runs(out_dir, stem, ds)
+        result["fig4_B"] = fig4_runs(out_dir, stem, ds)
         result["other_A"] = [
             {"file": f.name, "commit": o.get("commit"), "seconds": o["seconds"],
              "settings": o["settings"], "rows": o["rows"], "checks": acceptance_checks(o["rows"])}
@@ -1824,7 +2082,7 @@ def main(argv=None):
                          for f in sorted(out_dir.glob(f"{stem}_A_trained*.json"))
                          + sorted(out_dir.glob(f"{stem}_A_alg1*.json")))]
         result.update(stem=stem, dataset=args.dataset, partition=args.partition)
-        finalize(result, _load(ap, args.dataset, args.partition, a["image_size"]), out_dir)
+        finalize(result, ds, out_dir)
         return
     q = args.quick or args.smoke
     args.image_size = args.image_size or (16 if q else 28)

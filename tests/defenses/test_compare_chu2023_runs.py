@@ -66,3 +66,57 @@ def test_several_old_files_are_merged_into_one_run(run, tmp_path):
     assert "old aaaaaaa, bbbbbbb" in md and f"{paths[0]} {paths[1]} {paths[2]}" in md
     with pytest.raises(SystemExit):
         cmp.main([paths[0]])
+
+
+RESULTS = STORED.parent
+
+
+def test_runs_made_with_other_settings_are_refused_naming_them(run, capsys):
+    # Part A under Alg 1 at seed 0 and at seed 1 are two experiments, not a rerun.
+    old, new = (str(RESULTS / f"chu2023_A_alg1{s}.json") for s in ("", "_seed1"))
+    with pytest.raises(SystemExit):
+        cmp.main([old, new])
+    assert "other settings, so they are not a rerun of each other: seed (0 vs 1)" \
+        in capsys.readouterr().err
+    other = copy.deepcopy(run)
+    other["settings"].update(pseudo_start="masked", rounds=120)
+    with pytest.raises(ValueError, match=r"pseudo_start \('kept' vs 'masked'\), "
+                                         r"rounds \(30 vs 120\)"):
+        cmp.compare(run, other)
+    # Old files merged into one run must agree with each other too.
+    half = len(run["rows"]) // 2
+    first = {**run, "rows": run["rows"][:half]}
+    second = {**run, "rows": run["rows"][half:], "settings": dict(run["settings"], lr=0.2)}
+    with pytest.raises(ValueError, match=r"old file 2 .* lr \(0.1 vs 0.2\)"):
+        cmp.merge([first, second])
+
+
+def test_part_a_rows_of_another_seed_protocol_or_semantics_do_not_match():
+    a = json.loads((RESULTS / "chu2023_A_alg1.json").read_text())
+    a.pop("settings")  # rows alone: the key must keep the runs apart
+    for field, value in (("seed", 1), ("protocol", "pruned_model"), ("trained_rounds", 30)):
+        other = copy.deepcopy(a)
+        for r in other["rows"]:
+            r[field] = value
+        n = len(a["rows"])
+        with pytest.raises(ValueError, match=f"{n} only in the old run, {n} only in the new one"):
+            cmp.compare(a, other)
+    b = json.loads(STORED.read_text())
+    b.pop("settings")
+    other = copy.deepcopy(b)
+    for r in other["rows"]:
+        r["upload_semantics"] = "split"
+    with pytest.raises(ValueError, match="only in the old run"):
+        cmp.compare(b, other)
+
+
+def test_the_header_keeps_the_dirty_mark(run):
+    old = {**run, "commit": "a" * 40}
+    new = {**copy.deepcopy(run), "commit": "b" * 40 + "-dirty"}
+    md = cmp.render(cmp.compare(old, new), ("old.json", "new.json"))
+    assert "Commits: old aaaaaaa, new bbbbbbb-dirty." in md
+    merged = cmp.merge([{**run, "commit": "c" * 40 + "-dirty"}, {**run, "commit": "d" * 40}])
+    assert merged["commit"] == "ccccccc-dirty, ddddddd"
+    combined = {**run, "commit": "A " + "e" * 40 + "-dirty, B " + "f" * 40}
+    md = cmp.render(cmp.compare(combined, new), ("old.json", "new.json"))
+    assert "Commits: old A eeeeeee-dirty, B fffffff, new bbbbbbb-dirty." in md
