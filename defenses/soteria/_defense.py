@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 from defenses.soteria._layer_io import (JACOBIAN_METHODS, jacobian_row_norms, layer_params,
                                         parse_layer, replace_layer, run_with_layer)
-from defenses.soteria._scores import SCOPES, SCORES, perturb_representation
+from defenses.soteria._scores import SCOPES, SCORES, check_rate, perturb_representation
 from fedsim.client import cross_entropy
 from fedsim.hooks import Defense, DefenseContext, register_defense
 from fedsim.typing import PyTree
@@ -117,12 +117,7 @@ def soteria(p_fc: float, layer: str = "Dense_0", score: str = "exact",
     Raises:
       ValueError: for a rate outside [0, 1] or an unknown score/scope.
     """
-    try:
-        p_fc = float(p_fc)
-    except (TypeError, ValueError):
-        raise ValueError(f"soteria p_fc must be a number in [0, 1], got {p_fc!r}") from None
-    if not 0.0 <= p_fc <= 1.0:
-        raise ValueError(f"soteria p_fc must be in [0, 1] (a rate, 0.4 = 40 %), got {p_fc}")
+    p_fc = check_rate(p_fc)
     if score not in SCORES:
         raise ValueError(f"soteria score {score!r}; allowed: {', '.join(SCORES)}")
     if scope not in SCOPES:
