@@ -29,6 +29,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from defenses.pruning.masks import check_rate as check_pruning_rate
+
 SCORES = ("exact", "code")
 SCOPES = ("example", "batch")
 
@@ -98,13 +100,7 @@ def check_rate(p_fc) -> float:
         raise ValueError("soteria p_fc must be a concrete number in [0, 1], not a traced value "
                          "(ε = round(p_fc · L) is a static count): close over it instead of "
                          "passing it as a jit/vmap argument")
-    try:
-        p = float(p_fc)
-    except (TypeError, ValueError):
-        raise ValueError(f"soteria p_fc must be a number in [0, 1], got {p_fc!r}") from None
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"soteria p_fc must be in [0, 1] (a rate, 0.4 = 40 %), got {p_fc}")
-    return p
+    return check_pruning_rate(p_fc, "soteria p_fc")
 
 
 def num_pruned_features(p_fc: float, num_features: int) -> int:
