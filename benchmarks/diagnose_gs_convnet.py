@@ -28,8 +28,9 @@ layer (what Soteria changes) and the std of the FC layer's input features
 (the representation; it vanishes when the signal dies through the ReLU
 stack). Standardisation is a fixed first step inside the model
 (``apply(params, (x − m)/s)``), so the attack, its box [0, 1] and the metric
-stay in pixel space; with it, inversefed's step size 0.1 in standardised units
-is 0.1·s pixels, so those cells attack with lr 0.1·s (stated in the output).
+stay in pixel space. inversefed's step size 0.1 in standardised units is
+0.1·s pixels: the attack's step is a fourth factor (lr 0.1 or 0.1·s), crossed
+with the others so that a better cell can be told apart from a smaller step.
 
 Attacked upload: one test image's FedSGD gradient (unit lr, batch 1), label
 inferred from the upload, as in ``reproduce_sun2021.attack_grid``.
@@ -44,7 +45,6 @@ Writes benchmarks/results/gs_convnet_diagnosis.{json,md}.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import platform
@@ -71,6 +71,9 @@ INITS = ("lecun", "he", "torch")
 SCALINGS = ("pixel", "standardised")
 ATTACKS = {"ours": {"tv": 1e-6, "init": "uniform"},
            "authors": {"tv": 1e-4, "init": "gaussian"}}
+# The attack's Adam step: 0.1 pixel units (ours) or 0.1 standardised units,
+# i.e. 0.1 × the pixel std (inversefed's lr 0.1 on standardised images).
+STEPS = ("pixel", "standardised")
 
 
 def reinit(params, scheme: str, key):
@@ -127,12 +130,13 @@ def main(argv=None):
     ap.add_argument("--inits", default=",".join(INITS))
     ap.add_argument("--scalings", default=",".join(SCALINGS))
     ap.add_argument("--attacks", default=",".join(ATTACKS))
+    ap.add_argument("--steps", default=",".join(STEPS))
     ap.add_argument("--out", default="benchmarks/results")
     a = ap.parse_args(argv)
     for name in ("width", "image_size", "victims", "iterations"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
-    choices = {"inits": INITS, "scalings": SCALINGS, "attacks": tuple(ATTACKS)}
+    choices = {"inits": INITS, "scalings": SCALINGS, "attacks": tuple(ATTACKS), "steps": STEPS}
     picked = {}
     for opt, allowed in choices.items():
         vals = [v.strip() for v in getattr(a, opt).split(",") if v.strip()]
@@ -173,8 +177,8 @@ def main(argv=None):
             obs = [observation_from_gradient(g, params, apply_fn, input_shape=ds.input_shape,
                                              num_classes=ds.num_classes, lr=1.0, batch_size=1)
                    for g in grads]
-            for attack in picked["attacks"]:
-                lr = 0.1 * (std if scaling == "standardised" else 1.0)
+            for attack, step in [(at, st) for at in picked["attacks"] for st in picked["steps"]]:
+                lr = 0.1 * (std if step == "standardised" else 1.0)
                 cfg = {"iterations": a.iterations, "lr": lr, **ATTACKS[attack]}
                 t1 = time.perf_counter()
                 recs = inverting_gradients.run_many(obs, cfg, attack_key)
@@ -183,13 +187,14 @@ def main(argv=None):
                     xr = np.clip(np.nan_to_num(np.asarray(rec.x), nan=0.5), 0.0, 1.0)
                     mses.append(float(np.mean(mse_metric(xr, np.asarray(x)))))
                     psnrs.append(float(np.mean(psnr_metric(xr, np.asarray(x)))))
-                rows.append({"init": init, "scaling": scaling, "attack": attack,
+                rows.append({"init": init, "scaling": scaling, "attack": attack, "step": step,
                              "tv": cfg["tv"], "start": cfg["init"], "lr": lr,
                              "mse": float(np.mean(mses)), "psnr": float(np.mean(psnrs)),
                              "mse_per_victim": mses, "psnr_per_victim": psnrs,
                              "final_loss": [float(r.loss) for r in recs],
                              "seconds": time.perf_counter() - t1})
                 print(f"[{time.perf_counter() - t0:6.0f}s] {init:5s} {scaling:12s} {attack:7s} "
+                      f"lr {lr:.3g} "
                       f"MSE {rows[-1]['mse']:.4f} PSNR {rows[-1]['psnr']:.2f}", flush=True)
 
     command = " ".join(["python -m benchmarks.diagnose_gs_convnet"] +
@@ -218,9 +223,10 @@ def write_markdown(res, path):
         f"gradient each (batch 1, label inferred), no defense; GS = Inverting Gradients, "
         f"cosine over all layers, signed Adam with step decay, box [0, 1], "
         f"{res['iterations']} iterations, the same attack key per victim in every cell. "
-        f"Standardised: the model computes on (x − {res['pixel_mean']:.3f}) / "
-        f"{res['pixel_std']:.3f}, and the attack's lr is 0.1 × that std (inversefed's 0.1 in "
-        "standardised units). Metrics in pixel space.",
+        f"Standardised input: the model computes on (x − {res['pixel_mean']:.3f}) / "
+        f"{res['pixel_std']:.3f}. Attack lr 0.1 (pixel units) or 0.1 × that std = "
+        f"{0.1 * res['pixel_std']:.3g} (inversefed's 0.1 in standardised units). "
+        "Metrics in pixel space.",
         "",
         "| model init | input | attack (TV, start) | lr | MSE | PSNR (dB) | per-victim PSNR "
         "| final loss (median) |",
