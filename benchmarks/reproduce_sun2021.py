@@ -206,10 +206,23 @@ def numpy_stream(args, name: str) -> np.random.Generator:
     return numpy_generator(args.seed, f"sun2021/{name}")
 
 
-def convnet_factory(width):
+def convnet_factory(width, init="lecun", input_standardise=None):
+    """Register (once) and name the width-``width`` ConvNet with ``init`` and
+    ``input_standardise`` (see :class:`fedsim.models.ConvNet`).
+
+    The defaults give ``convnet_w{width}``, the reproduction's model; other
+    settings add ``_{init}`` and ``_std{mean:g}_{std:g}`` to the name.
+    """
     name = f"convnet_w{width}"
+    if init != "lecun":
+        name += f"_{init}"
+    if input_standardise is not None:
+        input_standardise = (float(input_standardise[0]), float(input_standardise[1]))
+        name += f"_std{input_standardise[0]:.4g}_{input_standardise[1]:.4g}"
     if name not in MODEL_REGISTRY:
-        register_model(name)(lambda num_classes=10: ConvNet(num_classes=num_classes, width=width))
+        register_model(name)(lambda num_classes=10: ConvNet(
+            num_classes=num_classes, width=width, init_scheme=init,
+            input_standardise=input_standardise))
     return name
 
 
@@ -445,7 +458,8 @@ def attack_grid(args, attack, model, log, dataset, per_setting=False):
         run = lambda obs: dlg.run_many(obs, {"iterations": args.dlg_iters}, key)
     else:
         run = lambda obs: inverting_gradients.run_many(
-            obs, {"iterations": args.gs_iters, "lr": 0.1}, key)
+            obs, {"iterations": args.gs_iters, "lr": getattr(args, "gs_lr", 0.1),
+                  **getattr(args, "gs_extra", {})}, key)
     if per_setting:
         nv = len(victims)
         recs = []

@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import reproduce_sun2021 as sun  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
+from fedsim.models import CONVNET_INITS  # noqa: E402
 from fedsim.simulation import Simulation  # noqa: E402
 
 BASELINES = ("gc", "dp_gaussian", "dp_laplace")
@@ -123,6 +124,14 @@ def write_markdown(res, path):
            "settings (one vmapped call over all settings × victims, a key each)")
         + "; the DP settings' noise keys differ between settings (each folds in its grid "
           "index and the victim's: independent draws, not paired).",
+        "",
+        f"Model init: {res.get('model_init', 'lecun')} (lecun = flax's default, the "
+        "reproduction's; torch = PyTorch's default, the authors' inversefed model's); "
+        + (f"the model standardises its input by mean {res['input_standardise'][0]:.4f}, "
+           f"std {res['input_standardise'][1]:.4f} (inversefed feeds standardised images)"
+           if res.get("input_standardise") else "pixel inputs in [0, 1]")
+        + f"; GS settings beyond the defaults: {res.get('gs_settings') or 'none'} "
+        "(defaults: TV 1e-6, uniform start).",
         "",
         "| defense | param | MSE (mean ± SE over victims) | PSNR (dB) | per victim |",
         "|---|---|---|---|---|",
@@ -196,6 +205,20 @@ def main(argv=None):
                     help="which of gc, dp_gaussian, dp_laplace to measure (default all); "
                     "with a subset, a bound below 10 still says the check cannot pass, "
                     "one above 10 says nothing")
+    ap.add_argument("--model-init", default="lecun", choices=CONVNET_INITS,
+                    help="ConvNet init: lecun (flax default, the reproduction's), he, or "
+                    "torch (PyTorch's default, as the authors' inversefed model)")
+    ap.add_argument("--standardise", action="store_true",
+                    help="the model standardises its input by the training pixels' mean/std "
+                    "(inversefed feeds standardised images); the attack stays in pixel space")
+    ap.add_argument("--attack-lr", type=float, default=0.1,
+                    help="GS Adam step in pixel units (paper: 0.1; inversefed's 0.1 on "
+                    "standardised images is 0.1 x the pixel std)")
+    ap.add_argument("--tv", type=float, default=None,
+                    help="GS TV weight (default: attacks.inverting_gradients' 1e-6; the "
+                    "authors' code: 1e-4)")
+    ap.add_argument("--start", choices=("uniform", "gaussian"), default=None,
+                    help="GS dummy start (default uniform; the authors' code: Gaussian)")
     ap.add_argument("--smoke", action="store_true", help="tiny pipeline check")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--render", metavar="JSON",
@@ -219,10 +242,15 @@ def main(argv=None):
                  f"got {a.baselines!r}")
     if a.smoke:
         a.width, a.image_size, a.victims, a.iterations, p_fc = 4, 16, 2, 3, [0.5]
+    if not a.attack_lr > 0:
+        ap.error(f"--attack-lr must be > 0, got {a.attack_lr}")
+    if a.tv is not None and not a.tv >= 0:
+        ap.error(f"--tv must be >= 0, got {a.tv}")
+    gs_extra = {k: v for k, v in (("tv", a.tv), ("init", a.start)) if v is not None}
     args = argparse.Namespace(
         seed=a.seed, victims=a.victims, image_size=a.image_size, lr=0.01, attack_lr=1.0,
-        gs_iters=a.iterations, soteria_gs=p_fc, gc_gs=[0.01], sigmas_gs=[1e-4],
-        dp_sigma="scale", baselines=baselines)
+        gs_iters=a.iterations, gs_lr=a.attack_lr, gs_extra=gs_extra, soteria_gs=p_fc,
+        gc_gs=[0.01], sigmas_gs=[1e-4], dp_sigma="scale", baselines=baselines)
     t0 = time.perf_counter()
 
     def log(msg):
@@ -230,7 +258,9 @@ def main(argv=None):
 
     from fedsim.data import load_dataset
     dataset = load_dataset("fashion_mnist", image_size=a.image_size)
-    model = sun.convnet_factory(a.width)
+    standardise = ((float(np.mean(dataset.x_train)), float(np.std(dataset.x_train)))
+                   if a.standardise else None)
+    model = sun.convnet_factory(a.width, init=a.model_init, input_standardise=standardise)
     metrics, images, truth, victims = sun.attack_grid(args, "gs", model, log, dataset,
                                                       per_setting=True)
     grid = sun.defense_grid(args, "gs")
@@ -243,7 +273,9 @@ def main(argv=None):
            "device": f"{jax.default_backend()} ({platform.machine()}, {os.cpu_count()} cpus)",
            "jax": jax.__version__, "model": model, "width": a.width,
            "image_size": a.image_size, "fc_inputs": fc_inputs, "iterations": a.iterations,
-           "attack_lr": 0.1, "victims": victims, "paired_init": True, "rows": rows,
+           "attack_lr": a.attack_lr, "gs_settings": gs_extra, "model_init": a.model_init,
+           "input_standardise": standardise, "victims": victims, "paired_init": True,
+           "rows": rows,
            "fc_energy_share": shares, "bound": ratio_bound(rows, baselines),
            "baselines": list(baselines),
            "seconds": time.perf_counter() - t0}

@@ -165,3 +165,38 @@ def test_vgg_convolutions_are_he_normal(name):
         w = np.asarray(params[k]["kernel"])
         fan_in = w.shape[0] * w.shape[1] * w.shape[2]
         assert np.var(w) * fan_in == pytest.approx(2.0, rel=0.15), k
+
+
+def test_convnet_torch_init_draws_kernels_and_biases_from_pytorch_bound():
+    """init_scheme="torch": every kernel and bias in U(±1/√fan_in), fan_in = the kernel's
+    size without its output axis (PyTorch's Conv2d/Linear default), spread over
+    the bound (a uniform's std is bound/√3); the default keeps zero biases."""
+    from fedsim.models import ConvNet
+    x = jnp.zeros((1, 16, 16, 1))
+    torch_p = ConvNet(width=4, init_scheme="torch").init(jax.random.key(0), x)["params"]
+    for name, layer in torch_p.items():
+        bound = 1.0 / np.sqrt(np.prod(layer["kernel"].shape[:-1]))
+        for leaf in (layer["kernel"], layer["bias"]):
+            assert float(jnp.max(jnp.abs(leaf))) <= bound, name
+        k = np.asarray(layer["kernel"]).ravel()
+        if k.size >= 500:  # enough draws for the std to sit near bound/√3
+            assert abs(k.std() - bound / np.sqrt(3)) < 0.1 * bound / np.sqrt(3), name
+        assert float(jnp.max(jnp.abs(layer["bias"]))) > 0, name
+    default_p = ConvNet(width=4).init(jax.random.key(0), x)["params"]
+    assert all(float(jnp.max(jnp.abs(layer["bias"]))) == 0 for layer in default_p.values())
+    with pytest.raises(ValueError, match="init_scheme 'xavier'"):
+        ConvNet(width=4, init_scheme="xavier").init(jax.random.key(0), x)
+
+
+def test_convnet_input_standardise_is_a_fixed_first_step():
+    """input_standardise=(m, s): the logits equal the plain model's on (x − m)/s."""
+    from fedsim.models import ConvNet
+    x = jax.random.uniform(jax.random.key(1), (2, 16, 16, 1))
+    plain = ConvNet(width=4)
+    params = plain.init(jax.random.key(0), x)["params"]
+    scaled = ConvNet(width=4, input_standardise=(0.3, 0.25))
+    np.testing.assert_allclose(scaled.apply({"params": params}, x),
+                               plain.apply({"params": params}, (x - 0.3) / 0.25),
+                               rtol=1e-6, atol=1e-6)
+    assert not np.allclose(scaled.apply({"params": params}, x),
+                           plain.apply({"params": params}, x))
