@@ -64,7 +64,7 @@ from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.config import load_config  # noqa: E402
 from fedsim.hooks import Defense, DefenseContext  # noqa: E402
 from fedsim.keys import experiment_key, numpy_generator  # noqa: E402
-from fedsim.models import (MODEL_REGISTRY, ConvNet, LeNetDLG, conv_settings,  # noqa: E402
+from fedsim.models import (CONVNET_INITS, MODEL_REGISTRY, ConvNet, LeNetDLG, conv_settings,  # noqa: E402
                            register_model)
 from fedsim.simulation import Simulation  # noqa: E402
 
@@ -88,8 +88,8 @@ COMMON_NOTES = [
     "point (paired); the attacked upload is that example's gradient at FL seed 0's initial "
     "model (unit lr, FedSGD), with GC / DP applied to the gradient and Soteria to the FC layer "
     "(exact score, per example, exact Jacobian). DLG: L-BFGS 300 it, iDLG labels, no box; GS: "
-    "Inverting Gradients (cosine, TV 1e-6 = the project default, signed Adam lr 0.1, 120 it, "
-    "box) — the paper's optimiser settings for both.",
+    "Inverting Gradients (cosine, TV 1e-6 = the project default, signed Adam lr 0.1, 120 it "
+    "unless the GS section says otherwise, box) — the paper's optimiser settings for both.",
     "Randomness: each FL seed is the engine's seed (model init, client sampling, local "
     "steps); every other key (victims, the attacked uploads' DP noise, attack "
     "initialisations, representation-inference updates, the exact check's probes) comes "
@@ -741,6 +741,15 @@ def main(argv=None):
     ap.add_argument("--exact-warm", type=int, default=None,
                     help="part 'exact': no-defense rounds before (default: the accuracy "
                          "grid's rounds − the compared rounds)")
+    ap.add_argument("--gs-iters", type=int, default=120,
+                    help="GS iterations (paper 003 §6.1: 120; the authors' code: 24,000)")
+    ap.add_argument("--gs-init", default="lecun", choices=CONVNET_INITS,
+                    help="GS ConvNet init: lecun (flax's default), he, or torch (PyTorch's "
+                    "default, the authors' inversefed model; benchmarks/results/"
+                    "gs_convnet_diagnosis.md)")
+    ap.add_argument("--gs-standardise", action="store_true",
+                    help="the GS ConvNet standardises its input by the training pixels' "
+                    "mean/std, as inversefed feeds standardised images")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--parts", default="dlg,gs,exact,cor,logreg")
     ap.add_argument("--merge", action="store_true",
@@ -786,7 +795,9 @@ def main(argv=None):
     a.cor_clients = 5 if q else 10
     a.alg4_m = 5
     a.victims = 4 if q else 8
-    a.dlg_iters, a.gs_iters = 300, 120
+    if a.gs_iters < 1:
+        ap.error(f"--gs-iters must be >= 1, got {a.gs_iters}")
+    a.dlg_iters = 300
     # Table 2 ranges, the same number of points per defense (rates linear, σ log).
     n_dlg, n_gs = (5, 3) if q else (8, 8)
     a.soteria_dlg = grid_points(0.01, 0.4, n_dlg, "linear")
@@ -885,7 +896,11 @@ def main(argv=None):
         plot(result, grids, out_dir, stem)
         log(f"saved {out_dir / stem}.json/.md/png")
 
-    models = {"dlg": "lenet_dlginit", "gs": convnet_factory(a.gs_width)}
+    a.gs_input_standardise = ((float(np.mean(dataset.x_train)), float(np.std(dataset.x_train)))
+                              if a.gs_standardise else None)
+    models = {"dlg": "lenet_dlginit",
+              "gs": convnet_factory(a.gs_width, init=a.gs_init,
+                                    input_standardise=a.gs_input_standardise)}
     for attack in ("dlg", "gs"):
         if attack not in parts:
             continue
@@ -1072,6 +1087,18 @@ def write_markdown(res, path):
                   f"the same {nv} victims at every setting (± SE over victims).", "",
                   "| defense | param | test accuracy | per seed | Δ vs none | MSE | PSNR (dB) |",
                   "|---|---|---|---|---|---|---|"]
+        if attack == "gs":
+            st = runs.get("gs", {}).get("settings", {})
+            std = st.get("gs_standardise", False)
+            lines[-2:-2] = [
+                f"GS here: {st.get('gs_iters', 120)} iterations; ConvNet init "
+                f"{st.get('gs_init', 'lecun')} ("
+                + ("PyTorch's default, as the authors' inversefed model" if
+                   st.get("gs_init") == "torch" else "flax's default" if
+                   st.get("gs_init", "lecun") == "lecun" else "He normal")
+                + "); input "
+                + ("standardised inside the model (as inversefed feeds it)" if std
+                   else "pixels in [0, 1]") + ".", ""]
         for r in rs:
             per = (" / ".join(f"{v:.3f}" for v in r["accuracy_seeds"])
                    if r.get("accuracy_seeds") else "—")

@@ -260,6 +260,8 @@ def test_smoke_run_on_colour_images_writes_its_own_file(tmp_path, monkeypatch):
     (["--image-size", "-2"], "--image-size must be >= 1"),
     (["--p-fc", "0.2,x"], "--p-fc: comma-separated rates"),
     (["--p-fc", "1.5"], "--p-fc: rates in (0, 1)"),
+    (["--attack-lr", "0"], "--attack-lr must be > 0"),
+    (["--tv=-1e-4"], "--tv must be >= 0"),
 ])
 def test_gs_architecture_rejects_bad_arguments(argv, message, capsys, tmp_path):
     from benchmarks.soteria_gs_architecture import main
@@ -379,3 +381,29 @@ def test_merge_refuses_another_seed_or_dp_sigma_reading(tmp_path, monkeypatch, c
     assert message in capsys.readouterr().err
     assert json.loads(path.read_text()) == old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sun2021_cifar10.json"]
+
+
+def test_convnet_factory_names_and_builds_the_init_and_standardisation():
+    """The default name is the reproduction's ``convnet_w{width}``; other inits and a
+    standardising input get their own names and models with those fields."""
+    from benchmarks.reproduce_sun2021 import convnet_factory
+    from fedsim.models import MODEL_REGISTRY, build_model
+    assert convnet_factory(8) == "convnet_w8"
+    name = convnet_factory(8, init="torch", input_standardise=(0.2868, 0.3217))
+    assert name == "convnet_w8_torch_std0.2868_0.3217" and name in MODEL_REGISTRY
+    model = build_model(name, 10)
+    assert (model.width, model.init_scheme, model.input_standardise) == (
+        8, "torch", (0.2868, 0.3217))
+    assert build_model("convnet_w8", 10).init_scheme == "lecun"
+
+
+def test_gs_options_reject_bad_input_before_writing(tmp_path, capsys):
+    from benchmarks.reproduce_sun2021 import main
+    with pytest.raises(SystemExit):
+        main(["--quick", "--smoke", "--parts", "gs", "--gs-iters", "0", "--out", str(tmp_path)])
+    assert "--gs-iters must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--quick", "--smoke", "--parts", "gs", "--gs-init", "xavier",
+              "--out", str(tmp_path)])
+    assert "--gs-init" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
