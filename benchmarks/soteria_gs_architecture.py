@@ -80,23 +80,34 @@ def layer_energy_share(args, model, dataset, victims, layer="Dense_0"):
 
 
 def ratio_bound(rows, baselines=BASELINES):
-    """Upper bound on Soteria MSE / baseline MSE over any accuracy outcome (see module doc).
+    """Upper bounds on Soteria MSE / baseline MSE over any accuracy outcome (see module doc).
 
-    With only some ``baselines`` measured it bounds the ratio to those alone:
-    below 10 the check (≥ 10× EACH baseline) still cannot pass; above 10 it
-    says nothing, as an unmeasured baseline could be the weakest."""
+    ``per_baseline[d]`` = Soteria's largest MSE / baseline d's smallest MSE
+    bounds the ratio the acceptance rule can report against d. ``bound`` is
+    the largest of them (a bound on every ratio); ``decisive`` the smallest:
+    the check needs ≥ 10× against EACH baseline, so it cannot pass when
+    ``decisive`` < 10. With only some ``baselines`` measured, ``decisive`` < 10
+    still says it cannot pass; ≥ 10 says nothing about the unmeasured ones.
+    """
     sot = [r for r in rows if r["defense"] == "soteria"]
     base = [r for r in rows if r["defense"] in BASELINES]
     best = max(sot, key=lambda r: r["mse"])
     weakest = min(base, key=lambda r: r["mse"])
     bound = best["mse"] / max(weakest["mse"], 1e-12)
+    per_baseline = {d: best["mse"] / max(min(r["mse"] for r in base if r["defense"] == d),
+                                          1e-12)
+                    for d in BASELINES if any(r["defense"] == d for r in base)}
+    decisive = min(per_baseline.values())
     return {"soteria_max_mse": best["mse"], "soteria_max_p_fc": best["param"],
             "baseline_min_mse": weakest["mse"],
             "baseline_min": f"{weakest['defense']} {weakest['param']:g}",
-            "bound": bound, "factor": 10.0,
+            "bound": bound, "per_baseline": per_baseline, "decisive": decisive,
+            "factor": 10.0,
             "verdict": ("the equal-accuracy check CAN NOT pass on this architecture "
-                        "(bound < 10)" if bound < 10 else
-                        "bound >= 10: the check could pass; an accuracy grid decides it"
+                        f"(Soteria's largest MSE is < 10x that of {min(per_baseline, key=per_baseline.get)}'s "
+                        "mildest setting)" if decisive < 10 else
+                        "bound >= 10 against every baseline: the check could pass; an "
+                        "accuracy grid decides it"
                         if set(baselines) == set(BASELINES) else
                         "bound >= 10 against the baselines measured, which is not all "
                         "three: an unmeasured baseline could still fail the check")}
@@ -157,7 +168,12 @@ def write_markdown(res, path):
         f"- No defense: {res['rows'][0]['mse']:.4f}; a failed reconstruction of a [0, 1] image "
         "scores ~0.2–0.4, so a bound near 1 with no defense near that level means the "
         "attack budget, not a defense, decides.",
-        f"- Bound = {b['bound']:.2f}× (the check needs ≥ {b['factor']:g}×): {b['verdict']}.",
+        f"- Bound = {b['bound']:.2f}× on every ratio (the check needs ≥ {b['factor']:g}× "
+        "against each baseline)."
+        + (" Per baseline (Soteria's largest MSE / the baseline's mildest MSE): "
+           + ", ".join(f"{d} {v:.2f}×" for d, v in b["per_baseline"].items())
+           + f"; the smallest, {b['decisive']:.2f}×, decides." if "per_baseline" in b else ""),
+        f"- Verdict: {b['verdict']}.",
         "",
         "The bound assumes that the mildest baseline settings (GC 1 %, σ = 1e-4) keep test "
         "accuracy; then the rule's representative of each baseline has at least that MSE, "
@@ -222,10 +238,16 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny pipeline check")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--render", metavar="JSON",
-                    help="only re-write the markdown from an existing results JSON")
+                    help="only recompute the bound from an existing results JSON's rows and "
+                    "re-write the JSON and the markdown")
     a = ap.parse_args(argv)
     if a.render:
-        write_markdown(json.loads(Path(a.render).read_text()), Path(a.render).with_suffix(".md"))
+        # The bound is derived from the rows: recompute it (an older JSON may lack
+        # the per-baseline bounds) and rewrite both files.
+        res = json.loads(Path(a.render).read_text())
+        res["bound"] = ratio_bound(res["rows"], res.get("baselines", BASELINES))
+        Path(a.render).write_text(json.dumps(res, indent=1))
+        write_markdown(res, Path(a.render).with_suffix(".md"))
         return
     for name in ("width", "image_size", "victims", "iterations"):
         if getattr(a, name) < 1:

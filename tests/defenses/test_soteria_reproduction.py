@@ -175,18 +175,26 @@ def test_gs_architecture_bound_dominates_every_acceptance_ratio():
             rows.append(_row(d, p0, 0.7, float(rng.uniform(0.01, 0.1)), "gs"))  # keeps accuracy
             rows += [_row(d, p0 * 10 ** k, float(rng.uniform(0.6, 0.72)),
                           float(rng.uniform(0.01, 0.4)), "gs") for k in (1, 2)]
-        bound = ratio_bound([r for r in rows if r["param"] in mild.values()
-                             or r["defense"] == "soteria"])["bound"]
+        b = ratio_bound([r for r in rows if r["param"] in mild.values()
+                         or r["defense"] == "soteria"])
         out = acceptance(rows, "gs")
-        for ratio in out["ratios"].values():
+        for d, ratio in out["ratios"].items():
             if ratio is not None:
-                assert ratio <= bound + 1e-12
+                assert ratio <= b["bound"] + 1e-12
+                assert ratio <= b["per_baseline"][d] + 1e-12
+        if out["verdict"] == "PASS":
+            assert b["decisive"] >= 10
     # and it is attained: one Soteria setting, one baseline setting each
     rows = [_row("soteria", 0.8, 0.7, 0.3, "gs"), _row("gc", 0.01, 0.7, 0.05, "gs"),
             _row("dp_gaussian", 1e-4, 0.7, 0.03, "gs"), _row("dp_laplace", 1e-4, 0.7, 0.06, "gs")]
     b = ratio_bound(rows)
     assert abs(b["bound"] - 10.0) < 1e-9 and b["baseline_min"] == "dp_gaussian 0.0001"
-    assert b["verdict"].startswith("bound >= 10")
+    # ... but against DP-Laplace at most 0.3 / 0.06 = 5×: the check cannot pass
+    assert abs(b["decisive"] - 5.0) < 1e-9 and "CAN NOT pass" in b["verdict"]
+    assert "dp_laplace" in b["verdict"]
+    rows[1], rows[-1] = _row("gc", 0.01, 0.7, 0.02, "gs"), _row("dp_laplace", 1e-4, 0.7, 0.025, "gs")
+    b = ratio_bound(rows)
+    assert b["decisive"] >= 10 and b["verdict"].startswith("bound >= 10 against every")
 
 
 @pytest.mark.parametrize("per_setting", [False, True])
