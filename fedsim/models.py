@@ -22,7 +22,11 @@ LeNet-5's fused conv → ReLU → pool blocks (:class:`ConvReLUMaxPool`).
   Paper 003's Table 3 lists nine 5×5 convolutions instead; its ninth is the
   code's ``conv6`` written twice (a repeated key, which the code's
   OrderedDict keeps once), and we follow the code's 3×3 kernels, as the
-  authors ran it. At 32×32 both give L = 1152 FC inputs.
+  authors ran it. At 32×32 both give L = 1152 FC inputs. Flax's LeCun
+  normal init by default; ``ConvNet(init_scheme="torch",
+  input_standardise=(mean, std))`` is the model the authors attacked
+  (PyTorch's default init, standardised input), from which GS converges
+  where it does not from LeCun's (``benchmarks/results/gs_convnet_diagnosis.md``).
 * ``conv2``: LEAF/FEMNIST Conv-2 (paper 002 §6): conv5×5·32, pool, conv5×5·64,
   pool, FC 2048, FC classes.
 * ``alexnet``: a 32×32 AlexNet (5 convs 64-192-384-256-256, FC 4096-4096).
