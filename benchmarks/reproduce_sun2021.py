@@ -211,7 +211,7 @@ def convnet_factory(width, init="lecun", input_standardise=None):
     ``input_standardise`` (see :class:`fedsim.models.ConvNet`).
 
     The defaults give ``convnet_w{width}``, the reproduction's model; other
-    settings add ``_{init}`` and ``_std{mean:g}_{std:g}`` to the name.
+    settings add ``_{init}`` and ``_std{mean:.4g}_{std:.4g}`` to the name.
     """
     name = f"convnet_w{width}"
     if init != "lecun":

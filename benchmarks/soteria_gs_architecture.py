@@ -34,6 +34,12 @@ every setting, and the same attack initialisation per victim at every
 setting (`reproduce_sun2021.attack_grid(..., per_setting=True)`, which this
 script calls: one attack call per setting, as wide as the victims).
 
+Options for the model the authors attacked: ``--model-init torch
+--standardise`` (PyTorch's default init, standardised input; from LeCun's
+init GS does not converge even undefended,
+``benchmarks/results/gs_convnet_diagnosis.md``), and GS's ``--attack-lr``,
+``--tv``, ``--start``.
+
 Run: ``python -m benchmarks.soteria_gs_architecture`` (about 1 h on the
 project's 2-core CPU). Writes ``benchmarks/results/soteria_gs_architecture.
 {json,md,png}``; ``--smoke`` checks the pipeline in a minute.
@@ -104,8 +110,9 @@ def ratio_bound(rows, baselines=BASELINES):
             "bound": bound, "per_baseline": per_baseline, "decisive": decisive,
             "factor": 10.0,
             "verdict": ("the equal-accuracy check CAN NOT pass on this architecture "
-                        f"(Soteria's largest MSE is < 10x that of {min(per_baseline, key=per_baseline.get)}'s "
-                        "mildest setting)" if decisive < 10 else
+                        "(Soteria's largest MSE is < 10x that of "
+                        f"{min(per_baseline, key=per_baseline.get)}'s mildest setting)"
+                        if decisive < 10 else
                         "bound >= 10 against every baseline: the check could pass; an "
                         "accuracy grid decides it"
                         if set(baselines) == set(BASELINES) else

@@ -549,7 +549,8 @@ class ConvNet(nn.Module):
             return {"kernel_init": nn.initializers.he_normal()}
         if self.init_scheme == "torch":
             return _torch_default_inits(fan_in)
-        raise ValueError(f"ConvNet init_scheme {self.init_scheme!r}; allowed: {', '.join(CONVNET_INITS)}")
+        raise ValueError(f"ConvNet init_scheme {self.init_scheme!r}; allowed: "
+                         f"{', '.join(CONVNET_INITS)}")
 
     @nn.compact
     def __call__(self, x):
