@@ -67,15 +67,17 @@ def replace_layer(tree: PyTree, path: tuple[str, ...], name: str, value: jax.Arr
     return out
 
 
-def run_with_layer(apply_fn: Callable, params: PyTree, x: jax.Array, path: tuple[str, ...],
-                   output_shift: jax.Array | None = None):
+def run_with_layer(apply_fn: Callable, params: PyTree, x: jax.Array,
+                   path: str | tuple[str, ...], output_shift: jax.Array | None = None):
     """Run ``apply_fn(params, x)``, capturing the input of the layer at ``path``.
 
     Args:
       apply_fn: ``apply_fn(params, x) -> logits`` built on a flax module.
       params: model parameters.
       x: [B, ...] inputs.
-      path: module path of the defended Dense layer.
+      path: module path of the defended Dense layer: a tuple such as
+        ``("Dense_0",)`` or a string such as ``"Dense_0"`` / ``"Block_1/Dense_0"``
+        (:func:`parse_layer`).
       output_shift: optional [B, K] array added to that layer's output (used
         with zeros to differentiate the loss w.r.t. the layer output).
 
@@ -85,6 +87,8 @@ def run_with_layer(apply_fn: Callable, params: PyTree, x: jax.Array, path: tuple
     Raises:
       ValueError: if the layer is never called or its input is not [B, L].
     """
+    # A plain string would otherwise be read as a tuple of one-letter names.
+    path = parse_layer(path)
     captured = []
 
     def interceptor(next_fun, args, kwargs, context):
@@ -109,8 +113,9 @@ def run_with_layer(apply_fn: Callable, params: PyTree, x: jax.Array, path: tuple
 
 
 def representation(apply_fn: Callable, params: PyTree, x: jax.Array,
-                   path: tuple[str, ...]) -> jax.Array:
-    """r = f(X): the [B, L] input of the defended layer."""
+                   path: str | tuple[str, ...]) -> jax.Array:
+    """r = f(X): the [B, L] input of the defended layer (``path`` as in
+    :func:`run_with_layer`)."""
     return run_with_layer(apply_fn, params, x, path)[1]
 
 
@@ -118,7 +123,7 @@ JACOBIAN_METHODS = ("batched", "per_example", "sketch")
 
 
 def representation_jacobian(apply_fn: Callable, params: PyTree, x: jax.Array,
-                            path: tuple[str, ...], chunk: int = 8,
+                            path: str | tuple[str, ...], chunk: int = 8,
                             method: str = "batched") -> jax.Array:
     """Per-example Jacobians ∇_X f of the representation: [B, L, N], N = input size.
 
@@ -166,7 +171,7 @@ def representation_jacobian(apply_fn: Callable, params: PyTree, x: jax.Array,
 
 
 def jacobian_row_norms(apply_fn: Callable, params: PyTree, x: jax.Array,
-                       path: tuple[str, ...], chunk: int = 8,
+                       path: str | tuple[str, ...], chunk: int = 8,
                        method: str = "batched", *, key: jax.Array | None = None,
                        probes: int = 16) -> jax.Array:
     """‖∇_X rᵢ‖₂ per example and feature, [B, L], without keeping [B, L, N].

@@ -337,3 +337,16 @@ def test_soteria_beside_an_example_stage_defense_is_refused():
     # Each alone is accepted.
     assert set(build_defenses(specs[1:])) == {"layer"}
     assert set(build_defenses(specs[:1])) == {"example"}
+
+
+def test_layer_path_may_be_a_string():
+    """representation / jacobian_row_norms take "Dense_0" as well as ("Dense_0",);
+    a string used to be read as a tuple of one-letter module names."""
+    from defenses.soteria import jacobian_row_norms
+    _, params, apply_fn, x, _, _ = _explicit_setup(B=2)
+    np.testing.assert_array_equal(representation(apply_fn, params, x, "Dense_0"),
+                                  representation(apply_fn, params, x, ("Dense_0",)))
+    np.testing.assert_array_equal(jacobian_row_norms(apply_fn, params, x, "Dense_0"),
+                                  jacobian_row_norms(apply_fn, params, x, ("Dense_0",)))
+    with pytest.raises(ValueError, match="'Dense_9' was called 0 times"):
+        representation(apply_fn, params, x, "Dense_9")
