@@ -40,6 +40,7 @@ LeNet-5's fused conv → ReLU → pool blocks (:class:`ConvReLUMaxPool`).
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Callable, ContextManager, Iterator, Sequence
 
 import flax.linen as nn
@@ -555,7 +556,14 @@ class ConvNet(nn.Module):
     @nn.compact
     def __call__(self, x):
         if self.input_standardise is not None:
-            mean, std = self.input_standardise
+            try:
+                mean, std = (float(v) for v in self.input_standardise)
+            except (TypeError, ValueError):
+                raise ValueError("ConvNet input_standardise: expected (mean, std), got "
+                                 f"{self.input_standardise!r}") from None
+            if not (math.isfinite(mean) and math.isfinite(std) and std > 0):
+                raise ValueError("ConvNet input_standardise: mean must be finite and std "
+                                 f"finite and > 0, got {self.input_standardise!r}")
             x = (x - mean) / std
         w = self.width
         for ch in (w, 2 * w, 2 * w, 4 * w, 4 * w, 4 * w):

@@ -200,3 +200,6 @@ def test_convnet_input_standardise_is_a_fixed_first_step():
                                rtol=1e-6, atol=1e-6)
     assert not np.allclose(scaled.apply({"params": params}, x),
                            plain.apply({"params": params}, x))
+    for bad in ((0.3, 0.0), (0.3, float("nan")), (0.3,), "ab"):
+        with pytest.raises(ValueError, match="input_standardise"):
+            ConvNet(width=4, input_standardise=bad).apply({"params": params}, x)
