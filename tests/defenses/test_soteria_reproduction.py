@@ -415,3 +415,19 @@ def test_gs_options_reject_bad_input_before_writing(tmp_path, capsys):
               "--out", str(tmp_path)])
     assert "--gs-init" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_gs_architecture_median_bound_uses_the_victims_medians():
+    """per_baseline_median = Soteria's largest victim-median MSE / each baseline's
+    smallest victim-median MSE; one failed victim moves the mean, not the median."""
+    from benchmarks.soteria_gs_architecture import ratio_bound
+
+    def row(defense, param, per):
+        return {"defense": defense, "param": param, "mse": float(np.mean(per)),
+                "mse_per_victim": per}
+    rows = [row("soteria", 0.4, [0.2, 0.2, 0.2]), row("soteria", 0.8, [0.1, 0.3, 0.3]),
+            row("gc", 0.01, [0.01, 0.01, 0.31]), row("dp_gaussian", 1e-4, [0.02, 0.03, 0.04])]
+    b = ratio_bound(rows, ("gc", "dp_gaussian"))
+    assert abs(b["per_baseline"]["gc"] - (0.7 / 3) / (0.33 / 3)) < 1e-9  # means
+    assert abs(b["per_baseline_median"]["gc"] - 0.3 / 0.01) < 1e-9
+    assert abs(b["per_baseline_median"]["dp_gaussian"] - 0.3 / 0.03) < 1e-9
