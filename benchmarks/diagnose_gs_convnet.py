@@ -52,7 +52,6 @@ import sys
 import time
 from pathlib import Path
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,6 +62,7 @@ from attacks import inverting_gradients  # noqa: E402
 from attacks.api import observation_from_gradient  # noqa: E402
 from attacks.metrics import mse as mse_metric, psnr as psnr_metric  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
+from defenses.soteria import representation  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.keys import experiment_key, numpy_generator  # noqa: E402
 from fedsim.models import ConvNet  # noqa: E402
@@ -104,20 +104,6 @@ def reinit(params, scheme: str, key):
                                               maxval=bound)}
         out[name] = new
     return out
-
-
-def fc_input_std(module, params, pre, x):
-    """Std of the FC layer's input features (the representation r) for batch ``x``."""
-    feats = {}
-
-    def grab(next_fun, args, kwargs, context):
-        if context.module.name == "Dense_0" and context.method_name == "__call__":
-            feats["r"] = args[0]
-        return next_fun(*args, **kwargs)
-
-    with nn.intercept_methods(grab):
-        module.apply({"params": params}, pre(x))
-    return float(jnp.std(feats["r"]))
 
 
 def main(argv=None):
@@ -172,7 +158,8 @@ def main(argv=None):
             model_stats[f"{init}/{scaling}"] = {
                 "fc_energy_share": [sq(g["Dense_0"]) / sq(g) for g in grads],
                 "grad_norm": [sq(g) ** 0.5 for g in grads],
-                "fc_input_std": fc_input_std(module, params, pre, jnp.concatenate(xs)),
+                "fc_input_std": float(jnp.std(representation(
+                    apply_fn, params, jnp.concatenate(xs), "Dense_0"))),
             }
             obs = [observation_from_gradient(g, params, apply_fn, input_shape=ds.input_shape,
                                              num_classes=ds.num_classes, lr=1.0, batch_size=1)

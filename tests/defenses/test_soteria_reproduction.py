@@ -431,3 +431,24 @@ def test_gs_architecture_median_bound_uses_the_victims_medians():
     assert abs(b["per_baseline"]["gc"] - (0.7 / 3) / (0.33 / 3)) < 1e-9  # means
     assert abs(b["per_baseline_median"]["gc"] - 0.3 / 0.01) < 1e-9
     assert abs(b["per_baseline_median"]["dp_gaussian"] - 0.3 / 0.03) < 1e-9
+
+
+def test_gs_convnet_diagnosis_reinit_and_bad_arguments(capsys, tmp_path):
+    """diagnose_gs_convnet: "torch" redraws every kernel and bias inside ±1/√fan_in,
+    "lecun" keeps flax's init; unknown factor levels are refused before any work."""
+    import jax
+
+    from benchmarks.diagnose_gs_convnet import main, reinit
+    from fedsim.models import ConvNet
+    base = ConvNet(width=4).init(jax.random.key(0), np.zeros((1, 16, 16, 1)))["params"]
+    assert reinit(base, "lecun", jax.random.key(1)) is base
+    torch_p = reinit(base, "torch", jax.random.key(1))
+    for name, layer in torch_p.items():
+        bound = 1.0 / np.sqrt(np.prod(layer["kernel"].shape[:-1]))
+        assert layer["kernel"].shape == base[name]["kernel"].shape
+        assert float(np.max(np.abs(layer["kernel"]))) <= bound
+        assert 0 < float(np.max(np.abs(layer["bias"]))) <= bound
+    with pytest.raises(SystemExit):
+        main(["--inits", "lecun,xavier", "--out", str(tmp_path)])
+    assert "--inits: a comma-separated subset of lecun, he, torch" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
