@@ -119,6 +119,8 @@ def main(argv=None):
     ap.add_argument("--steps", default=",".join(STEPS))
     ap.add_argument("--out", default="benchmarks/results")
     a = ap.parse_args(argv)
+    if a.seed < 0:
+        ap.error(f"--seed must be >= 0, got {a.seed}")
     for name in ("width", "image_size", "victims", "iterations"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")

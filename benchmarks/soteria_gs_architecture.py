@@ -268,6 +268,8 @@ def main(argv=None):
         Path(a.render).write_text(json.dumps(res, indent=1))
         write_markdown(res, Path(a.render).with_suffix(".md"))
         return
+    if a.seed < 0:
+        ap.error(f"--seed must be >= 0, got {a.seed}")
     for name in ("width", "image_size", "victims", "iterations"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")

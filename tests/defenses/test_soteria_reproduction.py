@@ -270,6 +270,7 @@ def test_smoke_run_on_colour_images_writes_its_own_file(tmp_path, monkeypatch):
     (["--p-fc", "1.5"], "--p-fc: rates in (0, 1)"),
     (["--attack-lr", "0"], "--attack-lr must be > 0"),
     (["--tv=-1e-4"], "--tv must be >= 0"),
+    (["--seed", "-1"], "--seed must be >= 0"),
 ])
 def test_gs_architecture_rejects_bad_arguments(argv, message, capsys, tmp_path):
     from benchmarks.soteria_gs_architecture import main
@@ -448,6 +449,9 @@ def test_gs_convnet_diagnosis_reinit_and_bad_arguments(capsys, tmp_path):
         assert layer["kernel"].shape == base[name]["kernel"].shape
         assert float(np.max(np.abs(layer["kernel"]))) <= bound
         assert 0 < float(np.max(np.abs(layer["bias"]))) <= bound
+    with pytest.raises(SystemExit):
+        main(["--seed", "-1", "--out", str(tmp_path)])
+    assert "--seed must be >= 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--inits", "lecun,xavier", "--out", str(tmp_path)])
     assert "--inits: a comma-separated subset of lecun, he, torch" in capsys.readouterr().err
