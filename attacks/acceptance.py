@@ -1,9 +1,9 @@
 """Shared setup of the acceptance experiments (IG / DLG, batch 1, real Fashion-MNIST).
 
 Used by ``benchmarks/attack_acceptance.py`` and the slow tests: an untrained
-model (init key 0), FedSGD uploads Δ = −lr·∇L of single real training images,
-labels NOT granted (inferred by iDLG), and the reconstructions scored with
-:mod:`attacks.metrics`.
+model (init key ``jax.random.key(init_seed)``, 0 by default), FedSGD uploads
+Δ = −lr·∇L of single real training images, labels NOT granted (inferred by
+iDLG), and the reconstructions scored with :mod:`attacks.metrics`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,24 @@ from attacks import dlg, inverting_gradients
 from attacks.api import observation_from_gradient
 from attacks.metrics import score_batch
 from fedsim.client import masked_mean_loss
+from fedsim.keys import experiment_key
 from fedsim.models import build_model, init_params, make_apply_fn
 
 ATTACKS = {"inverting_gradients": inverting_gradients.run_many, "dlg": dlg.run_many}
+
+#: Name of the attack's key stream (:func:`fedsim.keys.experiment_key`).
+ATTACK_STREAM = "acceptance/attack"
+
+
+def attack_key(seed: int):
+    """The key the attacks of seed ``seed`` draw their initialisations from.
+
+    A named stream, not ``jax.random.key(seed)``: that is the key the model is
+    initialised from at the default ``init_seed == seed == 0``, and the attack's
+    dummies must not reuse the draws that made the weights (until Nov 28 2026
+    they did).
+    """
+    return experiment_key(seed, ATTACK_STREAM)
 
 
 def fedsgd_observations(dataset, model_name: str, victims: int, *, batch_size: int = 1,
@@ -50,7 +65,7 @@ def fedsgd_observations(dataset, model_name: str, victims: int, *, batch_size: i
 def attack_and_score(attack: str, observations, xs, ys, config: dict, seed: int) -> dict:
     """Run ``attack`` on all victims at once; per-victim and mean scores."""
     t0 = time.perf_counter()
-    recs = ATTACKS[attack](observations, config, jax.random.key(seed))
+    recs = ATTACKS[attack](observations, config, attack_key(seed))
     seconds = time.perf_counter() - t0
     victims = []
     for r, x, y in zip(recs, xs, ys):

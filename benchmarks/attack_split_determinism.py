@@ -50,7 +50,7 @@ def run_attack_rows(name: str, victims: int, splits: list[int], seed: int,
     """One attack's rows: V at once (twice), then each pinned split."""
     import jax
 
-    from attacks.acceptance import fedsgd_observations
+    from attacks.acceptance import attack_key, fedsgd_observations
     from attacks.api import ATTACK_REGISTRY
     from attacks.metrics import psnr
     from fedsim.data import load_dataset
@@ -64,7 +64,7 @@ def run_attack_rows(name: str, victims: int, splits: list[int], seed: int,
     rows, ref = [], None
     for k in [victims, victims, *splits]:
         t0 = time.perf_counter()
-        recs = run_many(obs, dict(config, victims_per_call=k), jax.random.key(seed))
+        recs = run_many(obs, dict(config, victims_per_call=k), attack_key(seed))
         seconds = time.perf_counter() - t0
         x = np.stack([np.asarray(r.x)[0] for r in recs])
         labels = np.array([int(np.asarray(r.labels)[0]) for r in recs])
