@@ -206,12 +206,21 @@ def numpy_stream(args, name: str) -> np.random.Generator:
     return numpy_generator(args.seed, f"sun2021/{name}")
 
 
+#: Settings each name of :func:`convnet_factory` was registered with.
+_CONVNET_SETTINGS: dict[str, tuple] = {}
+
+
 def convnet_factory(width, init="lecun", input_standardise=None):
     """Register (once) and name the width-``width`` ConvNet with ``init`` and
     ``input_standardise`` (see :class:`fedsim.models.ConvNet`).
 
     The defaults give ``convnet_w{width}``, the reproduction's model; other
     settings add ``_{init}`` and ``_std{mean:.4g}_{std:.4g}`` to the name.
+
+    Raises:
+        ValueError: the name is already registered for a standardisation that
+            differs beyond the name's 4 digits (the registry would otherwise
+            hand back the first model under the second's name).
     """
     name = f"convnet_w{width}"
     if init != "lecun":
@@ -219,10 +228,16 @@ def convnet_factory(width, init="lecun", input_standardise=None):
     if input_standardise is not None:
         input_standardise = (float(input_standardise[0]), float(input_standardise[1]))
         name += f"_std{input_standardise[0]:.4g}_{input_standardise[1]:.4g}"
+    settings = (width, init, input_standardise)
+    if name in _CONVNET_SETTINGS and _CONVNET_SETTINGS[name] != settings:
+        raise ValueError(f"model name {name!r} is registered for (width, init, input_standardise) "
+                         f"= {_CONVNET_SETTINGS[name]}, not {settings}: the name keeps only "
+                         "4 significant digits of the mean and std")
     if name not in MODEL_REGISTRY:
         register_model(name)(lambda num_classes=10: ConvNet(
             num_classes=num_classes, width=width, init_scheme=init,
             input_standardise=input_standardise))
+    _CONVNET_SETTINGS.setdefault(name, settings)
     return name
 
 

@@ -406,6 +406,19 @@ def test_convnet_factory_names_and_builds_the_init_and_standardisation():
     assert build_model("convnet_w8", 10).init_scheme == "lecun"
 
 
+def test_convnet_factory_refuses_a_name_shared_by_two_standardisations():
+    """Two standardisations equal to the name's 4 digits would share one model."""
+    from benchmarks.reproduce_sun2021 import convnet_factory
+    from fedsim.models import build_model
+    # values no other test registers: the registry is process-wide
+    name = convnet_factory(8, init="torch", input_standardise=(0.123461, 0.4321))
+    assert name == "convnet_w8_torch_std0.1235_0.4321"
+    assert convnet_factory(8, init="torch", input_standardise=(0.123461, 0.4321)) == name
+    with pytest.raises(ValueError, match="4 significant digits"):
+        convnet_factory(8, init="torch", input_standardise=(0.123459, 0.4321))
+    assert build_model(name, 10).input_standardise == (0.123461, 0.4321)
+
+
 def test_gs_options_reject_bad_input_before_writing(tmp_path, capsys):
     from benchmarks.reproduce_sun2021 import main
     with pytest.raises(SystemExit):
