@@ -41,6 +41,10 @@ def _cmd_run(args) -> int:
     if distributed.is_primary():  # the process that wrote the run directory
         print(json.dumps(summary, indent=2))
         print(f"run directory: {run_dir_for(cfg)}", file=sys.stderr)
+        if cfg.attack is not None:  # the run is not over for `fedsim compare`
+            print(f"note: {args.config} has an `attack` section, which `fedsim run` does not "
+                  "run: `fedsim attack` trains and attacks (`fedsim compare` shows this run "
+                  "as 'attack pending' until its attack_summary.json exists)", file=sys.stderr)
     return 0
 
 

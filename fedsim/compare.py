@@ -90,6 +90,9 @@ def load_run(run_dir: Path) -> dict:
     the simulation writes ``summary.json`` before the attack starts, and a
     killed or failed attack leaves it (the rule of
     :data:`fedsim.run.STALE_ON_RERUN` and of the attack sweep's done file).
+    ``attack_pending`` marks that state (trained, attack not finished), which is
+    also what ``fedsim run`` leaves for a config with an ``attack`` section: it
+    trains and does not attack (``fedsim attack`` does both).
 
     Raises:
       RunFileError: a run file that is not what fedsim writes there, naming it.
@@ -100,7 +103,8 @@ def load_run(run_dir: Path) -> dict:
     attack = read_attack_summary(attack_path).get("mean", {})
     attack_run = attack_path.is_file() or _has_attack_section(run_dir / "config.yaml")
     finished = bool(summary) and (not attack_run or attack_path.is_file())
-    return {"rows": rows, "summary": summary, "attack": attack, "finished": finished}
+    return {"rows": rows, "summary": summary, "attack": attack, "finished": finished,
+            "attack_pending": bool(summary) and attack_run and not attack_path.is_file()}
 
 
 def _has_attack_section(config_path: Path) -> bool:
@@ -135,7 +139,8 @@ def table_row(label: str, run: dict) -> dict:
     best = max(evals, key=lambda r: r["test_accuracy"]) if evals else None
     out = {
         "run": label,
-        "status": "finished" if run.get("finished", bool(summary)) else "unfinished",
+        "status": ("finished" if run.get("finished", bool(summary))
+                   else "attack pending" if run.get("attack_pending") else "unfinished"),
         "rounds": len(rows),
         "test_accuracy": evals[-1]["test_accuracy"] if evals else None,
         "best_test_accuracy": best["test_accuracy"] if best else None,

@@ -151,7 +151,7 @@ def test_an_attack_run_is_finished_only_once_its_attack_summary_exists(tmp_path)
     plain = _write_run(tmp_path / "plain", [0.5], [2.0], summary={"seconds": 1.0})
     (plain / "config.yaml").write_text("seed: 0\nattack: null\n")
     table = _table(compare([killed, done, plain]))
-    assert [r["status"] for r in table] == ["unfinished", "finished", "finished"]
+    assert [r["status"] for r in table] == ["attack pending", "finished", "finished"]
     # Without a config.yaml, an attack_summary.json alone says it is an attack run.
     lone = _write_run(tmp_path / "lone", [0.5], [2.0], attack={"psnr": 20.0})
     assert _table(compare([lone]))[0]["status"] == "unfinished"

@@ -228,3 +228,28 @@ def test_a_key_given_twice_is_refused_and_a_quoted_number_stays_a_string(tmp_pat
     quoted.write_text('name: "1e5"\n')
     assert load_config(str(quoted), []).name == "1e5"
     assert load_config(str(quoted), ["training.lr=1e-3"]).training.lr == 1e-3
+
+
+def test_run_of_an_attack_config_says_the_attack_is_not_run(tmp_path, capsys):
+    """`fedsim run` trains and does not attack: it says so, and compare calls the
+    run 'attack pending', not 'unfinished' (its training did finish)."""
+    cfg = yaml.safe_load(QUICKSTART.read_text())
+    cfg["observer"] = {"clients": [0], "rounds": [0]}
+    cfg["attack"] = {"name": "inverting_gradients", "grants": {"batch_size": True}}
+    path = tmp_path / "attack.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "run"
+    args = ["run", str(path), "--quiet", "--set", "dataset=synthetic", "--set", "model.name=mlp",
+            "--set", "image_size=16", "--set", "num_clients=8", "--set", "clients_per_round=3",
+            "--set", "rounds=1", "--set", "eval.every=1", "--set", "optimizer=sgd",
+            "--set", f"output.dir={out}"]
+    capsys.readouterr()
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "has an `attack` section, which `fedsim run` does not run" in err
+    from fedsim.compare import load_run, table_row
+    assert (out / "summary.json").exists() and not (out / "attack_summary.json").exists()
+    assert table_row("run", load_run(out))["status"] == "attack pending"
+    # a plain config gets no note
+    assert main(args[:1] + [str(QUICKSTART)] + args[2:-1] + [f"output.dir={tmp_path / 'plain'}"]) == 0
+    assert "`attack` section" not in capsys.readouterr().err
