@@ -63,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import reproduce_sun2021 as sun  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
+from defenses.soteria import num_pruned_features, representation  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.models import CONVNET_INITS  # noqa: E402
 from fedsim.simulation import Simulation  # noqa: E402
@@ -71,18 +72,29 @@ BASELINES = ("gc", "dp_gaussian", "dp_laplace")
 
 
 def layer_energy_share(args, model, dataset, victims, layer="Dense_0"):
-    """Per victim: ‖g_layer‖² / ‖g‖² of the undefended gradient (same model as the attack)."""
+    """The defended layer at the attacked model, per victim (same model as the attack).
+
+    Returns:
+        ``(shares, fc_inputs, zero_features)``: ‖g_layer‖² / ‖g‖² of the
+        undefended gradient per victim; L, the layer's input width; and per
+        victim the number of r's L features that are exactly 0 on that image
+        (dead ReLUs; Soteria's score ranks them last, so a p_fc that prunes
+        every live feature zeroes the layer's gradient, and any larger p_fc
+        uploads the same gradient).
+    """
     sim = Simulation(sun.make_cfg(args, model, 1), dataset=dataset)
     params = sim.init_state().params
-    shares = []
+    shares, zero_features = [], []
     for v in victims:
         x = jnp.asarray(dataset.x_test[v:v + 1])
         y = jnp.asarray(dataset.y_test[v:v + 1])
         g = jax.grad(masked_mean_loss, argnums=1)(sim.apply_fn, params, x, y, jnp.ones(1))
         sq = lambda t: float(sum(jnp.sum(leaf * leaf) for leaf in jax.tree_util.tree_leaves(t)))
         shares.append(sq(g[layer]) / sq(g))
+        r = representation(sim.apply_fn, params, x, layer)
+        zero_features.append(int(jnp.sum(r[0] == 0)))
     fc_inputs = int(params[layer]["kernel"].shape[0])
-    return shares, fc_inputs
+    return shares, fc_inputs, zero_features
 
 
 def ratio_bound(rows, baselines=BASELINES):
@@ -173,6 +185,7 @@ def write_markdown(res, path):
         f"per victim: {', '.join(f'{s:.3f}' for s in share)} (mean {np.mean(share):.3f}). "
         "Soteria changes only this layer; the cosine attack matches the other "
         f"{1 - np.mean(share):.0%} unchanged.",
+        *zero_feature_lines(res),
         "",
         "## Upper bound on the equal-accuracy ratio",
         "",
@@ -205,6 +218,25 @@ def write_markdown(res, path):
         "truth, then the settings in table order).",
     ]
     Path(path).write_text("\n".join(lines) + "\n")
+
+
+def zero_feature_lines(res) -> list[str]:
+    """The markdown's lines on r's dead features (none for results that predate them)."""
+    zeros = res.get("fc_input_zero_features")
+    if zeros is None:
+        return []
+    L, pruned = res["fc_inputs"], res["soteria_pruned_features"]
+    saturated = [p for p, n in pruned.items() if n >= L - min(zeros)]
+    return [
+        "",
+        f"Features of r (the layer's L = {L} inputs) that are exactly 0 on the victim's image "
+        f"(dead ReLUs), per victim: {', '.join(str(z) for z in zeros)}. Soteria's score ranks "
+        "them last; it prunes " + ", ".join(f"{n} at p_fc {p}" for p, n in pruned.items())
+        + ". " + (f"At p_fc {', '.join(saturated)} it prunes every live feature of every "
+                  "victim: the layer's gradient is zero, and those rates upload the same "
+                  "gradient." if saturated else
+                  "No rate prunes every live feature of every victim."),
+    ]
 
 
 def plot(images, truth, grid, path):
@@ -307,7 +339,7 @@ def main(argv=None):
     metrics, images, truth, victims = sun.attack_grid(args, "gs", model, log, dataset,
                                                       per_setting=True)
     grid = sun.defense_grid(args, "gs")
-    shares, fc_inputs = layer_energy_share(args, model, dataset, victims)
+    shares, fc_inputs, zero_features = layer_energy_share(args, model, dataset, victims)
     rows = [{"dataset": "fashion_mnist", "model": model, "defense": d, "param": p,
              "attack": "gs", **metrics[(d, p)]} for d, p in grid]
     command = " ".join(["python -m benchmarks.soteria_gs_architecture"] +
@@ -319,7 +351,10 @@ def main(argv=None):
            "attack_lr": a.attack_lr, "gs_settings": gs_extra, "model_init": a.model_init,
            "input_standardise": standardise, "victims": victims, "paired_init": True,
            "rows": rows,
-           "fc_energy_share": shares, "bound": ratio_bound(rows, baselines),
+           "fc_energy_share": shares, "fc_input_zero_features": zero_features,
+           "soteria_pruned_features": {f"{p:g}": num_pruned_features(p, fc_inputs)
+                                       for p in p_fc},
+           "bound": ratio_bound(rows, baselines),
            "baselines": list(baselines),
            "seconds": time.perf_counter() - t0}
     out = Path(a.out)

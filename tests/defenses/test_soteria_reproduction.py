@@ -469,3 +469,41 @@ def test_gs_convnet_diagnosis_reinit_and_bad_arguments(capsys, tmp_path):
         main(["--inits", "lecun,xavier", "--out", str(tmp_path)])
     assert "--inits: a comma-separated subset of lecun, he, torch" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_gs_architecture_counts_the_dead_features_of_r(tmp_path):
+    """The zero features of r, per victim, equal the zero rows of the undefended FC
+    kernel gradient (g = r ⊗ ∂l/∂z: row i is 0 iff rᵢ = 0), and the markdown says
+    which rates prune every live feature."""
+    import argparse
+
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import reproduce_sun2021 as sun
+    from benchmarks.soteria_gs_architecture import layer_energy_share, zero_feature_lines
+    from fedsim.client import masked_mean_loss
+    from fedsim.data import synthetic_dataset
+    from fedsim.simulation import Simulation
+    ds = synthetic_dataset(image_size=16, num_train=12000, num_test=16)  # make_cfg's 100 × 100 shards
+    model = sun.convnet_factory(4, init="torch")
+    args = argparse.Namespace(seed=0, image_size=16, lr=0.01)
+    victims = [0, 3, 5]
+    shares, L, zeros = layer_energy_share(args, model, ds, victims)
+    sim = Simulation(sun.make_cfg(args, model, 1), dataset=ds)
+    params = sim.init_state().params
+    assert L == params["Dense_0"]["kernel"].shape[0]
+    for v, z, share in zip(victims, zeros, shares):
+        x, y = jnp.asarray(ds.x_test[v:v + 1]), jnp.asarray(ds.y_test[v:v + 1])
+        g = jax.grad(masked_mean_loss, argnums=1)(sim.apply_fn, params, x, y, jnp.ones(1))
+        rows_zero = int(jnp.sum(jnp.all(g["Dense_0"]["kernel"] == 0, axis=1)))
+        assert z == rows_zero
+        assert 0 < share < 1
+    assert max(zeros) > 0  # the torch init's biases leave dead ReLUs at this size
+    res = {"fc_inputs": L, "fc_input_zero_features": zeros,
+           "soteria_pruned_features": {"0.1": round(0.1 * L), "0.99": round(0.99 * L)}}
+    text = " ".join(zero_feature_lines(res))
+    assert f"{round(0.99 * L)} at p_fc 0.99" in text
+    assert "At p_fc 0.99 it prunes every live feature" in text
+    assert "At p_fc 0.1" not in text  # 0.1 leaves live features
+    assert zero_feature_lines({"fc_inputs": L}) == []  # results that predate the count
