@@ -152,8 +152,8 @@ def main(argv=None) -> int:
             "device": f"{jax.devices()[0].device_kind} ({platform.processor() or platform.machine()})",
             "jax": jax.__version__,
             "workload": ("untrained LeNet, real Fashion-MNIST 16×16 training images "
-                         f"0..{args.victims - 1}, batch 1, labels inferred (iDLG), key "
-                         f"jax.random.key({args.seed})")}
+                         f"0..{args.victims - 1}, batch 1, labels inferred (iDLG), model init key "
+                         f"jax.random.key(0), attack key attacks.acceptance.attack_key({args.seed})")}
     result = {"meta": meta, "rows": rows}
     write_json_and_markdown(args.out, args.name, result, markdown(result))
     return 0
