@@ -40,8 +40,9 @@ init GS does not converge even undefended,
 ``benchmarks/results/gs_convnet_diagnosis.md``), and GS's ``--attack-lr``,
 ``--tv``, ``--start``.
 
-Run: ``python -m benchmarks.soteria_gs_architecture`` (about 1 h on the
-project's 2-core CPU). Writes ``benchmarks/results/soteria_gs_architecture.
+Run: ``python -m benchmarks.soteria_gs_architecture`` (on the project's 2-core
+CPU: 4,128 s at commit a637569, 469 s with ``--model-init torch --standardise``
+at 31e1ded; each setting's time grows linearly with ``--iterations``). Writes ``benchmarks/results/soteria_gs_architecture.
 {json,md,png}``; ``--smoke`` checks the pipeline in a minute.
 """
 
