@@ -31,6 +31,7 @@ def test_acceptance_vacuous_or_unmeasured():
 
 # --- the accuracy-grid machinery (fast) -----------------------------------
 
+import json  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -192,6 +193,9 @@ def test_gs_architecture_bound_dominates_every_acceptance_ratio():
     # ... but against DP-Laplace at most 0.3 / 0.06 = 5×: the check cannot pass
     assert abs(b["decisive"] - 5.0) < 1e-9 and "CAN NOT pass" in b["verdict"]
     assert "dp_laplace" in b["verdict"]
+    # ... at the rates measured: another rate would need 10 × 0.06
+    assert abs(b["soteria_mse_needed"] - 0.6) < 1e-9 and b["soteria_p_fc_measured"] == [0.8]
+    assert "MSE >= 0.6000, 2.00x the largest measured" in b["verdict"]
     rows[1], rows[-1] = _row("gc", 0.01, 0.7, 0.02, "gs"), _row("dp_laplace", 1e-4, 0.7, 0.025, "gs")
     b = ratio_bound(rows)
     assert b["decisive"] >= 10 and b["verdict"].startswith("bound >= 10 against every")
@@ -507,3 +511,63 @@ def test_gs_architecture_counts_the_dead_features_of_r(tmp_path):
     assert "At p_fc 0.99 it prunes every live feature" in text
     assert "At p_fc 0.1" not in text  # 0.1 leaves live features
     assert zero_feature_lines({"fc_inputs": L}) == []  # results that predate the count
+
+
+def _gs_result(iterations, rows, commit="abc"):
+    return {"command": "python -m benchmarks.soteria_gs_architecture", "git_commit": commit,
+            "seed": 0, "device": "cpu", "jax": "0", "model": "convnet_w32_torch", "width": 32,
+            "image_size": 32, "fc_inputs": 1152, "iterations": iterations, "attack_lr": 0.1,
+            "gs_settings": {}, "model_init": "torch", "input_standardise": None,
+            "victims": [1, 2], "paired_init": True, "fc_energy_share": [0.8, 0.9],
+            "baselines": sorted({r["defense"] for r in rows} - {"none", "soteria"}),
+            "rows": rows, "seconds": 10.0}
+
+
+def _mse_row(defense, param, per):
+    return {"dataset": "fashion_mnist", "model": "convnet_w32_torch", "defense": defense,
+            "param": param, "attack": "gs", "mse": float(np.mean(per)), "mse_se": 0.0,
+            "psnr": 10.0, "mse_per_victim": per}
+
+
+def test_gs_architecture_merge_joins_runs_of_one_attack(tmp_path, capsys):
+    """Rows of two runs (same attack, model, victims) form one grid and one bound; a row
+    in both must be identical, a DP row in both is refused (its noise draw depends on
+    its grid position), and runs of different attacks are refused by key."""
+    from benchmarks.soteria_gs_architecture import main, ratio_bound
+    none, gc = _mse_row("none", 0, [0.01, 0.02]), _mse_row("gc", 0.01, [0.01, 0.02])
+    a = [none, _mse_row("soteria", 0.2, [0.18, 0.2]), gc,
+         _mse_row("dp_laplace", 1e-4, [0.01, 0.03])]
+    b = [none, _mse_row("soteria", 0.6, [0.2, 0.22]), gc]
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(_gs_result(2000, a, "aaa")))
+    pb.write_text(json.dumps(_gs_result(2000, b, "bbb")))
+    out = tmp_path / "merged"
+    main(["--merge", str(pa), str(pb), "--out", str(out)])
+    res = json.loads((out / "soteria_gs_architecture.json").read_text())
+    assert [(r["defense"], r["param"]) for r in res["rows"]] == [
+        ("none", 0), ("soteria", 0.2), ("soteria", 0.6), ("gc", 0.01), ("dp_laplace", 1e-4)]
+    assert res["bound"] == ratio_bound(res["rows"], ["gc", "dp_laplace"])
+    # 0.6's 0.21 (from b) over DP-Laplace's 0.02 (from a): 10.5x, decided by neither alone
+    assert abs(res["bound"]["decisive"] - 10.5) < 1e-9
+    assert [m["git_commit"] for m in res["merged_from"]] == ["aaa", "bbb"]
+    md = (out / "soteria_gs_architecture.md").read_text()
+    assert f"`{pa}`" in md and f"`{pb}`" in md and "at commit bbb" in md
+
+    def refused(parts, message, extra=("--out", str(tmp_path / "x"))):
+        with pytest.raises(SystemExit):
+            main(["--merge", *map(str, parts), *extra])
+        assert message in capsys.readouterr().err
+
+    pc = tmp_path / "c.json"
+    pc.write_text(json.dumps(_gs_result(2000, [_mse_row("none", 0, [0.01, 0.03])])))
+    refused([pa, pc], "none 0 differs between")
+    pc.write_text(json.dumps(_gs_result(2000, [_mse_row("dp_laplace", 1e-4, [0.01, 0.03])])))
+    refused([pa, pc], "dp_laplace 0.0001 is in")
+    pc.write_text(json.dumps(_gs_result(120, b)))
+    refused([pa, pc], "has iterations = 120")
+    refused([pa, pb], "--merge needs --out", extra=())
+    (tmp_path / "soteria_gs_architecture.json").write_text(pa.read_text())
+    refused([tmp_path / "soteria_gs_architecture.json", pb], "would overwrite the part",
+            extra=("--out", str(tmp_path)))
+    refused([pa, tmp_path / "missing.json"], "no such file")
+    assert not (tmp_path / "x").exists()
