@@ -255,7 +255,19 @@ def merge_results(paths, command):
     Raises:
         ValueError: naming the file and the key or row that does not match.
     """
-    parts = [(str(p), json.loads(Path(p).read_text())) for p in paths]
+    parts = []
+    for p in paths:
+        try:
+            res = json.loads(Path(p).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"--merge: {p}: not readable as JSON ({type(e).__name__}: {e})"
+                             ) from None
+        lacking = [k for k in ("rows", "command", "git_commit", "seconds", *MERGE_KEYS)
+                   if not isinstance(res, dict) or k not in res]
+        if lacking:
+            raise ValueError(f"--merge: {p} is not a results JSON of this script (lacks "
+                             f"{', '.join(lacking)})")
+        parts.append((str(p), res))
     first_path, first = parts[0]
     rows, merged_from = {}, []
     for path, res in parts:

@@ -570,4 +570,8 @@ def test_gs_architecture_merge_joins_runs_of_one_attack(tmp_path, capsys):
     refused([tmp_path / "soteria_gs_architecture.json", pb], "would overwrite the part",
             extra=("--out", str(tmp_path)))
     refused([pa, tmp_path / "missing.json"], "no such file")
+    pc.write_text("{not json")
+    refused([pa, pc], "c.json: not readable as JSON")
+    pc.write_text(json.dumps({"rows": []}))
+    refused([pa, pc], "c.json is not a results JSON of this script (lacks command")
     assert not (tmp_path / "x").exists()
