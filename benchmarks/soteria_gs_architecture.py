@@ -80,7 +80,7 @@ def layer_energy_share(args, model, dataset, victims, layer="Dense_0"):
         undefended gradient per victim; L, the layer's input width; and per
         victim the number of r's L features that are exactly 0 on that image
         (dead ReLUs; Soteria's score ranks them last, so a p_fc that prunes
-        every live feature zeroes the layer's gradient, and any larger p_fc
+        every live feature zeroes the layer's kernel gradient, and any larger p_fc
         uploads the same gradient).
     """
     sim = Simulation(sun.make_cfg(args, model, 1), dataset=dataset)
@@ -323,7 +323,7 @@ def zero_feature_lines(res) -> list[str]:
         f"(dead ReLUs), per victim: {', '.join(str(z) for z in zeros)}. Soteria's score ranks "
         "them last; it prunes " + ", ".join(f"{n} at p_fc {p}" for p, n in pruned.items())
         + ". " + (f"At p_fc {', '.join(saturated)} it prunes every live feature of every "
-                  "victim: the layer's gradient is zero, and those rates upload the same "
+                  "victim: the layer's kernel gradient is zero, and those rates upload the same "
                   "gradient." if saturated else
                   "No rate prunes every live feature of every victim."),
     ]
