@@ -279,6 +279,9 @@ def merge_results(paths, command):
             raise ValueError(f"--merge: {path} is not paired_init: its settings' attacks start "
                              "from different keys, so its rows depend on its grid")
         for r in res["rows"]:
+            if r.get("defense") not in ROW_ORDER:
+                raise ValueError(f"--merge: {path} has a row of defense {r.get('defense')!r}; "
+                                 f"this script's rows are {', '.join(ROW_ORDER)}")
             key = (r["defense"], r["param"])
             if key in rows:
                 if r["defense"].startswith("dp_"):

@@ -570,6 +570,8 @@ def test_gs_architecture_merge_joins_runs_of_one_attack(tmp_path, capsys):
     refused([tmp_path / "soteria_gs_architecture.json", pb], "would overwrite the part",
             extra=("--out", str(tmp_path)))
     refused([pa, tmp_path / "missing.json"], "no such file")
+    pc.write_text(json.dumps(_gs_result(2000, [_mse_row("soteria_code", 0.2, [0.1, 0.1])])))
+    refused([pa, pc], "has a row of defense 'soteria_code'")
     pc.write_text("{not json")
     refused([pa, pc], "c.json: not readable as JSON")
     pc.write_text(json.dumps({"rows": []}))
