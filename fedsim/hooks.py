@@ -80,6 +80,13 @@ class Defense(NamedTuple):
         an "example" defense did to that part (DP-SGD's clipping and noise) is
         lost, so the engine refuses the two together
         (:func:`check_stage_compatibility`).
+      config_checks: callables ``check(cfg)`` that a
+        :class:`~fedsim.simulation.Simulation` runs on its config as soon as its
+        defenses are built (before anything compiles); each raises
+        :class:`fedsim.config.ConfigError` naming the config key the defense
+        cannot run with, e.g. ``client_level_dp``'s cohort size against
+        ``training.clients_per_round``. A field rather than a check keyed on
+        the defense's name, so that it survives chaining, renaming and masking.
     """
 
     init: Callable[[PyTree], PyTree]
@@ -89,6 +96,7 @@ class Defense(NamedTuple):
     begin_round: Callable[..., tuple[PyTree, PyTree]] | None = None
     local_training: Callable | None = None
     discards_example_stage: bool = False
+    config_checks: tuple[Callable[[Any], None], ...] = ()
 
 
 def check_stage_compatibility(defenses: dict[str, Defense]) -> None:
@@ -178,7 +186,8 @@ def chain(*defenses: Defense) -> Defense:
 
     name = "+".join(d.name for d in defenses)
     return Defense(init=init, apply=apply, stage=stage, name=name, begin_round=begin,
-                   discards_example_stage=any(d.discards_example_stage for d in defenses))
+                   discards_example_stage=any(d.discards_example_stage for d in defenses),
+                   config_checks=tuple(c for d in defenses for c in d.config_checks))
 
 
 def _check_stage(stage: str) -> None:

@@ -268,6 +268,9 @@ class Simulation:
         #: The defense specs as built: the config's, on the run's data (on_run_data).
         self.defense_specs = on_run_data(cfg.defenses, cfg)
         self.defenses = build_defenses(self.defense_specs) if defenses is None else dict(defenses)
+        for defense in self.defenses.values():
+            for check in defense.config_checks:
+                check(cfg)
         self._own_defenses = dict(self.defenses)  # before a pruning mask goes around them
         self.global_mask = None
         if cfg.pruning.scheme is not None:

@@ -28,14 +28,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
-import re
 
 import jax
 import jax.numpy as jnp
 
-from fedsim.hooks import Defense, register_defense, register_simulation_plugin
+from fedsim.hooks import Defense, register_defense
 from defenses.dp._flat import flatten_batched
 from defenses.dp.clipping import check_positive
 
@@ -113,20 +113,23 @@ def client_level_dp(clip_norm: float, noise_multiplier: float,
         return unflatten(v + share * jax.random.normal(key, v.shape, v.dtype)), state
 
     return Defense(lambda p: (), apply, "upload",
-                   f"client_level_dp(C={clip:g},sigma={sigma:g},m={m})")
+                   f"client_level_dp(C={clip:g},sigma={sigma:g},m={m})",
+                   config_checks=(functools.partial(check_client_level_dp, m),))
 
 
-_CLIENT_LEVEL_M = re.compile(r"client_level_dp\(C=[^,]*,sigma=[^,]*,m=(\d+)\)")
-
-
-@register_simulation_plugin
-def check_client_level_dp(sim) -> None:
+def check_client_level_dp(clients_per_round: int, cfg) -> None:
     """Refuse a ``client_level_dp`` whose noise shares do not add up to σC.
 
     The shares sum to N(0, σ²C²) only when m equals the cohort the server
     sums over and the server weighs every client alike (a mean with
     example-count weights is not the Gaussian mechanism with multiplier σ
-    on the clipped updates).
+    on the clipped updates). A Simulation runs it on its config through the
+    defense's ``config_checks``, wherever the defense sits (chained, renamed,
+    inside a pruning mask).
+
+    Args:
+      clients_per_round: the defense's m.
+      cfg: the run's :class:`fedsim.config.Config`.
 
     Raises:
       fedsim.config.ConfigError: naming ``training.clients_per_round`` or
@@ -134,17 +137,12 @@ def check_client_level_dp(sim) -> None:
     """
     from fedsim.config import ConfigError
 
-    up = sim.defenses.get("upload")
-    found = _CLIENT_LEVEL_M.findall(up.name) if up is not None else []
-    if not found:
-        return
-    t = sim.cfg.training
-    for m in map(int, found):
-        if m != t.clients_per_round:
-            raise ConfigError(
-                f"client_level_dp: clients_per_round={m} but the run samples "
-                f"training.clients_per_round={t.clients_per_round} clients a round; the "
-                "noise shares add up to σC only over the clients actually summed")
+    t = cfg.training
+    if clients_per_round != t.clients_per_round:
+        raise ConfigError(
+            f"client_level_dp: clients_per_round={clients_per_round} but the run samples "
+            f"training.clients_per_round={t.clients_per_round} clients a round; the "
+            "noise shares add up to σC only over the clients actually summed")
     if t.weighting != "uniform":
         raise ConfigError(
             f"client_level_dp needs training.weighting: uniform (got {t.weighting!r}): its "

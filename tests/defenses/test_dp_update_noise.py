@@ -79,3 +79,21 @@ def test_a_simulation_refuses_client_level_dp_that_does_not_match_its_cohort():
         Simulation(small_config(**{"defenses": spec % 3}), ds)
     sim = Simulation(small_config(**{"defenses": spec % 3, "training.weighting": "uniform"}), ds)
     assert sim.defenses["upload"].name == "client_level_dp(C=1,sigma=1,m=3)"
+
+
+def test_the_cohort_check_travels_with_the_defense_not_its_name():
+    """Chained after another upload defense, or renamed, it is still checked."""
+    from fedsim.config import ConfigError
+    from fedsim.hooks import chain
+    from fedsim.simulation import Simulation
+    from tests.fedsim.helpers import small_config, small_dataset
+
+    ds = small_dataset()
+    cfg = small_config(**{"training.weighting": "uniform"})  # samples 3 clients a round
+    renamed = client_level_dp(1.0, 1.0, 5)._replace(name="my_dp")
+    chained = chain(update_gaussian(0.1), client_level_dp(1.0, 1.0, 5))
+    for d in (renamed, chained):
+        with pytest.raises(ConfigError, match="clients_per_round=5"):
+            Simulation(cfg, ds, defenses={"upload": d})
+    sim = Simulation(cfg, ds, defenses={"upload": client_level_dp(1.0, 1.0, 3)._replace(name="x")})
+    assert sim.defenses["upload"].config_checks
