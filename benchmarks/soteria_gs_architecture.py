@@ -10,10 +10,11 @@ resized to 32×32, 1 channel), the GS attack's MSE against:
 * Soteria at several p_fc over the paper's GS range (1–80 %), exact score,
   per example (the reproduction's attacked-upload defense);
 * the MILDEST setting of each baseline in Table 2's ranges: GC p_model 1 %,
-  DP-Gaussian σ 1e-4, DP-Laplace σ 1e-4, with σ read as the noise scale
-  (std 1e-4 resp. b = 1e-4). The paper's variance reading (std 1e-2) is
-  noisier, so its baseline MSE can only be larger and the bound smaller: the
-  scale reading is the one that favours Soteria.
+  DP-Gaussian σ 1e-4, DP-Laplace σ 1e-4, with σ read by default as the noise
+  scale (std 1e-4 resp. b = 1e-4). The paper's variance reading (std 1e-2,
+  ``--dp-sigma variance``) is noisier, so its baseline MSE is expected to be
+  larger and the bound smaller: the scale reading is the one that favours
+  Soteria.
 
 Why the mildest baselines are enough: the acceptance rule represents each
 baseline by its accuracy-keeping setting with the LARGEST MSE, and a
@@ -147,6 +148,11 @@ def ratio_bound(rows, baselines=BASELINES):
                         "three: an unmeasured baseline could still fail the check")}
 
 
+def dp_sigma_reading(res):
+    """How a results JSON's DP rows read σ (older results: the noise scale)."""
+    return res.get("dp_sigma_reading", DEFAULT_DP_SIGMA_READING)
+
+
 def write_markdown(res, path):
     b = res["bound"]
     lines = [
@@ -217,10 +223,12 @@ def write_markdown(res, path):
         "",
         "The bound assumes that the mildest baseline settings (GC 1 %, σ = 1e-4) keep test "
         "accuracy; then the rule's representative of each baseline has at least that MSE, "
-        "and Soteria's representative at most its largest MSE. DP σ is read as the noise "
-        "scale (std / Laplace b = 1e-4), the reading that favours Soteria: the paper's "
-        "variance reading means std 1e-2, more noise, a larger baseline MSE and a smaller "
-        "bound.",
+        "and Soteria's representative at most its largest MSE. "
+        + ("DP σ is read as the noise scale (std / Laplace b = 1e-4), the reading that "
+           "favours Soteria: the paper's variance reading means std 1e-2, more noise, a "
+           "larger baseline MSE and a smaller bound." if dp_sigma_reading(res) == "scale" else
+           "DP σ is read as the paper's variance (paper 003 §6.1): σ = 1e-4 is Gaussian std "
+           "1e-2 and Laplace b = 7.07e-3, 100× the noise of the scale reading."),
         "",
         (f"Reconstructions: `{Path(path).with_suffix('.png').name}` (rows: victims; columns: "
          "truth, then the settings in table order)." if not res.get("merged_from") else
@@ -239,6 +247,8 @@ def write_markdown(res, path):
 MERGE_KEYS = ("seed", "model", "width", "image_size", "fc_inputs", "iterations", "attack_lr",
               "gs_settings", "model_init", "input_standardise", "victims", "paired_init",
               "fc_energy_share")
+#: Results written before ``--dp-sigma`` existed read σ as the noise scale.
+DEFAULT_DP_SIGMA_READING = "scale"
 ROW_ORDER = ("none", "soteria", *BASELINES)
 
 
@@ -269,6 +279,14 @@ def merge_results(paths, command):
                              f"{', '.join(lacking)})")
         parts.append((str(p), res))
     first_path, first = parts[0]
+    # Only DP rows depend on how σ is read: parts with DP rows must read it alike.
+    with_dp = [(path, dp_sigma_reading(res)) for path, res in parts
+               if any(str(r.get("defense", "")).startswith("dp_") for r in res["rows"])]
+    for path, reading in with_dp[1:]:
+        if reading != with_dp[0][1]:
+            raise ValueError(f"--merge: {path} reads DP σ as the {reading}, {with_dp[0][0]} "
+                             f"as the {with_dp[0][1]}: their DP rows are different settings "
+                             "under one name")
     rows, merged_from = {}, []
     for path, res in parts:
         for k in MERGE_KEYS:
@@ -307,6 +325,7 @@ def merge_results(paths, command):
         out["soteria_pruned_features"] = {
             f"{r['param']:g}": num_pruned_features(r["param"], first["fc_inputs"])
             for r in ordered if r["defense"] == "soteria"}
+    out["dp_sigma_reading"] = with_dp[0][1] if with_dp else dp_sigma_reading(first)
     out.update(command=command, git_commit=git_commit(), rows=ordered,
                baselines=baselines, bound=ratio_bound(ordered, baselines),
                merged_from=merged_from, seconds=sum(m["seconds"] for m in merged_from))
@@ -379,6 +398,10 @@ def main(argv=None):
                     "authors' code: 1e-4)")
     ap.add_argument("--start", choices=("uniform", "gaussian"), default=None,
                     help="GS dummy start (default uniform; the authors' code: Gaussian)")
+    ap.add_argument("--dp-sigma", choices=sun.DP_SIGMA_READINGS, default="scale",
+                    help="how the DP baselines' σ = 1e-4 is read: scale (std / Laplace b = "
+                    "σ, the default here, the reading that favours Soteria) or variance "
+                    "(paper 003 §6.1: std √σ, b = √(σ/2); reproduce_sun2021's default)")
     ap.add_argument("--smoke", action="store_true", help="tiny pipeline check")
     ap.add_argument("--out", default=None,
                     help="output directory (default benchmarks/results; required with --merge)")
@@ -448,7 +471,7 @@ def main(argv=None):
     args = argparse.Namespace(
         seed=a.seed, victims=a.victims, image_size=a.image_size, lr=0.01, attack_lr=1.0,
         gs_iters=a.iterations, gs_lr=a.attack_lr, gs_extra=gs_extra, soteria_gs=p_fc,
-        gc_gs=[0.01], sigmas_gs=[1e-4], dp_sigma="scale", baselines=baselines)
+        gc_gs=[0.01], sigmas_gs=[1e-4], dp_sigma=a.dp_sigma, baselines=baselines)
     t0 = time.perf_counter()
 
     def log(msg):
@@ -473,7 +496,7 @@ def main(argv=None):
            "image_size": a.image_size, "fc_inputs": fc_inputs, "iterations": a.iterations,
            "attack_lr": a.attack_lr, "gs_settings": gs_extra, "model_init": a.model_init,
            "input_standardise": standardise, "victims": victims, "paired_init": True,
-           "rows": rows,
+           "dp_sigma_reading": a.dp_sigma, "rows": rows,
            "fc_energy_share": shares, "fc_input_zero_features": zero_features,
            "soteria_pruned_features": {f"{p:g}": num_pruned_features(p, fc_inputs)
                                        for p in p_fc},

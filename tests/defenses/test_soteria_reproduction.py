@@ -577,3 +577,51 @@ def test_gs_architecture_merge_joins_runs_of_one_attack(tmp_path, capsys):
     pc.write_text(json.dumps({"rows": []}))
     refused([pa, pc], "c.json is not a results JSON of this script (lacks command")
     assert not (tmp_path / "x").exists()
+
+
+def test_gs_architecture_reads_dp_sigma_as_asked_and_merges_only_one_reading(
+        tmp_path, monkeypatch, capsys):
+    """``--dp-sigma variance`` reaches the attack grid (the paper's reading: std √σ); the
+    results record the reading, the markdown states it, and a merge refuses DP rows read
+    two ways (results that predate the option read σ as the scale)."""
+    from benchmarks import soteria_gs_architecture as arch
+    from fedsim import data as data_lib
+    from tests.fedsim.helpers import small_dataset
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def grid(args, *a, **k):
+        seen.append(args.dp_sigma)
+        raise Stop
+
+    monkeypatch.setattr(data_lib, "load_dataset", lambda *a, **k: small_dataset())
+    monkeypatch.setattr(arch.sun, "attack_grid", grid)
+    for argv, reading in (([], "scale"), (["--dp-sigma", "variance"], "variance")):
+        with pytest.raises(Stop):
+            arch.main(["--smoke", "--out", str(tmp_path), *argv])
+        assert seen.pop() == reading
+
+    rows = [_mse_row("none", 0, [0.01, 0.02]), _mse_row("soteria", 0.2, [0.18, 0.2]),
+            _mse_row("dp_gaussian", 1e-4, [0.3, 0.3])]
+    variance = {**_gs_result(2000, rows), "dp_sigma_reading": "variance"}
+    old = _gs_result(2000, [_mse_row("none", 0, [0.01, 0.02]),
+                            _mse_row("dp_laplace", 1e-4, [0.05, 0.05])])  # predates: scale
+    no_dp = _gs_result(2000, [_mse_row("none", 0, [0.01, 0.02]),
+                              _mse_row("soteria", 0.6, [0.2, 0.2])])
+    pv, po, pn = tmp_path / "v.json", tmp_path / "o.json", tmp_path / "n.json"
+    for p, res in ((pv, variance), (po, old), (pn, no_dp)):
+        p.write_text(json.dumps(res))
+    with pytest.raises(SystemExit):
+        arch.main(["--merge", str(pv), str(po), "--out", str(tmp_path / "x")])
+    assert "reads DP σ as the scale" in capsys.readouterr().err
+    out = tmp_path / "merged"
+    arch.main(["--merge", str(pn), str(pv), "--out", str(out)])  # only pv has DP rows
+    res = json.loads((out / "soteria_gs_architecture.json").read_text())
+    assert res["dp_sigma_reading"] == "variance"
+    md = (out / "soteria_gs_architecture.md").read_text()
+    assert "read as the paper's variance" in md and "read as the noise scale" not in md
+    arch.write_markdown({**res, "dp_sigma_reading": "scale"}, out / "scale.md")
+    assert "read as the noise scale" in (out / "scale.md").read_text()
