@@ -155,8 +155,23 @@ def priprune_defense(hp: PriPruneConfig) -> Defense:
             else state["local"]
         return out, {**state, "local": local, "withheld": withheld}
 
+    # Found by this mark, not by name: a renamed or masked PriPrune (``_replace``
+    # keeps ``init``; the engine's error naming wraps it with functools.wraps,
+    # which copies the mark) is still PriPrune to its client update and its
+    # rate report (priprune_config_of).
+    init.priprune_config = hp
     return Defense(init=init, apply=apply, stage="upload", name="priprune",
                    begin_round=pseudo_pruning_begin)
+
+
+def priprune_config_of(defense: Defense | None) -> PriPruneConfig | None:
+    """The :class:`PriPruneConfig` a :func:`priprune_defense` was built with; None otherwise.
+
+    Read from a mark on the defense's ``init``, so it survives renaming
+    (``_replace(name=...)``), the global mask around it (pruned FL) and the
+    engine's error naming; it does not depend on ``defense.name``.
+    """
+    return None if defense is None else getattr(defense.init, "priprune_config", None)
 
 
 @register_defense("priprune")
@@ -205,7 +220,8 @@ def privacy_loss(theta, grad):
 def priprune_client_update(hp: PriPruneConfig):
     """A ``client_update_factory`` for :class:`fedsim.simulation.Simulation` (Alg 3).
 
-    ``defenses["upload"]`` must be :func:`priprune_defense` (same ``hp``);
+    ``defenses["upload"]`` must be :func:`priprune_defense` with the same
+    ``hp`` (found by :func:`priprune_config_of`, whatever its name);
     ``defenses["layer"]`` (optional) masks the gradient (base pruning). Data
     and example stages are not supported here (ValueError).
     """
@@ -213,8 +229,16 @@ def priprune_client_update(hp: PriPruneConfig):
     def factory(apply_fn, tx, settings: LocalTraining, defenses):
         defenses = dict(defenses or {})
         up = defenses.get("upload")
-        if up is None or not up.name.startswith("priprune"):
-            raise ValueError("PriPrune training needs defenses['upload'] = priprune_defense(hp)")
+        up_hp = priprune_config_of(up)
+        if up_hp is None:
+            raise ValueError("PriPrune training needs defenses['upload'] = priprune_defense(hp)"
+                             + ("" if up is None else f", got {up.name!r}"))
+        if up_hp != hp:
+            # The upload's hp decides what the server sees (upload="weights"
+            # or "update"); the client update's, the view L_acc is taken on
+            # and α's optimiser: two hp would train α for another upload.
+            raise ValueError(f"PriPrune's upload defense was built with {up_hp} but its client "
+                             f"update with {hp}; build both from one PriPruneConfig")
         extra = set(defenses) - {"upload", "layer"}
         if extra:
             raise ValueError(f"PriPrune training supports only 'layer' and 'upload' defenses, "
@@ -315,8 +339,7 @@ def report_defense_rate(sim) -> None:
     server state after the round (a client skipped for a non-finite update
     keeps its previous mask).
     """
-    up = sim.defenses.get("upload")
-    if up is None or not up.name.startswith("priprune"):
+    if priprune_config_of(sim.defenses.get("upload")) is None:
         return
 
     @jax.jit

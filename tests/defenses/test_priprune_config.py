@@ -21,6 +21,7 @@ from defenses.pruning.global_mask import masked_gradient
 from defenses.pruning.priprune import PriPruneConfig, priprune_client_update, priprune_defense
 from fedsim.cli import main
 from fedsim.config import ConfigError
+from fedsim.hooks import identity
 from fedsim.simulation import Simulation
 from tests.fedsim.helpers import small_config, small_dataset
 
@@ -190,3 +191,28 @@ def test_reference_size_scales_lambda_sha_by_the_models_size_as_the_reproduction
     same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(
         jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
     assert same(finals[0], finals[1]) and not same(finals[0], finals[2])
+
+
+def test_priprune_is_found_by_what_it_is_not_by_its_name():
+    """A renamed PriPrune still trains α and reports p̂; a foreign or mismatched upload is named."""
+    ds = small_dataset()
+    hp = PriPruneConfig(**HP)
+    renamed = priprune_defense(hp)._replace(name="learnt_mask")
+    sim = Simulation(small_config(**OBSERVED), dataset=ds, defenses={"upload": renamed},
+                     client_update_factory=priprune_client_update(hp))
+    (report,) = sim.round_callbacks
+    state, _ = sim.run_round(sim.init_state(), 0)
+    withheld = state.client_states["upload"]["withheld"]
+    expected = np.mean([np.mean(np.asarray(flatten(jax.tree_util.tree_map(
+        lambda w, c=c: w[c], withheld)))) for c in sim.cohort(0)])
+    assert report(0, {}, state=state)["priprune_rate"] == pytest.approx(expected, rel=1e-6)
+
+    factory = priprune_client_update(hp)
+    with pytest.raises(ValueError, match=r"needs defenses\['upload'\] = priprune_defense\(hp\), "
+                                         r"got 'priprune_lookalike'"):
+        factory(None, None, None,
+                {"upload": identity("upload")._replace(name="priprune_lookalike")})
+    other = PriPruneConfig(**{**HP, "upload": "weights"})
+    with pytest.raises(ValueError, match="built with .*upload='weights'.* but its client update "
+                                         "with .*upload='update'"):
+        factory(None, None, None, {"upload": priprune_defense(other)})
