@@ -329,9 +329,13 @@ def synthetic_dataset(*, seed: int = 0, image_size: int = 16, channels: int = 1,
                       num_classes: int = 10, num_train: int = 2000, num_test: int = 500) -> Dataset:
     """A small, learnable image dataset: class templates plus noise, in [0, 1].
 
-    Used by unit tests so they need no files. Deterministic in ``seed``.
+    Used by unit tests so they need no files. Deterministic in ``seed``, from
+    its own stream (:func:`fedsim.keys.numpy_generator`): the partitions draw
+    from ``np.random.default_rng(seed)``, and a dataset drawn from that same
+    stream would share its bits with the partition of the same run.
     """
-    rng = np.random.default_rng(seed)
+    from fedsim.keys import numpy_generator  # fedsim.keys imports jax; data need not
+    rng = numpy_generator(seed, "data/synthetic")
     templates = rng.uniform(0.0, 1.0, (num_classes, image_size, image_size, channels))
 
     def draw(n):

@@ -77,6 +77,18 @@ def test_synthetic_is_seeded():
     assert not np.array_equal(a.x_train, c.x_train)
 
 
+def test_synthetic_data_does_not_share_its_draws_with_the_partition():
+    """The partitions draw from default_rng(seed); the data must come from another stream.
+
+    From that stream, the class templates would be its first draws, and every
+    image would lie within 0.3 of 0.7 × its class's template (module code).
+    """
+    ds = data.synthetic_dataset(seed=3, num_train=200, num_test=10)
+    same_stream = np.random.default_rng(3).uniform(0.0, 1.0, (ds.num_classes, 16, 16, 1))
+    noise = ds.x_train - 0.7 * same_stream[ds.y_train]
+    assert not np.all((noise >= -1e-6) & (noise <= 0.3 + 1e-6))
+
+
 @pytest.mark.skipif(not FMNIST.exists(), reason="apt package dataset-fashion-mnist not installed")
 def test_real_fashion_mnist_offline():
     ds = load_dataset("fashion_mnist", image_size=16)
