@@ -1,10 +1,12 @@
 import os
+import shutil
+import tempfile
 
 # Tests run on CPU; keep XLA from grabbing every core's worth of threads.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# The command line turns on JAX's persistent compilation cache; the suite's
-# numbers must not depend on what earlier runs left on disk
-# (tests/fedsim/test_compile_cache.py turns it on where it tests it).
+# The command line turns on JAX's persistent compilation cache in the user's
+# cache directory; the suite's numbers must not depend on what earlier runs
+# left there (tests/fedsim/test_compile_cache.py turns it on where it tests it).
 os.environ.setdefault("FEDSIM_COMPILE_CACHE", "0")
 # The suite's tolerances are float32's. Where it runs on a GPU
 # (JAX_PLATFORMS=cuda, benchmarks/gpu_session.sh), JAX would otherwise let
@@ -12,3 +14,44 @@ os.environ.setdefault("FEDSIM_COMPILE_CACHE", "0")
 # (attacks and defenses called directly); the engine's own setting,
 # training.matmul_precision, is tested in tests/fedsim/test_simulation.py.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+
+#: Size cap of the run's compilation cache. Any cap turns on JAX's file lock
+#: around each read and write, which the xdist workers and the multi-process
+#: tests' subprocesses, all sharing the directory, need: without it, one
+#: process could read an entry another is still writing.
+_RUN_CACHE_BYTES = 4 * 1024**3
+
+
+def pytest_configure(config):
+    """One fresh compilation cache for this run, shared by its workers and subprocesses.
+
+    Most of the suite's time on XLA:CPU is compiling round steps, and many
+    tests compile the same program (the same small config on another
+    Simulation, each process of a multi-process test). JAX's persistent cache
+    loads an executable compiled once in the run instead of compiling it
+    again: the same executable, so the same numbers
+    (test_compile_cache.py::test_second_process_loads_the_executables_with_the_same_numbers).
+    The directory is new for each run and deleted after it, so nothing an
+    earlier run left on disk reaches this one. The controller makes it before
+    xdist starts its workers, which inherit the environment, as do the
+    subprocesses tests start. A cache directory set by whoever runs the suite
+    (``JAX_COMPILATION_CACHE_DIR``) is used as it is.
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    path = tempfile.mkdtemp(prefix="fedsim-tests-xla-")
+    config._fedsim_run_cache = path
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(_RUN_CACHE_BYTES))
+    import sys
+    if "jax" in sys.modules:  # imported already (pytest -n 0 with a plugin that loads jax)
+        import jax
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_compilation_cache_max_size",
+                          int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
+
+
+def pytest_unconfigure(config):
+    path = getattr(config, "_fedsim_run_cache", None)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
