@@ -5,11 +5,13 @@ prints every test's setup, call and teardown time. This script adds them up
 by test file, for one log or several side by side (e.g. before and after a
 change to the suite), with each log's wall time (pytest's closing line) and
 worker time (the sum of all durations: with ``-n 2`` about twice the wall).
+Labels ``GROUP/RUN`` group repeated runs: the markdown compares the last
+group's median with the first's.
 
 Run::
 
-    python -m benchmarks.ci_durations --log before=ci_before.log \\
-        --log after=ci_after.log --out benchmarks/results/ci_durations
+    python -m benchmarks.ci_durations --log before/1=ci_before.log \\
+        --log after/1=ci_after.log --out benchmarks/results/ci_durations
 
 It writes ``ci_durations.json`` and ``ci_durations.md``. One log per label:
 the machine is noisy, so a difference of a few percent says nothing.
@@ -50,6 +52,22 @@ def parse_log(text: str) -> dict:
                       for f, s in sorted(per_file.items(), key=lambda kv: -kv[1])}}
 
 
+def _groups(labels: list[str]) -> dict[str, list[str]]:
+    """Labels by group: the part before ``/`` (``off/1``, ``off/2`` → ``off``)."""
+    groups: dict[str, list[str]] = {}
+    for k in labels:
+        groups.setdefault(k.split("/", 1)[0], []).append(k)
+    return groups
+
+
+def _median(values: list) -> float | None:
+    vals = sorted(v for v in values if v)
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
 def markdown(logs: dict[str, dict], top: int) -> str:
     labels = list(logs)
     first = logs[labels[0]]
@@ -62,11 +80,16 @@ def markdown(logs: dict[str, dict], top: int) -> str:
                                          else "-" for k in labels) + " |",
              "| worker time (s) | " + " | ".join(f"{logs[k]['worker_s']:.0f}" for k in labels)
              + " |", ""]
-    if len(labels) > 1:
-        a, b = labels[0], labels[-1]
+    groups = _groups(labels)
+    if len(groups) > 1:
+        a, b = list(groups)[0], list(groups)[-1]
         for key, name in (("wall_s", "wall"), ("worker_s", "worker time")):
-            if logs[a][key] and logs[b][key]:
-                lines.append(f"- {name}: {b} / {a} = {logs[b][key] / logs[a][key]:.2f}")
+            med = {g: _median([logs[k][key] for k in groups[g]]) for g in (a, b)}
+            if med[a] and med[b]:
+                runs = {g: f" (median of {len(groups[g])})" if len(groups[g]) > 1 else ""
+                        for g in (a, b)}
+                lines.append(f"- {name}: {b}{runs[b]} / {a}{runs[a]} = "
+                             f"{med[b]:.0f} / {med[a]:.0f} s = {med[b] / med[a]:.2f}")
         lines.append("")
     lines += [f"Files by time in `{labels[0]}` (the {top} largest):", "",
               "| file | tests | " + " | ".join(f"{k} (s)" for k in labels) + " |",

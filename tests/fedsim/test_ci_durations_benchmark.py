@@ -34,8 +34,13 @@ def test_two_logs_side_by_side_and_a_log_without_durations_is_named(tmp_path, ca
     res = json.loads((tmp_path / "out" / "ci_durations.json").read_text())
     assert res["logs"]["after"]["files"]["tests/fedsim/test_a.py"]["seconds"] == 5.0
     md = (tmp_path / "out" / "ci_durations.md").read_text()
-    assert "- wall: after / before = 0.50" in md
+    assert "- wall: after / before = 5 / 10 s = 0.50" in md
     assert "| tests/fedsim/test_a.py | 2 | 15.0 | 5.0 |" in md
+    (tmp_path / "d.log").write_text(LOG.replace("10.50s", "20.50s"))
+    assert main(["--log", f"off/1={tmp_path / 'a.log'}", "--log", f"off/2={tmp_path / 'd.log'}",
+                 "--log", f"on/1={tmp_path / 'b.log'}", "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "ci_durations.md").read_text()
+    assert "- wall: on / off (median of 2) = 5 / 16 s = 0.34" in md
     (tmp_path / "c.log").write_text("8 passed in 3.0s\n")
     with pytest.raises(SystemExit):
         main(["--log", f"c={tmp_path / 'c.log'}", "--out", str(tmp_path / "out")])
