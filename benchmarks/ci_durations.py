@@ -13,8 +13,9 @@ Run::
     python -m benchmarks.ci_durations --log before/1=ci_before.log \\
         --log after/1=ci_after.log --out benchmarks/results/ci_durations
 
-It writes ``ci_durations.json`` and ``ci_durations.md``. One log per label:
-the machine is noisy, so a difference of a few percent says nothing.
+It writes ``ci_durations.json`` and ``ci_durations.md``. The machine is
+noisy (two runs of one commit have differed by 18 %): give repeated runs as
+a group, and read a difference of a few percent as nothing.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 import os
 import shutil
+import sys
 import tempfile
 
 # Tests run on CPU; keep XLA from grabbing every core's worth of threads.
@@ -25,7 +26,7 @@ _RUN_CACHE_BYTES = 4 * 1024**3
 def pytest_configure(config):
     """One fresh compilation cache for this run, shared by its workers and subprocesses.
 
-    Most of the suite's time on XLA:CPU is compiling round steps, and many
+    Much of the suite's time on XLA:CPU is compiling round steps, and many
     tests compile the same program (the same small config on another
     Simulation, each process of a multi-process test). JAX's persistent cache
     loads an executable compiled once in the run instead of compiling it
@@ -43,7 +44,6 @@ def pytest_configure(config):
     config._fedsim_run_cache = path
     os.environ["JAX_COMPILATION_CACHE_DIR"] = path
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(_RUN_CACHE_BYTES))
-    import sys
     if "jax" in sys.modules:  # imported already (pytest -n 0 with a plugin that loads jax)
         import jax
         jax.config.update("jax_compilation_cache_dir", path)
