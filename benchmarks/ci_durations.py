@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import re
+import statistics
 from pathlib import Path
 
 from benchmarks.results_io import write_json_and_markdown
@@ -62,11 +63,8 @@ def _groups(labels: list[str]) -> dict[str, list[str]]:
 
 
 def _median(values: list) -> float | None:
-    vals = sorted(v for v in values if v)
-    if not vals:
-        return None
-    mid = len(vals) // 2
-    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+    vals = [v for v in values if v]
+    return statistics.median(vals) if vals else None
 
 
 def markdown(logs: dict[str, dict], top: int) -> str:
@@ -108,6 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/results/ci_durations")
     ap.add_argument("--top", type=int, default=25, help="how many files the table lists")
     args = ap.parse_args(argv)
+    if args.top < 1:
+        ap.error(f"--top must be at least 1, got {args.top}")
     logs = {}
     for spec in args.log:
         label, sep, path = spec.partition("=")

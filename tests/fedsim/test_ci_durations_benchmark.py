@@ -45,3 +45,6 @@ def test_two_logs_side_by_side_and_a_log_without_durations_is_named(tmp_path, ca
     with pytest.raises(SystemExit):
         main(["--log", f"c={tmp_path / 'c.log'}", "--out", str(tmp_path / "out")])
     assert "no test durations in the log" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--log", f"a={tmp_path / 'a.log'}", "--top", "0", "--out", str(tmp_path / "out")])
+    assert "--top must be at least 1, got 0" in capsys.readouterr().err
