@@ -217,8 +217,17 @@ def load_callback_states(callbacks, states) -> None:
 
 
 def read_meta(directory) -> dict | None:
-    """Metadata of the newest complete checkpoint in ``directory`` (None if none)."""
-    if not Path(directory).is_dir():
+    """Metadata of the newest complete checkpoint in ``directory`` (None if none).
+
+    In several processes, process 0's view of whether ``directory`` exists
+    decides for all (:func:`fedsim.distributed.agree`): opening it is a
+    collective (orbax syncs the processes), and a process that looked after
+    process 0 had created it would open it alone and wait in a collective the
+    others never join.
+    """
+    from fedsim import distributed
+
+    if not distributed.agree(Path(directory).is_dir()):
         return None
     ck = Checkpointer(directory)
     step = ck.latest_round()

@@ -286,6 +286,42 @@ def test_a_multi_process_run_resumes_from_its_checkpoint(config, tmp_path):
     _assert_same_rows(rows, _reference_rows(config, tmp_path / "ref", 3, pseudo))
 
 
+# Process 1 looks for the checkpoint directory only after process 0 has created
+# it (faked: process 1 sees "checkpoints" as a directory before it exists).
+LATE_VIEW_IN_PROCESS_1 = """\
+import pathlib
+import sys
+
+from fedsim import checkpoint
+from fedsim.cli import main
+
+if sys.argv[sys.argv.index("--process-id") + 1] == "1":
+    class LatePath(type(pathlib.Path())):
+        def is_dir(self):
+            return self.name == "checkpoints" or super().is_dir()
+
+    checkpoint.Path = LatePath
+sys.exit(main())
+"""
+
+
+def test_a_process_that_sees_the_checkpoint_directory_later_joins_the_others(config, tmp_path):
+    # Opening the checkpoint directory is a collective (orbax syncs the
+    # processes). Before, each process's own view of whether it existed decided:
+    # process 1, looking after process 0 had created it, opened it alone and
+    # crashed in a collective process 0 never joined (seen in an attack sweep:
+    # gloo "Received data size doesn't match expected size"). Process 0's view
+    # now decides for all.
+    driver = tmp_path / "driver.py"
+    driver.write_text(LATE_VIEW_IN_PROCESS_1)
+    out = tmp_path / "run"
+    procs = _run_processes(config, out, "training.rounds=1", timeout=120,
+                           launcher=(str(driver),))
+    for i, p in enumerate(procs):
+        assert p["rc"] == 0, (i, p["stderr"][-3000:])
+    assert sorted(os.listdir(out / "checkpoints")) == ["1"]
+
+
 def test_a_strategy_that_cannot_span_processes_is_refused_in_each(config, tmp_path):
     procs = _run_processes(config, tmp_path / "run", "training.client_parallelism=vmap")
     for p in procs:
