@@ -703,16 +703,39 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
 def init_params(model: nn.Module, input_shape: Sequence[int], key: jax.Array):
     """Initialise ``model`` for inputs of shape ``input_shape`` (no batch dim).
 
+    The initialisation runs as one jitted program per (model, input shape),
+    not op by op: eagerly every initializer and every layer of the forward
+    pass on zeros compiles its own small program (LeNet-5: about 100 compiles,
+    1.9 s of them for five truncated normals). The parameters are bit for bit
+    the ones ``model.init`` gives eagerly (``tests/fedsim/test_models.py``);
+    the time is measured by ``benchmarks/init_time_cpu.py``. A model whose
+    fields cannot be hashed (so cannot be a static argument) is initialised
+    eagerly, as before.
+
     Raises:
       ValueError: when the model cannot take inputs of that shape (the message
         names the model and the shape, e.g. a shape given with a batch dim).
     """
+    shape = tuple(input_shape) if isinstance(input_shape, (list, tuple)) else input_shape
     try:
-        return model.init(key, jnp.zeros((1, *input_shape), jnp.float32))["params"]
+        hash((model, shape))
+        init = _init_jitted
+    except TypeError:
+        init = _init_eager
+    try:
+        return init(model, shape, key)
     except (ZeroDivisionError, TypeError, ValueError) as e:
         raise ValueError(f"{type(model).__name__} cannot be initialised for input_shape "
-                         f"{tuple(input_shape)} (one example, no batch dimension, e.g. "
+                         f"{shape} (one example, no batch dimension, e.g. "
                          f"(28, 28, 1)): {type(e).__name__}: {e}") from e
+
+
+def _init_eager(model: nn.Module, input_shape: Sequence[int], key: jax.Array):
+    return model.init(key, jnp.zeros((1, *input_shape), jnp.float32))["params"]
+
+
+# One executable per (model, input shape): flax modules hash by their fields.
+_init_jitted = jax.jit(_init_eager, static_argnums=(0, 1))
 
 
 def make_apply_fn(model: nn.Module) -> Callable[[object, jax.Array], jax.Array]:

@@ -87,6 +87,77 @@ def test_init_params_names_the_shape_it_cannot_take():
         init_params(build_model("conv2", 10), (1, 28, 28, 1), jax.random.key(0))
 
 
+def _eager_init(model, shape, key):
+    """``model.init`` op by op, as init_params ran before it was jitted."""
+    return model.init(key, jnp.zeros((1, *shape), jnp.float32))["params"]
+
+
+def _assert_bitwise_equal(a, b):
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _torch_convnet():
+    from fedsim.models import ConvNet
+    return ConvNet(width=4, init_scheme="torch", input_standardise=(0.3, 0.25))
+
+
+@pytest.mark.parametrize("make,shape", [
+    (lambda: build_model("mlp"), (16, 16, 1)),
+    (lambda: build_model("lenet"), (16, 16, 1)),
+    (lambda: build_model("lenet5"), (28, 28, 1)),
+    (_torch_convnet, (16, 16, 1)),
+], ids=["mlp", "lenet", "lenet5", "convnet_torch"])
+def test_jitted_init_gives_the_eager_parameters_bit_for_bit(make, shape):
+    """init_params runs model.init as one program: XLA may fuse the initializers'
+    arithmetic, and the committed results depend on these exact bits."""
+    model = make()
+    for seed in (0, 3):
+        key = jax.random.key(seed)
+        _assert_bitwise_equal(init_params(model, shape, key), _eager_init(model, shape, key))
+    raw = jax.random.PRNGKey(5)  # a raw uint32 key as well as a typed one
+    _assert_bitwise_equal(init_params(model, list(shape), raw), _eager_init(model, shape, raw))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,shape,classes,expected", EXPECTED)
+def test_jitted_init_gives_the_eager_parameters_bit_for_bit_for_every_model(
+        name, shape, classes, expected):
+    model = build_model(name, classes)
+    key = jax.random.key(1)
+    _assert_bitwise_equal(init_params(model, shape, key), _eager_init(model, shape, key))
+
+
+def test_init_is_one_program_per_model_and_shape_and_an_unhashable_model_runs_eagerly():
+    import flax.linen as nn
+
+    from fedsim import models
+
+    model, shape = build_model("mlp"), (21, 21, 1)  # a shape no other test uses
+    before = models._init_jitted._cache_size()
+    first = init_params(model, shape, jax.random.key(0))
+    init_params(model, list(shape), jax.random.key(1))  # a list hits the same program
+    init_params(build_model("mlp"), shape, jax.random.key(2))  # an equal model as well
+    assert models._init_jitted._cache_size() == before + 1
+    assert first["Dense_0"]["kernel"].shape == (21 * 21, 50)
+
+    class ListWidths(nn.Module):  # a list field: not hashable, so not a static argument
+        widths: list
+
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(self.widths[0])(x.reshape((x.shape[0], -1)))
+
+    odd = ListWidths([3])
+    with pytest.raises(TypeError):
+        hash(odd)
+    key = jax.random.key(4)
+    _assert_bitwise_equal(init_params(odd, (2, 2, 1), key), _eager_init(odd, (2, 2, 1), key))
+    assert models._init_jitted._cache_size() == before + 1
+
+
 @pytest.mark.parametrize("window,size", [(2, 28), (2, 7), (3, 16)])
 def test_max_pool_matches_flax_values_and_gradients(window, size):
     """The sliced max pool equals flax's reduce_window pool (ties aside)."""

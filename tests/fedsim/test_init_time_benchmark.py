@@ -1,0 +1,52 @@
+"""benchmarks/init_time_cpu.py: one real child per way, its readings, its argument errors."""
+
+import pytest
+
+from benchmarks.init_time_cpu import main, markdown, run_child, same_bits, summarize
+
+
+def test_a_child_initialises_both_ways_to_the_same_bits_and_jit_compiles_once():
+    eager = run_child("mlp", "16x16x1", "eager", None)
+    jitted = run_child("mlp", "16x16x1", "jit", None)
+    assert eager["digest"] == jitted["digest"]
+    assert jitted["compiles"] == 1  # no persistent cache: the one program of the init
+    assert eager["compiles"] > 1  # an initializer and layer at a time
+    assert eager["seconds"] > 0 and jitted["seconds"] > 0
+
+
+def _row(way, cache, secs, p=0, digest="d", compiles=1, model="mlp"):
+    return {"pass": p, "model": model, "shape": "16x16x1", "way": way, "cache": cache,
+            "seconds": secs, "compiles": compiles, "compile_seconds": 0.0, "digest": digest,
+            "load_before": 0.0}
+
+
+def test_summary_takes_medians_per_way_and_cache_and_same_bits_per_model():
+    rows = [_row("eager", "off", s, p, compiles=9) for p, s in enumerate((3.0, 5.0, 4.0))]
+    rows += [_row("jit", "off", s, p) for p, s in enumerate((1.0, 2.0, 1.5))]
+    rows += [_row("eager", "warm", 4.0, digest="other", model="lenet5"),
+             _row("jit", "warm", 0.5, model="lenet5")]
+    out = {(s["model"], s["cache"]): s for s in summarize(rows)}
+    off = out[("mlp", "off")]
+    assert (off["eager_s"], off["jit_s"], off["n"]) == (4.0, 1.5, 3)
+    assert off["jit_over_eager"] == pytest.approx(1.5 / 4.0)
+    assert (off["eager_compiles"], off["jit_compiles"]) == (9, 1)
+    bits = same_bits(rows)
+    assert bits == {"mlp 16x16x1": True, "lenet5 16x16x1": False}
+    text = markdown({"passes": 3, "device": "cpu", "commit": "abc1234def", "dirty": False,
+                     "seconds": 12.0, "summary": summarize(rows), "same_bits": bits})
+    assert "| mlp | 16x16x1 | off | 4.00 | 1.50 | 0.38 | 9 | 1 |" in text
+    assert "NO:" in text and "lenet5 16x16x1" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--models", "lenet5"], "expected NAME:HxWxC"),
+    (["--models", "lenet5:28x28"], "expected NAME:HxWxC"),
+    (["--models", "lenet5:28x0x1"], "expected NAME:HxWxC"),
+    (["--models", "nope:28x28x1"], "unknown model 'nope'"),
+    (["--passes", "0"], "--passes must be >= 1"),
+])
+def test_bad_arguments_are_named_before_anything_runs(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main([*argv, "--out", str(tmp_path)])
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
