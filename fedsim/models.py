@@ -705,12 +705,14 @@ def init_params(model: nn.Module, input_shape: Sequence[int], key: jax.Array):
 
     The initialisation runs as one jitted program per (model, input shape),
     not op by op: eagerly every initializer and every layer of the forward
-    pass on zeros compiles its own small program (LeNet-5: about 100 compiles,
-    1.9 s of them for five truncated normals). The parameters are bit for bit
-    the ones ``model.init`` gives eagerly (``tests/fedsim/test_models.py``);
-    the time is measured by ``benchmarks/init_time_cpu.py``. A model whose
-    fields cannot be hashed (so cannot be a static argument) is initialised
-    eagerly, as before.
+    pass on zeros compiles its own small program (LeNet-5 at 28×28: 66 XLA
+    compiles), each too short for the persistent compilation cache. Jitted,
+    a first initialisation takes 0.41–0.57× the time, and 0.05–0.09× with
+    the cache warm where the program compiles in over the cache's 1 s
+    threshold (``benchmarks/results/init_time_cpu.md``). The parameters are
+    bit for bit the ones ``model.init`` gives eagerly
+    (``tests/fedsim/test_models.py``). A model whose fields cannot be hashed
+    (so cannot be a static argument) is initialised eagerly, as before.
 
     Raises:
       ValueError: when the model cannot take inputs of that shape (the message
