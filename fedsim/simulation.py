@@ -217,7 +217,10 @@ class Simulation:
     Args:
       cfg: the validated config.
       dataset: a preloaded dataset (else loaded from ``cfg.data``).
-      defenses: stage -> Defense (else built from ``cfg.defenses``).
+      defenses: stage -> Defense, in place of ``cfg.defenses`` (else built
+        from it). Giving both is refused: the config's would not run, yet
+        what reads the config (the channels' leakage ledger) would describe
+        them.
       strategy: overrides ``cfg.training.client_parallelism``.
       donate: donate the server state's buffers to the round step (saves a
         copy of the model per round; the ``state`` passed to
@@ -265,7 +268,14 @@ class Simulation:
         _check_model_fits(self.model, cfg.model.name, ds.input_shape)
         self.key = jax.random.key(cfg.seed)
         _load_defenses()  # the registry on_run_data reads
-        #: The defense specs as built: the config's, on the run's data (on_run_data).
+        if defenses is not None and cfg.defenses:
+            names = ", ".join(str(spec.get("name")) for spec in cfg.defenses)
+            raise ConfigError(
+                f"config key 'defenses' names {names} but Simulation(defenses=...) was given "
+                "too; the config's would not run. Pass one or the other (an empty "
+                "'defenses' in the config with defenses=, or no defenses=)")
+        #: The defense specs as built: the config's, on the run's data (on_run_data);
+        #: empty when the defenses were given by hand.
         self.defense_specs = on_run_data(cfg.defenses, cfg)
         self.defenses = build_defenses(self.defense_specs) if defenses is None else dict(defenses)
         for defense in self.defenses.values():

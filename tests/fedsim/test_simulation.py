@@ -101,6 +101,20 @@ def test_clients_vmapped_in_groups_trace_their_convolutions_as_vmapped_instances
     assert models._VMAPPED_DEPTH == 0
 
 
+def test_defenses_given_by_hand_and_in_the_config_are_refused_by_name():
+    """The config's defenses would not run beside hand-built ones, yet what reads the
+    config (the channels' leakage ledger) would describe them: refused, naming both."""
+    ds = small_dataset()
+    hand = {"upload": _nan_upload()}
+    cfg = small_config(defenses="[{name: parameter_channel, kappa: 100.0}]")
+    with pytest.raises(ConfigError, match=r"'defenses' names parameter_channel.*defenses=\.\.\."):
+        Simulation(cfg, dataset=ds, defenses=hand)
+    # Either one alone is fine, and the hand-built run has no ledger for a channel.
+    sim = Simulation(small_config(), dataset=ds, defenses=hand)
+    assert sim.defenses == hand and sim.defense_specs == [] and sim.round_callbacks == []
+    assert len(Simulation(cfg, dataset=ds).round_callbacks) == 1  # the channel's ledger
+
+
 def test_same_seed_same_numbers_other_seed_other_numbers():
     ds = small_dataset()
 
