@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 
+from fedsim.suggest import did_you_mean
 from fedsim.typing import Observation, PRNGKey
 
 
@@ -55,7 +56,8 @@ def run_attack(name: str, observation: Observation, config: Mapping[str, Any] | 
       ValueError: for an unknown attack name (listing the known ones).
     """
     if not isinstance(name, str) or name not in ATTACK_REGISTRY:
-        raise ValueError(f"unknown attack {name!r}; known attacks: {', '.join(sorted(ATTACK_REGISTRY))}")
+        raise ValueError(f"unknown attack {name!r}; known attacks: "
+                         f"{', '.join(sorted(ATTACK_REGISTRY))}{did_you_mean(name, ATTACK_REGISTRY)}")
     return ATTACK_REGISTRY[name](observation, dict(config or {}), key)
 
 

@@ -46,6 +46,7 @@ from fedsim import distributed
 from fedsim.config import Config, ConfigError, load_config
 from fedsim.observer import GRANTS, ObservedUpload, restrict
 from fedsim.provenance import environment
+from fedsim.suggest import did_you_mean, did_you_mean_each
 from fedsim.sweep import TABLE_FIELDS
 
 ATTACK_KEYS = ("name", "grants", "config")
@@ -69,10 +70,11 @@ def validate_attack_section(cfg: Config) -> dict:
     unknown = set(section) - set(ATTACK_KEYS)
     if unknown:
         raise ConfigError(f"config key 'attack': unknown key(s) {sorted(unknown)}; "
-                          f"allowed: {', '.join(ATTACK_KEYS)}")
+                          f"allowed: {', '.join(ATTACK_KEYS)}{did_you_mean_each(unknown, ATTACK_KEYS)}")
     if not isinstance(section["name"], str) or section["name"] not in ATTACK_REGISTRY:
         raise ConfigError(f"config key 'attack.name': {section['name']!r} is not allowed; "
-                          f"allowed values: {', '.join(sorted(ATTACK_REGISTRY))}")
+                          f"allowed values: {', '.join(sorted(ATTACK_REGISTRY))}"
+                          f"{did_you_mean(section['name'], ATTACK_REGISTRY)}")
     grants = section.get("grants") or {}
     if not isinstance(grants, dict) or set(grants) - set(GRANTS) or \
             not all(isinstance(v, bool) for v in grants.values()):

@@ -45,6 +45,7 @@ from attacks.api import Reconstruction
 from attacks.labels import infer_labels, observed_gradient
 from fedsim import memory, models
 from fedsim.config import ConfigError
+from fedsim.suggest import did_you_mean_each
 from fedsim.typing import Observation, Params
 
 
@@ -119,7 +120,8 @@ def parse_config(defaults: Mapping[str, Any], config: Mapping[str, Any],
     unknown = set(config) - allowed
     if unknown:
         raise AttackConfigError(f"attack.config: unknown key(s) {sorted(unknown)}; "
-                                f"allowed: {', '.join(sorted(allowed))}")
+                                f"allowed: {', '.join(sorted(allowed))}"
+                                f"{did_you_mean_each(unknown, allowed)}")
     out = {**defaults, **config}
     for k, choices in _CHOICES.items():
         if k in out and out[k] not in choices:

@@ -32,6 +32,7 @@ import optax
 from attacks.api import Reconstruction, register_attack
 from attacks.gradient_inversion import AttackConfigError
 from fedsim import models
+from fedsim.suggest import did_you_mean_each
 from fedsim.typing import Observation
 
 DEFAULTS = {"aux_images": None, "classes": None, "iterations": 600, "lr": 1e-2, "model": "local"}
@@ -74,7 +75,8 @@ def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = 
     unknown = set(config) - set(DEFAULTS)
     if unknown:
         raise AttackConfigError(f"attack.config: unknown key(s) {sorted(unknown)}; "
-                                f"allowed: {', '.join(sorted(DEFAULTS))}")
+                                f"allowed: {', '.join(sorted(DEFAULTS))}"
+                                f"{did_you_mean_each(unknown, DEFAULTS)}")
     cfg = {**DEFAULTS, **config}
     if cfg["aux_images"] is None:
         raise AttackConfigError("model_inversion needs attack.config.aux_images (auxiliary "

@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from fedsim.suggest import close_matches, did_you_mean
+
 
 class ConfigError(ValueError):
     """An invalid config; the message names the key and the allowed values."""
@@ -266,7 +268,8 @@ def _check_range(value, meta, path):
         return
     if "choices" in meta and value not in meta["choices"]:
         raise ConfigError(f"config key '{path}': {value!r} is not allowed; "
-                          f"allowed values: {', '.join(map(str, meta['choices']))}")
+                          f"allowed values: {', '.join(map(str, meta['choices']))}"
+                          f"{did_you_mean(value, meta['choices'])}")
     bounded = any(k in meta for k in ("min", "max", "gt", "lt"))
     if bounded and isinstance(value, float) and not math.isfinite(value):
         # NaN fails every comparison below, but inf passes min/gt: lr = .inf
@@ -290,7 +293,8 @@ def from_dict(cls, data: dict, path: str = ""):
         if k not in names:
             where = f"'{path}.{k}'" if path else f"'{k}'"
             raise ConfigError(f"unknown config key {where}; allowed keys"
-                              f"{' in ' + repr(path) if path else ''}: {', '.join(names)}")
+                              f"{' in ' + repr(path) if path else ''}: {', '.join(names)}"
+                              f"{did_you_mean(k, names)}")
     kwargs = {}
     hints = _hints(cls)
     for name, f in names.items():
@@ -320,6 +324,21 @@ def _leaf_paths(cls, prefix="") -> list[str]:
 _BARE_PRIORITY = ("training", "data", "model", "eval", "output", "observer")
 
 
+def _key_hint(key: str, leaves: list[str]) -> str:
+    """The "did you mean" for an unknown ``--set`` key: a close dotted key, or for a
+    bare name a close leaf name, given as the dotted key ``--set`` would set."""
+    hint = did_you_mean(key, leaves)
+    if hint or "." in key:
+        return hint
+    found = close_matches(key, {p.split(".")[-1] for p in leaves})
+    if not found:
+        return ""
+    ranked = sorted((p for p in leaves if p.split(".")[-1] == found[0]),
+                    key=lambda p: _BARE_PRIORITY.index(p.split(".")[0])
+                    if p.split(".")[0] in _BARE_PRIORITY else len(_BARE_PRIORITY))
+    return f"; did you mean {ranked[0]!r}?"
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """Apply ``key=value`` overrides (values parsed as YAML) to a raw config dict.
 
@@ -345,7 +364,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                                 if p.split(".")[0] in _BARE_PRIORITY else len(_BARE_PRIORITY))
                 key = ranked[0]
             else:
-                raise ConfigError(f"--set {key}: unknown config key; known keys: {', '.join(leaves)}")
+                raise ConfigError(f"--set {key}: unknown config key; known keys: "
+                                  f"{', '.join(leaves)}{_key_hint(key, leaves)}")
         try:
             value = yaml_load(text)
         except yaml.YAMLError:
@@ -414,7 +434,8 @@ def validate(cfg: Config) -> None:
 
         if cfg.pruning.scheme not in mask_schemes():
             raise ConfigError(f"config key 'pruning.scheme': {cfg.pruning.scheme!r} is not "
-                              f"allowed; allowed values: {', '.join(mask_schemes())}")
+                              f"allowed; allowed values: {', '.join(mask_schemes())}"
+                              f"{did_you_mean(cfg.pruning.scheme, mask_schemes())}")
         from fedsim.hooks import reconfigurable_schemes
 
         if cfg.pruning.reconfigurations > 1 and \
@@ -439,7 +460,8 @@ def validate(cfg: Config) -> None:
     from fedsim.models import MODEL_REGISTRY
     if cfg.model.name not in MODEL_REGISTRY:
         raise ConfigError(f"config key 'model.name': {cfg.model.name!r} is not allowed; allowed "
-                          f"values: {', '.join(sorted(MODEL_REGISTRY))}")
+                          f"values: {', '.join(sorted(MODEL_REGISTRY))}"
+                          f"{did_you_mean(cfg.model.name, MODEL_REGISTRY)}")
 
 
 def _check_data_source(d: DataConfig) -> None:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsim.suggest import did_you_mean
+
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
 KNOWN_DATASETS = ("fashion_mnist", "mnist", "cifar10", "svhn_cropped", "celeb_a", "emnist",
                   "synthetic")
@@ -270,6 +272,12 @@ def _load_tfds(name: str, data_dir: str | None, label_key: str | None) -> Datase
     except DatasetError as e:
         raise DatasetError(f"{e}{hint}") from None
     except Exception as e:  # tfds raises many types (download, not found, ...)
+        if type(e).__name__ == "DatasetNotFoundError":  # a name tfds does not know
+            known = [*KNOWN_DATASETS, *tfds.list_builders(with_community_datasets=False)]
+            raise DatasetError(
+                f"unknown dataset {name!r}: not one fedsim makes or reads itself "
+                f"(synthetic; fashion_mnist) nor one tensorflow-datasets registers"
+                f"{did_you_mean(name, known)}") from None
         raise DatasetError(
             f"cannot load dataset {name!r} through tensorflow-datasets "
             f"({type(e).__name__}: {str(e).splitlines()[0][:200]}). It needs internet access "

@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
+from fedsim.suggest import did_you_mean, did_you_mean_each
 from fedsim.typing import PyTree
 
 STAGES = ("data", "example", "layer", "upload")
@@ -192,7 +193,8 @@ def chain(*defenses: Defense) -> Defense:
 
 def _check_stage(stage: str) -> None:
     if stage not in STAGES:
-        raise ValueError(f"unknown defense stage {stage!r}; allowed: {', '.join(STAGES)}")
+        raise ValueError(f"unknown defense stage {stage!r}; allowed: {', '.join(STAGES)}"
+                         f"{did_you_mean(stage, STAGES)}")
 
 
 # --- registry -------------------------------------------------------------
@@ -227,13 +229,31 @@ def build_defense(name: str, **kwargs) -> Defense:
     _load_defenses()
     if not isinstance(name, str) or name not in DEFENSE_REGISTRY:
         known = ", ".join(sorted(DEFENSE_REGISTRY)) or "(none registered)"
-        raise ValueError(f"unknown defense {name!r}; known defenses: {known}")
+        raise ValueError(f"unknown defense {name!r}; known defenses: {known}"
+                         f"{did_you_mean(name, DEFENSE_REGISTRY)}")
     factory = DEFENSE_REGISTRY[name]
     try:
         return factory(**kwargs)
     except TypeError as e:
         raise ValueError(f"defense {name!r}: bad arguments {kwargs}: {e}; "
-                         f"it takes {_parameters(factory)}") from None
+                         f"it takes {_parameters(factory)}{_argument_hint(factory, kwargs)}"
+                         ) from None
+
+
+def _argument_hint(fn, kwargs: dict) -> str:
+    """"did you mean" for the keyword arguments ``fn`` does not take ("" where it
+    takes any, or its signature cannot be read)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ""
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return ""
+    names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    unexpected = [k for k in kwargs if k not in names]
+    return did_you_mean_each(unexpected, names) if unexpected else ""
 
 
 def _parameters(fn) -> str:
@@ -337,7 +357,8 @@ def build_mask(scheme: str, params: PyTree, p: float, **kwargs) -> PyTree:
     """
     if not isinstance(scheme, str) or scheme not in mask_schemes():
         raise ValueError(f"unknown pruning scheme {scheme!r}; known schemes: "
-                         f"{', '.join(mask_schemes()) or '(none registered)'}")
+                         f"{', '.join(mask_schemes()) or '(none registered)'}"
+                         f"{did_you_mean(scheme, mask_schemes())}")
     return MASK_SCHEMES[scheme](params, p, **kwargs)
 
 

@@ -48,6 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedsim.suggest import did_you_mean
+
 ModelFactory = Callable[..., nn.Module]
 MODEL_REGISTRY: dict[str, ModelFactory] = {}
 
@@ -696,7 +698,8 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
       ValueError: for an unknown model name (the message lists known names).
     """
     if name not in MODEL_REGISTRY:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(MODEL_REGISTRY))}")
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(MODEL_REGISTRY))}"
+                         f"{did_you_mean(name, MODEL_REGISTRY)}")
     return MODEL_REGISTRY[name](num_classes=num_classes)
 
 

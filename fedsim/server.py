@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedsim.suggest import did_you_mean
 from fedsim.typing import Params, PRNGKey, Updates
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
@@ -106,7 +107,8 @@ def mean_update(wsum: Updates, total) -> Updates:
 def check_aggregation(aggregation: str) -> None:
     """Raise a ValueError naming the allowed values for an unknown aggregation."""
     if aggregation not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {aggregation!r}; allowed: {', '.join(AGGREGATIONS)}")
+        raise ValueError(f"unknown aggregation {aggregation!r}; allowed: {', '.join(AGGREGATIONS)}"
+                         f"{did_you_mean(aggregation, AGGREGATIONS)}")
 
 
 def make_server_optimizer(name: str, lr: float, **kwargs) -> optax.GradientTransformation:
@@ -122,7 +124,8 @@ def make_server_optimizer(name: str, lr: float, **kwargs) -> optax.GradientTrans
         return optax.yogi(lr, eps=kwargs.get("eps", 1e-3))
     if name == "adagrad":
         return optax.adagrad(lr, eps=kwargs.get("eps", 1e-3))
-    raise ValueError(f"unknown server optimizer {name!r}; allowed: {', '.join(SERVER_OPTIMIZERS)}")
+    raise ValueError(f"unknown server optimizer {name!r}; allowed: {', '.join(SERVER_OPTIMIZERS)}"
+                     f"{did_you_mean(name, SERVER_OPTIMIZERS)}")
 
 
 def server_update(tx: optax.GradientTransformation, params: Params, opt_state, mean_delta: Updates):
