@@ -124,6 +124,11 @@ def calibration_key(sim) -> str:
                       models.VMAPPED_IM2COL_MAX_BATCH],
         "defenses": [{k: str(v) for k, v in d.items()} for d in sim.cfg.defenses],
     }
+    from fedsim.checkpoint import hand_defense_names
+
+    hand = hand_defense_names(sim)
+    if hand:  # Simulation(defenses=...): not in the config; absent otherwise, so keys stay
+        parts["hand_defenses"] = hand
     text = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16] + " " + text
 

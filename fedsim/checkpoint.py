@@ -247,4 +247,42 @@ def make_meta(cfg, sim, state) -> dict:
     """The JSON metadata saved beside the state."""
     return {"config_fingerprint": config_fingerprint(cfg), "strategy": sim.strategy,
             "num_leaves": len(jax.tree_util.tree_leaves(state)), "seed": cfg.seed,
-            "callbacks": callback_states(sim.round_callbacks)}
+            "callbacks": callback_states(sim.round_callbacks),
+            "hand_defenses": hand_defense_names(sim)}
+
+
+def hand_defense_names(sim) -> dict[str, str]:
+    """Stage -> name of the defenses ``sim`` was given by hand ({} for a config's).
+
+    The config fingerprint covers a config's defenses; defenses passed as
+    ``Simulation(defenses=...)`` are in no config, so their names (which carry
+    the registered defenses' hyper-parameters, e.g. ``dp_gaussian(sigma=1,C=1,flat)``)
+    stand for them in the checkpoint.
+    """
+    if not getattr(sim, "defenses_by_hand", False):
+        return {}
+    own = getattr(sim, "_own_defenses", sim.defenses)  # before a pruning mask goes around
+    return {stage: d.name for stage, d in sorted(own.items())}
+
+
+def check_hand_defenses(meta: dict, sim, where) -> None:
+    """Refuse to resume a checkpoint under other hand-given defenses than it was
+    written with (their names differ; see :func:`hand_defense_names`).
+
+    Checkpoints from before the names were recorded carry none and are resumed
+    as before.
+
+    Raises:
+      CheckpointError: naming both sets of defenses and the checkpoint.
+    """
+    if "hand_defenses" not in meta:
+        return
+    saved, now = meta["hand_defenses"], hand_defense_names(sim)
+    if saved != now:
+        def show(d):
+            return ", ".join(f"{s}: {n}" for s, n in sorted(d.items())) or "none by hand"
+        raise CheckpointError(
+            f"checkpoint {where} was written with other defenses given by hand "
+            f"({show(saved)}) than this simulation has ({show(now)}); the config "
+            "fingerprint cannot tell them apart. Use another output.dir or delete the "
+            "checkpoints to start over")

@@ -42,7 +42,12 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
 
     Args:
       cfg: validated config.
-      sim: a prebuilt simulation (else built from cfg).
+      sim: a prebuilt simulation (else built from cfg), built from ``cfg`` up to
+        the keys the config fingerprint leaves out (another config is refused:
+        its numbers would be recorded as cfg's). A
+        checkpoint written under defenses given to it by hand
+        (``Simulation(defenses=...)``) resumes only under defenses of the same
+        names (:func:`fedsim.checkpoint.check_hand_defenses`).
       on_round: called after each round with its result and metrics row (the
         attack harness uses it to receive observed uploads).
       quiet: no progress bar.
@@ -57,12 +62,20 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
 
     Raises:
       OutputPathError: ``output.dir`` cannot be a directory (names it).
-      CheckpointError: a checkpoint of another config, unreadable, or with more
-        rounds done than ``training.rounds``.
+      CheckpointError: a checkpoint of another config or other hand-given
+        defenses, unreadable, or with more rounds done than ``training.rounds``.
+      ValueError: ``sim`` built from another config than ``cfg`` (names the keys).
       RunFileError: metrics.jsonl lacks rows of rounds the checkpoint has done.
       NonFiniteError: NaN/Inf from a client, the server step or an evaluation.
       preemption.Preempted: SIGTERM asked to stop.
     """
+    if sim is not None and (checkpoint.config_fingerprint(sim.cfg)
+                            != checkpoint.config_fingerprint(cfg)):
+        # Keys the fingerprint leaves out (output.*, name, attack, training.rounds)
+        # change no number of the simulation, so they may differ.
+        raise ValueError(f"run_simulation: sim was built from another config than cfg "
+                         f"(they differ in {', '.join(_differing_keys(sim.cfg, cfg))}); its "
+                         "numbers would be recorded under cfg")
     t_start = time.perf_counter()
     out = run_dir_for(cfg)
     primary = distributed.is_primary()
@@ -86,6 +99,7 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     if meta is not None:
         try:
             state, meta = ckpt.restore(state, checkpoint.accepted_fingerprints(cfg))
+            checkpoint.check_hand_defenses(meta, sim, ckpt_dir)
             start = int(state.round)
             _check_resumable(out, ckpt_dir, start, rounds)
             _check_rows_kept(out / "metrics.jsonl", ckpt_dir, start)
@@ -167,6 +181,21 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
 #: (a sweep's cell) as finished.
 STALE_ON_RERUN = ("summary.json", "learning_curve.png", "attack_summary.json",
                   "attack_grid.png")
+
+
+def _differing_keys(a: Config, b: Config) -> list[str]:
+    """The dotted config keys whose values differ between ``a`` and ``b``."""
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict) and v:
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = v
+        return out
+
+    fa, fb = flat(a.to_dict()), flat(b.to_dict())
+    return sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k))
 
 
 def _kept_summary(out: Path) -> dict | None:

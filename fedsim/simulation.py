@@ -278,6 +278,9 @@ class Simulation:
         #: empty when the defenses were given by hand.
         self.defense_specs = on_run_data(cfg.defenses, cfg)
         self.defenses = build_defenses(self.defense_specs) if defenses is None else dict(defenses)
+        #: Whether the defenses came from ``defenses=``, which the config (and so
+        #: the checkpoint's config fingerprint) does not describe.
+        self.defenses_by_hand = defenses is not None
         for defense in self.defenses.values():
             for check in defense.config_checks:
                 check(cfg)

@@ -350,3 +350,19 @@ def test_a_step_planned_beyond_the_free_memory_is_not_timed(cache_dir, monkeypat
         assert timings[name] == float("inf")
     out = capsys.readouterr().out
     assert "vmap failed (MemoryError: its 2-client step plans" in out and "not run" in out
+
+
+def test_defenses_given_by_hand_are_in_the_key_and_a_configs_key_is_unchanged():
+    """A choice timed without (or with other) hand-given defenses is not reused for
+    them; a config run's key has no new field, so its cached choices stay valid."""
+    from defenses.pruning import gc
+
+    from fedsim.calibrate import calibration_key
+
+    ds = small_dataset()
+    plain = calibration_key(Simulation(small_config(), dataset=ds))
+    assert "hand_defenses" not in plain
+    hand = calibration_key(Simulation(small_config(), dataset=ds, defenses={"upload": gc(0.3)}))
+    other = calibration_key(Simulation(small_config(), dataset=ds, defenses={"upload": gc(0.5)}))
+    assert '"hand_defenses": {"upload": "gc(p=0.3)"}' in hand
+    assert len({plain, hand, other}) == 3

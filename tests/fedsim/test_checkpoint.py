@@ -121,3 +121,57 @@ def test_observer_fill_is_hashed_only_where_it_is_not_the_rule_of_earlier_runs()
     assert config_fingerprint(load_config(None, plain)) == config_fingerprint(
         load_config(None, plain + ["observer.fill=sorted_cut"]))
 
+
+
+def test_a_simulation_of_another_config_is_refused_naming_the_keys(tmp_path):
+    ds = small_dataset()
+    cfg = small_config(**{"output.dir": str(tmp_path / "r")})
+    other = small_config(**{"output.dir": str(tmp_path / "r"), "training.lr": 0.1, "seed": 3})
+    with pytest.raises(ValueError, match=r"another config than cfg \(they differ in seed, "
+                                         r"training\.lr\)"):
+        run_simulation(cfg, sim=Simulation(other, dataset=ds), quiet=True)
+    assert not (tmp_path / "r").exists()  # refused before anything is written
+    # Keys the fingerprint leaves out change no number, so they may differ.
+    elsewhere = small_config(**{"output.dir": str(tmp_path / "s"), "name": "x"})
+    assert run_simulation(cfg, sim=Simulation(elsewhere, dataset=ds), quiet=True)["rounds"] == 2
+
+
+def _gc(p):
+    from defenses.pruning import gc
+
+    return {"upload": gc(p)}
+
+
+def test_a_checkpoint_resumes_only_under_the_hand_given_defenses_it_was_written_with(tmp_path):
+    """The config fingerprint cannot see defenses passed as Simulation(defenses=...);
+    their names, recorded in the checkpoint, stand for them."""
+    ds = small_dataset()
+    base = {"output.checkpoint_every": 1, "output.dir": str(tmp_path / "r")}
+    cfg2 = small_config(**base, **{"training.rounds": 2})
+    run_simulation(cfg2, sim=Simulation(cfg2, dataset=ds, defenses=_gc(0.3)), quiet=True)
+    cfg3 = small_config(**base, **{"training.rounds": 3})
+    for defenses, shown in ((_gc(0.5), r"upload: gc\(p=0\.5\)"), (None, "none by hand")):
+        with pytest.raises(CheckpointError, match=r"other defenses given by hand \(upload: "
+                                                  rf"gc\(p=0\.3\)\) than this simulation has "
+                                                  rf"\({shown}\)"):
+            run_simulation(cfg3, sim=Simulation(cfg3, dataset=ds, defenses=defenses), quiet=True)
+    summary = run_simulation(cfg3, sim=Simulation(cfg3, dataset=ds, defenses=_gc(0.3)),
+                             quiet=True)
+    assert summary["rounds_trained"] == 1  # resumed after round 2
+    # A config's run records none, so it resumes as a config run and not under hand ones.
+    cfg_c = small_config(**{**base, "output.dir": str(tmp_path / "c"), "training.rounds": 2})
+    run_simulation(cfg_c, sim=Simulation(cfg_c, dataset=ds), quiet=True)
+    cfg_c3 = small_config(**{**base, "output.dir": str(tmp_path / "c"), "training.rounds": 3})
+    with pytest.raises(CheckpointError, match=r"\(none by hand\) than this simulation has "
+                                              r"\(upload: gc\(p=0\.3\)\)"):
+        run_simulation(cfg_c3, sim=Simulation(cfg_c3, dataset=ds, defenses=_gc(0.3)), quiet=True)
+
+
+def test_a_checkpoint_from_before_the_hand_defense_names_still_resumes(tmp_path):
+    from fedsim.checkpoint import check_hand_defenses
+
+    cfg = small_config()
+    sim = Simulation(cfg, dataset=small_dataset(), defenses=_gc(0.3))
+    check_hand_defenses({"config_fingerprint": "x"}, sim, tmp_path)  # no names: as before
+    with pytest.raises(CheckpointError, match=str(tmp_path)):
+        check_hand_defenses({"hand_defenses": {}}, sim, tmp_path)
