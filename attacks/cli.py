@@ -78,8 +78,9 @@ def validate_attack_section(cfg: Config) -> dict:
     grants = section.get("grants") or {}
     if not isinstance(grants, dict) or set(grants) - set(GRANTS) or \
             not all(isinstance(v, bool) for v in grants.values()):
+        unknown = set(grants) - set(GRANTS) if isinstance(grants, dict) else set()
         raise ConfigError(f"config key 'attack.grants': expected a mapping of {', '.join(GRANTS)} "
-                          f"to true/false, got {grants!r}")
+                          f"to true/false, got {grants!r}{did_you_mean_each(unknown, GRANTS)}")
     if not isinstance(section.get("config") or {}, dict):
         raise ConfigError("config key 'attack.config': expected a mapping")
     # The attack's own settings, before anything is simulated: a bad value
