@@ -74,6 +74,7 @@ import jax
 import numpy as np
 
 from fedsim import memory, models
+from fedsim.config import UNROLL_STEPS
 from fedsim.results import atomic_write_text
 
 CANDIDATES = ("loop", "vmap", "map", "chunked")
@@ -124,6 +125,8 @@ def calibration_key(sim) -> str:
                       models.VMAPPED_IM2COL_MAX_BATCH],
         "defenses": [{k: str(v) for k, v in d.items()} for d in sim.cfg.defenses],
     }
+    if t.unroll_steps != UNROLL_STEPS:  # a key only where set, so earlier choices stay valid
+        parts["unroll_steps"] = t.unroll_steps
     from fedsim.checkpoint import hand_defense_names
 
     hand = hand_defense_names(sim)

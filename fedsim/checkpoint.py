@@ -32,6 +32,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from fedsim.config import UNROLL_STEPS
 from fedsim.typing import ServerState
 
 
@@ -68,12 +69,17 @@ def _as_hashed_before(cfg) -> dict:
     (an earlier checkpoint resumes under the rule it was written with), and
     ``uniform`` with an observer is hashed (such a checkpoint from the day the
     default was hashed away is refused by name, not resumed under another rule).
+    ``training.unroll_steps`` (2026-11-28) is hashed only where it is not 32,
+    the unrolling every earlier run used.
     """
     d = _without_dense_pruning(cfg.to_dict())
     obs = d.get("observer", {})
     if "fill" in obs and (not (obs.get("clients") and obs.get("rounds"))
                           or obs["fill"] == "sorted_cut"):
         obs.pop("fill")
+    training = d.get("training", {})
+    if training.get("unroll_steps") == UNROLL_STEPS:  # the rule before the key (2026-11-28)
+        training.pop("unroll_steps")
     return d
 
 

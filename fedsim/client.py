@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedsim.config import UNROLL_STEPS
 from fedsim.hooks import Defense, DefenseContext, check_stage_compatibility, identity
 from fedsim.typing import ClientOutput, CohortData, Params, PRNGKey, PyTree
 
@@ -44,14 +45,17 @@ class LocalTraining:
         code; more run in a ``lax.scan``. On XLA:CPU two LeNet-5 steps inside
         a ``lax.scan`` measured 2.6× slower than the same steps unrolled
         (``benchmarks/results/control_flow_cpu.md``); unrolling costs compile
-        time only.
+        time. The config key ``training.unroll_steps`` sets it
+        (``benchmarks/results/unroll_steps_cpu.md``: the round's compile time
+        against its run time). The two round differently, so the parameters
+        differ in the last bits.
     """
 
     algorithm: str
     local_epochs: int
     batch_size: int
     n_max: int
-    unroll_steps: int = 32
+    unroll_steps: int = UNROLL_STEPS
 
     @property
     def effective_batch(self) -> int:

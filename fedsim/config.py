@@ -72,6 +72,9 @@ def _f(default, **meta):
 
 
 PARALLELISM = ("auto", "vmap", "map", "chunked", "loop", "sharded")
+#: ``training.unroll_steps``' default, the rule of every run before it was a key
+#: (:class:`fedsim.client.LocalTraining`).
+UNROLL_STEPS = 32
 OBSERVER_FILLS = ("uniform", "sorted_cut")
 
 
@@ -118,6 +121,11 @@ class TrainingConfig:
     chunk_size: int = _f(8, min=1)
     loop_clients_per_call: int = _f(4, min=1)
     on_nonfinite: str = _f("stop", choices=("stop", "skip_client"))
+    unroll_steps: int = _f(UNROLL_STEPS, min=0,
+                           doc="a client's local steps, up to this many, are unrolled into "
+                               "straight-line code; more run in a lax.scan (0: always a scan). "
+                               "Unrolled steps run faster and compile slower; the two round "
+                               "differently, so it is part of the checkpoint fingerprint")
     # XLA's precision for float32 matrix products and convolutions, in training
     # and evaluation. "highest": float32 as written. "default" lets a GPU use
     # TF32 (an H200 multiplied float32 matrices with a relative error of

@@ -288,7 +288,8 @@ class Simulation:
         self.global_mask = None
         if cfg.pruning.scheme is not None:
             self._prune()
-        self.settings = LocalTraining(t.algorithm, t.local_epochs, t.batch_size, self.n_max)
+        self.settings = LocalTraining(t.algorithm, t.local_epochs, t.batch_size, self.n_max,
+                                      unroll_steps=t.unroll_steps)
         self.client_tx = make_client_optimizer(t) if t.algorithm == "fedavg" else optax.sgd(t.lr)
         self.server_tx = make_server_optimizer(t.server_optimizer, t.server_lr)
         self._client_update_factory = client_update_factory

@@ -79,8 +79,10 @@ def test_the_fingerprint_leaves_out_name_and_attack_and_old_checkpoints_still_re
     cfg = small_config(**{"training.rounds": 1, "output.checkpoint_every": 1,
                           "output.dir": str(tmp_path / "run")})
     d = cfg.to_dict()
-    # Configs had no pruning section and no observer.fill then (both came on 2026-11-27).
+    # Configs had no pruning section and no observer.fill then (both came on 2026-11-27),
+    # nor training.unroll_steps (2026-11-28).
     del d["output"], d["training"]["rounds"], d["pruning"], d["observer"]["fill"]
+    del d["training"]["unroll_steps"]
     old = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert old != config_fingerprint(cfg)
     sim, state = _trained_state(cfg)
@@ -113,7 +115,7 @@ def test_observer_fill_is_hashed_only_where_it_is_not_the_rule_of_earlier_runs()
     uniform = load_config(None, base)
     d = uniform.to_dict()
     del d["output"], d["name"], d["attack"], d["training"]["rounds"], d["pruning"]
-    del d["observer"]["fill"]
+    del d["observer"]["fill"], d["training"]["unroll_steps"]  # a key since 2026-11-28
     before = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert config_fingerprint(load_config(None, base + ["observer.fill=sorted_cut"])) == before
     assert config_fingerprint(uniform) != before

@@ -147,6 +147,7 @@ def test_without_pruning_nothing_changes_and_old_checkpoints_keep_their_fingerpr
     d = cfg.to_dict()
     d.pop("pruning")
     d["observer"].pop("fill")  # came later on 2026-11-27; the default hashes as before
+    d["training"].pop("unroll_steps")  # likewise (2026-11-28)
     for key in ("output", "name", "attack"):
         d.pop(key)
     d["training"].pop("rounds")
@@ -358,6 +359,7 @@ def test_a_fixed_mask_keeps_its_state_layout_and_fingerprint(alternate):
     d["pruning"] = {k: v for k, v in d["pruning"].items()
                     if k not in ("reconfigurations", "reconfigure_every")}
     d["observer"].pop("fill")  # came later on 2026-11-27; the default hashes as before
+    d["training"].pop("unroll_steps")  # likewise (2026-11-28)
     for key in ("output", "name", "attack"):
         d.pop(key)
     d["training"].pop("rounds")
