@@ -47,8 +47,8 @@ class LocalTraining:
         (``benchmarks/results/control_flow_cpu.md``); unrolling costs compile
         time. The config key ``training.unroll_steps`` sets it
         (``benchmarks/results/unroll_steps_cpu.md``: the round's compile time
-        against its run time). The two round differently, so the parameters
-        differ in the last bits.
+        against its run time). XLA may round the two differently (LeNet-5's
+        parameters differ in the last bits there; an MLP's did not).
     """
 
     algorithm: str

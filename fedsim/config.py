@@ -124,8 +124,8 @@ class TrainingConfig:
     unroll_steps: int = _f(UNROLL_STEPS, min=0,
                            doc="a client's local steps, up to this many, are unrolled into "
                                "straight-line code; more run in a lax.scan (0: always a scan). "
-                               "Unrolled steps run faster and compile slower; the two round "
-                               "differently, so it is part of the checkpoint fingerprint")
+                               "Unrolled steps run faster and compile slower; XLA may round the "
+                               "two differently, so it is part of the checkpoint fingerprint")
     # XLA's precision for float32 matrix products and convolutions, in training
     # and evaluation. "highest": float32 as written. "default" lets a GPU use
     # TF32 (an H200 multiplied float32 matrices with a relative error of
