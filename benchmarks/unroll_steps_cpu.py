@@ -14,8 +14,8 @@ workload, each setting in fresh processes with no persistent cache:
 From the medians over passes it gives the break-even number of rounds, after
 which the unrolled setting's faster rounds have paid for its longer compile,
 and a digest of the final parameters: XLA may round the two settings
-differently (LeNet-5's digests differ; an MLP's did not), which is why the key
-is in the checkpoint fingerprint.
+differently (LeNet-5's digests differ), which is why the key is in the
+checkpoint fingerprint.
 
 Usage::
 

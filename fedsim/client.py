@@ -48,7 +48,7 @@ class LocalTraining:
         time. The config key ``training.unroll_steps`` sets it
         (``benchmarks/results/unroll_steps_cpu.md``: the round's compile time
         against its run time). XLA may round the two differently (LeNet-5's
-        parameters differ in the last bits there; an MLP's did not).
+        parameters differ in the last bits there).
     """
 
     algorithm: str
