@@ -48,6 +48,13 @@ def register_attack(name: str):
     return deco
 
 
+def listing() -> list[tuple[str, str]]:
+    """``fedsim list``'s attacks section (the ``fedsim.listings`` entry point): each
+    registered attack's name and the first line of its docstring."""
+    return [(name, (fn.__doc__ or "").strip().split("\n")[0])
+            for name, fn in sorted(ATTACK_REGISTRY.items())]
+
+
 def run_attack(name: str, observation: Observation, config: Mapping[str, Any] | None,
                key: PRNGKey) -> Reconstruction:
     """Run the registered attack ``name``.

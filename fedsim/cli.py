@@ -1,6 +1,7 @@
 """``fedsim`` command line.
 
-Commands: ``run`` (this module), plus commands contributed by the other
+Commands: ``run``, ``report``, ``compare``, ``sweep`` and ``list`` (this
+module), plus commands contributed by the other
 packages through the ``fedsim.commands`` entry-point group (``attack`` from
 :mod:`attacks`, ``privacy`` from :mod:`defenses`), so the engine never imports
 the attack package.
@@ -53,6 +54,30 @@ def _add_report(sub) -> None:
     p.add_argument("run_dir", help="a directory written by `fedsim run` or `fedsim attack`, or a "
                                    "sweep's directory")
     p.set_defaults(func=_cmd_report)
+
+
+def _add_list(sub) -> None:
+    p = sub.add_parser("list", help="what a config can name: models, datasets, pruning schemes, "
+                                    "defenses (with their parameters), attacks")
+    p.add_argument("section", nargs="?", default=None,
+                   help="one section (models, datasets, schemes, defenses, attacks); "
+                        "every section without it")
+    p.set_defaults(func=_cmd_list)
+
+
+def _cmd_list(args) -> int:
+    from fedsim.listing import render, sections
+    from fedsim.suggest import did_you_mean
+
+    found = sections()
+    if args.section is not None:
+        if args.section not in found:
+            print(f"fedsim: error: unknown section {args.section!r}; known: "
+                  f"{', '.join(found)}{did_you_mean(args.section, found)}", file=sys.stderr)
+            return 2
+        found = {args.section: found[args.section]}
+    print(render(found), end="")
+    return 0
 
 
 def _add_compare(sub) -> None:
@@ -212,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report(sub)
     _add_compare(sub)
     _add_sweep(sub)
+    _add_list(sub)
     for ep in _plugin_commands():
         try:
             ep.load()(sub)
