@@ -12,8 +12,6 @@ from __future__ import annotations
 import sys
 from importlib import metadata
 
-ENGINE_SECTIONS = ("models", "datasets", "schemes", "defenses")
-
 #: Where each dataset comes from (``fedsim.data.load_dataset``).
 DATASET_SOURCES = {
     "synthetic": "made in memory from the seed (tests, quick checks)",
@@ -37,7 +35,7 @@ def engine_sections() -> dict[str, list[tuple[str, str]]]:
 
     _load_defenses()
     return {
-        # A factory's docstring, else the module's (vgg11 is a partial of VGG).
+        # A factory's docstring, else the built model's (vgg11 is a partial of VGG).
         "models": [(n, first_line(f) or first_line(f(num_classes=10)))
                    for n, f in sorted(MODEL_REGISTRY.items())],
         "datasets": [(n, DATASET_SOURCES.get(n, TFDS_SOURCE)) for n in KNOWN_DATASETS],
@@ -66,6 +64,7 @@ def plugin_sections() -> dict[str, list[tuple[str, str]]]:
 
 
 def sections() -> dict[str, list[tuple[str, str]]]:
+    """Every section: the engine's, then the contributed ones."""
     return {**engine_sections(), **plugin_sections()}
 
 

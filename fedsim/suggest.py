@@ -3,8 +3,8 @@
 An error that lists sixty allowed config keys names the problem but leaves the
 reader to find ``training.rounds`` among them; one that adds "did you mean
 'training.rounds'?" does not. The matching is :func:`difflib.get_close_matches`
-(Ratcliff/Obershelp similarity, the same rule Python's own "Did you mean"
-hints are close to), on lower-cased names so that ``LeNet5`` finds ``lenet5``.
+(Ratcliff/Obershelp similarity) on lower-cased names, so that ``LeNet5`` finds
+``lenet5``.
 """
 
 from __future__ import annotations
