@@ -58,7 +58,8 @@ def natural_channel(kappa: float, *, statistics: DataStatistics | None = None, d
         dataset and leaves them out (:func:`fedsim.simulation.on_run_data`).
 
     Returns:
-      A stage-"data" :class:`~fedsim.hooks.Defense` named "natural_channel".
+      A stage-"data" :class:`~fedsim.hooks.Defense` named "natural_channel(kappa=κ)"
+        (κ in the name, so a checkpoint can tell channels apart).
 
     Raises:
       ValueError: kappa ≤ 0, no/ambiguous data source, or (at apply time)
@@ -76,7 +77,7 @@ def natural_channel(kappa: float, *, statistics: DataStatistics | None = None, d
     def sample(key, b):
         return std * jax.random.normal(key, (b, d), jnp.float32)
 
-    return additive_data_channel("natural_channel", stats.shape, sample)
+    return additive_data_channel(f"natural_channel(kappa={kappa:g})", stats.shape, sample)
 
 
 def natural_capacity(statistics: DataStatistics, sigma: float) -> float:

@@ -94,7 +94,8 @@ def parameter_channel(kappa: float) -> Defense:
       kappa: capacity threshold κ > 0 (nats per step).
 
     Returns:
-      A stage-"layer" :class:`~fedsim.hooks.Defense` named "parameter_channel".
+      A stage-"layer" :class:`~fedsim.hooks.Defense` named "parameter_channel(kappa=κ)"
+        (κ in the name, so a checkpoint can tell channels apart).
       It needs ``context.params``, ``x``, ``y``, ``mask`` and ``apply_fn``.
     """
     kappa = check_kappa(kappa, "parameter_channel")
@@ -126,4 +127,5 @@ def parameter_channel(kappa: float) -> Defense:
         noise = jnp.exp(0.5 * log_sigma) * jax.random.normal(key, g_flat.shape, g_flat.dtype)
         return unravel(g_flat + noise), state
 
-    return Defense(init=init, apply=apply, stage="layer", name="parameter_channel")
+    return Defense(init=init, apply=apply, stage="layer",
+                   name=f"parameter_channel(kappa={kappa:g})")

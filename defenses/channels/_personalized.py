@@ -94,7 +94,8 @@ def personalized_channel(kappa: float, *, beta=None, statistics: DataStatistics 
         the source of Σ_D, as for :func:`natural_channel`.
 
     Returns:
-      A stage-"data" :class:`~fedsim.hooks.Defense` named "personalized_channel".
+      A stage-"data" :class:`~fedsim.hooks.Defense` named "personalized_channel(kappa=κ)"
+        (κ in the name, so a checkpoint can tell channels apart).
 
     Raises:
       ValueError: kappa ≤ 0, bad beta (size, sign), missing/ambiguous data.
@@ -122,4 +123,4 @@ def personalized_channel(kappa: float, *, beta=None, statistics: DataStatistics 
     def sample(key, b):
         return jax.random.normal(key, (b, d), jnp.float32) * std
 
-    return additive_data_channel("personalized_channel", stats.shape, sample)
+    return additive_data_channel(f"personalized_channel(kappa={kappa:g})", stats.shape, sample)

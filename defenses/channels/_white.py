@@ -50,7 +50,8 @@ def white_channel(kappa: float, *, statistics: DataStatistics | None = None, dat
         the source of Σ_D, as for :func:`natural_channel`.
 
     Returns:
-      A stage-"data" :class:`~fedsim.hooks.Defense` named "white_channel".
+      A stage-"data" :class:`~fedsim.hooks.Defense` named "white_channel(kappa=κ)"
+        (κ in the name, so a checkpoint can tell channels apart).
 
     Raises:
       ValueError: on kappa ≤ 0 or a missing/ambiguous data source.
@@ -69,4 +70,4 @@ def white_channel(kappa: float, *, statistics: DataStatistics | None = None, dat
         z = jax.random.normal(key, (b, d), jnp.float32)
         return z @ factor_t
 
-    return additive_data_channel("white_channel", stats.shape, sample)
+    return additive_data_channel(f"white_channel(kappa={kappa:g})", stats.shape, sample)

@@ -183,7 +183,7 @@ def test_more_kappa_less_noise(stats):
 
 def test_registry_and_errors(stats):
     d = build_defense("natural_channel", kappa=2.0, data=correlated_data(100))
-    assert d.stage == "data" and d.name == "natural_channel"
+    assert d.stage == "data" and d.name == "natural_channel(kappa=2)"  # κ named
     with pytest.raises(ValueError, match="kappa"):
         natural_channel(-1.0, statistics=stats)
     with pytest.raises(ValueError, match="exactly one"):

@@ -177,3 +177,17 @@ def test_a_checkpoint_from_before_the_hand_defense_names_still_resumes(tmp_path)
     check_hand_defenses({"config_fingerprint": "x"}, sim, tmp_path)  # no names: as before
     with pytest.raises(CheckpointError, match=str(tmp_path)):
         check_hand_defenses({"hand_defenses": {}}, sim, tmp_path)
+
+
+def test_hand_given_channels_of_another_kappa_have_other_names():
+    """The checkpoint tells hand-given defenses apart by name: a channel's carries κ."""
+    from defenses.channels import parameter_channel
+
+    from fedsim.checkpoint import hand_defense_names
+
+    ds = small_dataset()
+    names = [hand_defense_names(Simulation(small_config(), dataset=ds,
+                                           defenses={"layer": parameter_channel(k)}))
+             for k in (10.0, 100.0)]
+    assert names == [{"layer": "parameter_channel(kappa=10)"},
+                     {"layer": "parameter_channel(kappa=100)"}]
