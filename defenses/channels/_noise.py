@@ -28,8 +28,11 @@ def additive_data_channel(name: str, shape: tuple[int, ...],
 
     Fresh noise every call (every local step: the engine passes a new key).
     Padding rows (``context.mask == 0``) get no noise, so they stay exactly 0.
+    ``name`` may carry the channel's parameters (``natural_channel(kappa=10)``);
+    errors name the channel without them, as its other errors do.
     """
     d = int(np.prod(shape))
+    who = name.split("(")[0]
 
     def init(params):
         del params
@@ -37,7 +40,7 @@ def additive_data_channel(name: str, shape: tuple[int, ...],
 
     def apply(x, state, *, key, context=None):
         if tuple(x.shape[1:]) != tuple(shape):
-            raise ValueError(f"{name}: inputs have example shape {tuple(x.shape[1:])}, but the "
+            raise ValueError(f"{who}: inputs have example shape {tuple(x.shape[1:])}, but the "
                              f"channel was calibrated for {tuple(shape)} (d = {d}); calibrate "
                              "it on inputs of the simulation's shape (with dataset=, give "
                              "image_size= the simulation's data.image_size)")
