@@ -127,9 +127,9 @@ def calibration_key(sim) -> str:
     }
     if t.unroll_steps != UNROLL_STEPS:  # a key only where set, so earlier choices stay valid
         parts["unroll_steps"] = t.unroll_steps
-    from fedsim.checkpoint import hand_defense_names
+    from fedsim.checkpoint import hand_defense_specs
 
-    hand = hand_defense_names(sim)
+    hand = hand_defense_specs(sim)
     if hand:  # Simulation(defenses=...): not in the config; absent otherwise, so keys stay
         parts["hand_defenses"] = hand
     text = json.dumps(parts, sort_keys=True)

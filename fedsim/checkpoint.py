@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from fedsim.config import UNROLL_STEPS
+from fedsim.hooks import spec_of
 from fedsim.typing import ServerState
 
 
@@ -254,41 +255,61 @@ def make_meta(cfg, sim, state) -> dict:
     return {"config_fingerprint": config_fingerprint(cfg), "strategy": sim.strategy,
             "num_leaves": len(jax.tree_util.tree_leaves(state)), "seed": cfg.seed,
             "callbacks": callback_states(sim.round_callbacks),
-            "hand_defenses": hand_defense_names(sim)}
+            "hand_defenses": hand_defense_names(sim),
+            "hand_defense_specs": hand_defense_specs(sim)}
 
 
 def hand_defense_names(sim) -> dict[str, str]:
     """Stage -> name of the defenses ``sim`` was given by hand ({} for a config's).
 
-    The config fingerprint covers a config's defenses; defenses passed as
-    ``Simulation(defenses=...)`` are in no config, so their names (which carry
-    the registered defenses' hyper-parameters, e.g. ``dp_gaussian(sigma=1,C=1,flat)``)
-    stand for them in the checkpoint.
+    The names are for people (``dp_gaussian(sigma=1,C=1,flat)``); what tells
+    hand-given defenses apart in a checkpoint is :func:`hand_defense_specs`.
     """
+    return {stage: d.name for stage, d in _hand_defenses(sim)}
+
+
+def hand_defense_specs(sim) -> dict[str, str]:
+    """Stage -> spec of the defenses ``sim`` was given by hand ({} for a config's).
+
+    The config fingerprint covers a config's defenses; defenses passed as
+    ``Simulation(defenses=...)`` are in no config, so their specs
+    (:attr:`fedsim.hooks.Defense.spec`: the registered factory and every
+    argument, arrays by digest; the name for a Defense built by hand) stand for
+    them in the checkpoint.
+    """
+    return {stage: spec_of(d) for stage, d in _hand_defenses(sim)}
+
+
+def _hand_defenses(sim):
     if not getattr(sim, "defenses_by_hand", False):
-        return {}
+        return []
     own = getattr(sim, "_own_defenses", sim.defenses)  # before a pruning mask goes around
-    return {stage: d.name for stage, d in sorted(own.items())}
+    return sorted(own.items())
 
 
 def check_hand_defenses(meta: dict, sim, where) -> None:
     """Refuse to resume a checkpoint under other hand-given defenses than it was
-    written with (their names differ; see :func:`hand_defense_names`).
+    written with: their specs differ (:func:`hand_defense_specs`), or, in a
+    checkpoint written before specs were recorded, their names.
 
-    Checkpoints from before the names were recorded carry none and are resumed
+    Checkpoints from before either was recorded carry neither and are resumed
     as before.
 
     Raises:
-      CheckpointError: naming both sets of defenses and the checkpoint.
+      CheckpointError: naming the stages whose defenses differ, with both
+        versions, and the checkpoint.
     """
-    if "hand_defenses" not in meta:
+    if "hand_defense_specs" in meta:
+        saved, now = meta["hand_defense_specs"], hand_defense_specs(sim)
+    elif "hand_defenses" in meta:
+        saved, now = meta["hand_defenses"], hand_defense_names(sim)
+    else:
         return
-    saved, now = meta["hand_defenses"], hand_defense_names(sim)
     if saved != now:
-        def show(d):
-            return ", ".join(f"{s}: {n}" for s, n in sorted(d.items())) or "none by hand"
+        differ = sorted(s for s in set(saved) | set(now) if saved.get(s) != now.get(s))
+        shown = "; ".join(f"{s}: {saved.get(s, 'none')} then, {now.get(s, 'none')} now"
+                          for s in differ)
         raise CheckpointError(
-            f"checkpoint {where} was written with other defenses given by hand "
-            f"({show(saved)}) than this simulation has ({show(now)}); the config "
-            "fingerprint cannot tell them apart. Use another output.dir or delete the "
-            "checkpoints to start over")
+            f"checkpoint {where} was written with other defenses given by hand than this "
+            f"simulation has ({shown}); the config fingerprint cannot tell them apart. Use "
+            "another output.dir or delete the checkpoints to start over")

@@ -23,10 +23,12 @@ the :mod:`defenses` package only through this module's registry.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
 
+from fedsim.defense_spec import factory_spec
 from fedsim.suggest import did_you_mean, did_you_mean_each
 from fedsim.typing import PyTree
 
@@ -88,6 +90,13 @@ class Defense(NamedTuple):
         cannot run with, e.g. ``client_level_dp``'s cohort size against
         ``training.clients_per_round``. A field rather than a check keyed on
         the defense's name, so that it survives chaining, renaming and masking.
+      spec: what the defense was built from, in full: the registered factory's
+        name and every argument, arrays by digest (:mod:`fedsim.defense_spec`;
+        :func:`register_defense` fills it in). It stands for the defense where
+        the name is not enough (two natural channels calibrated on different
+        data share a name): a checkpoint of hand-given defenses and the
+        calibration key. ``""`` for a defense built by hand, whose name then
+        stands for it (:func:`spec_of`); ``_replace(name=...)`` keeps it.
     """
 
     init: Callable[[PyTree], PyTree]
@@ -98,6 +107,12 @@ class Defense(NamedTuple):
     local_training: Callable | None = None
     discards_example_stage: bool = False
     config_checks: tuple[Callable[[Any], None], ...] = ()
+    spec: str = ""
+
+
+def spec_of(defense: Defense) -> str:
+    """``defense.spec``, or its name where it has none (a hand-built Defense)."""
+    return defense.spec or defense.name
 
 
 def check_stage_compatibility(defenses: dict[str, Defense]) -> None:
@@ -188,7 +203,8 @@ def chain(*defenses: Defense) -> Defense:
     name = "+".join(d.name for d in defenses)
     return Defense(init=init, apply=apply, stage=stage, name=name, begin_round=begin,
                    discards_example_stage=any(d.discards_example_stage for d in defenses),
-                   config_checks=tuple(c for d in defenses for c in d.config_checks))
+                   config_checks=tuple(c for d in defenses for c in d.config_checks),
+                   spec="+".join(spec_of(d) for d in defenses))
 
 
 def _check_stage(stage: str) -> None:
@@ -204,20 +220,42 @@ DEFENSE_REGISTRY: dict[str, Callable[..., Defense]] = {}
 
 
 def register_defense(name: str):
-    """Decorator registering a defense factory under ``name``."""
-    return _registering(DEFENSE_REGISTRY, "defense", name)
+    """Decorator registering a defense factory under ``name``.
+
+    The factory is wrapped so that the :class:`Defense` it returns carries its
+    ``spec``: ``name`` and every argument of the call, defaults filled in
+    (:func:`fedsim.defense_spec.factory_spec`). Called directly or through
+    :func:`build_defense`, the defense is the same.
+    """
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def factory(*args, **kwargs):
+            defense = fn(*args, **kwargs)
+            if isinstance(defense, Defense):
+                defense = defense._replace(spec=factory_spec(name, fn, args, kwargs))
+            return defense
+
+        return _registering(DEFENSE_REGISTRY, "defense", name)(factory)
+
+    return deco
 
 
 def _registering(registry: dict, what: str, name: str):
-    """A decorator putting its function in ``registry`` under ``name`` (once)."""
+    """A decorator putting its function in ``registry`` under ``name`` (once;
+    a wrapper of the function already there counts as it)."""
 
     def deco(fn):
-        if name in registry and registry[name] is not fn:
+        if name in registry and _unwrapped(registry[name]) is not _unwrapped(fn):
             raise ValueError(f"{what} {name!r} registered twice")
         registry[name] = fn
         return fn
 
     return deco
+
+
+def _unwrapped(fn):
+    return getattr(fn, "__wrapped__", fn)
 
 
 def build_defense(name: str, **kwargs) -> Defense:
@@ -409,7 +447,10 @@ def mask_around(mask: PyTree, defense: Defense) -> Defense:
         value, state = defense.apply(_masked(value, mask), state, key=key, context=context)
         return _masked(value, mask), state
 
-    return mask_start(mask, defense)._replace(apply=apply, name=f"{defense.name}+global_mask")
+    # The mask may be traced here (configs' pruning passes it into the compiled
+    # steps), so the spec names it without its pattern.
+    return mask_start(mask, defense)._replace(apply=apply, name=f"{defense.name}+global_mask",
+                                              spec=f"{spec_of(defense)}+global_mask")
 
 
 def mask_start(mask: PyTree, defense: Defense) -> Defense:

@@ -21,20 +21,25 @@ does the same with m as an input of the compiled steps (as configs'
 
 from __future__ import annotations
 
+from fedsim.defense_spec import describe
 from fedsim.hooks import Defense, mask_defense
 from defenses.pruning.masks import apply_mask
 
 
 def masked_gradient(mask) -> Defense:
     """Layer-stage defense multiplying the batch gradient by the global mask
-    (:func:`fedsim.hooks.mask_defense`, which configs' ``pruning`` also uses)."""
-    return mask_defense(mask, "layer")
+    (:func:`fedsim.hooks.mask_defense`, which configs' ``pruning`` also uses).
+
+    Its ``spec`` carries a digest of ``mask``, so hand-built masks of different
+    patterns are told apart in a checkpoint (the name is ``global_mask`` for all).
+    """
+    return mask_defense(mask, "layer")._replace(spec=f"masked_gradient(mask={describe(mask)})")
 
 
 def masked_upload(mask) -> Defense:
     """Upload-stage defense multiplying Δ by the global mask
-    (:func:`fedsim.hooks.mask_defense`)."""
-    return mask_defense(mask, "upload")
+    (:func:`fedsim.hooks.mask_defense`); its ``spec`` carries a digest of ``mask``."""
+    return mask_defense(mask, "upload")._replace(spec=f"masked_upload(mask={describe(mask)})")
 
 
 def apply_global_mask(params, mask):

@@ -146,16 +146,16 @@ def _gc(p):
 
 def test_a_checkpoint_resumes_only_under_the_hand_given_defenses_it_was_written_with(tmp_path):
     """The config fingerprint cannot see defenses passed as Simulation(defenses=...);
-    their names, recorded in the checkpoint, stand for them."""
+    their specs, recorded in the checkpoint, stand for them."""
     ds = small_dataset()
     base = {"output.checkpoint_every": 1, "output.dir": str(tmp_path / "r")}
     cfg2 = small_config(**base, **{"training.rounds": 2})
     run_simulation(cfg2, sim=Simulation(cfg2, dataset=ds, defenses=_gc(0.3)), quiet=True)
     cfg3 = small_config(**base, **{"training.rounds": 3})
-    for defenses, shown in ((_gc(0.5), r"upload: gc\(p=0\.5\)"), (None, "none by hand")):
-        with pytest.raises(CheckpointError, match=r"other defenses given by hand \(upload: "
-                                                  rf"gc\(p=0\.3\)\) than this simulation has "
-                                                  rf"\({shown}\)"):
+    for defenses, shown in ((_gc(0.5), r"gc\(p=0\.5\)"), (None, "none")):
+        with pytest.raises(CheckpointError, match=r"other defenses given by hand than this "
+                                                  r"simulation has \(upload: gc\(p=0\.3\) then, "
+                                                  rf"{shown} now\)"):
             run_simulation(cfg3, sim=Simulation(cfg3, dataset=ds, defenses=defenses), quiet=True)
     summary = run_simulation(cfg3, sim=Simulation(cfg3, dataset=ds, defenses=_gc(0.3)),
                              quiet=True)
@@ -164,8 +164,7 @@ def test_a_checkpoint_resumes_only_under_the_hand_given_defenses_it_was_written_
     cfg_c = small_config(**{**base, "output.dir": str(tmp_path / "c"), "training.rounds": 2})
     run_simulation(cfg_c, sim=Simulation(cfg_c, dataset=ds), quiet=True)
     cfg_c3 = small_config(**{**base, "output.dir": str(tmp_path / "c"), "training.rounds": 3})
-    with pytest.raises(CheckpointError, match=r"\(none by hand\) than this simulation has "
-                                              r"\(upload: gc\(p=0\.3\)\)"):
+    with pytest.raises(CheckpointError, match=r"\(upload: none then, gc\(p=0\.3\) now\)"):
         run_simulation(cfg_c3, sim=Simulation(cfg_c3, dataset=ds, defenses=_gc(0.3)), quiet=True)
 
 
