@@ -50,9 +50,16 @@ def register_attack(name: str):
 
 def listing() -> list[tuple[str, str]]:
     """``fedsim list``'s attacks section (the ``fedsim.listings`` entry point): each
-    registered attack's name and the first line of its docstring."""
-    return [(name, (fn.__doc__ or "").strip().split("\n")[0])
-            for name, fn in sorted(ATTACK_REGISTRY.items())]
+    registered attack's name with its ``attack.config`` keys and their defaults
+    (``run.config_keys``, where the attack gives them), and the first line of its
+    docstring."""
+    def entry(name, fn):
+        keys = getattr(fn, "config_keys", None)
+        shown = name if keys is None else (
+            f"{name}({', '.join(f'{k}={v!r}' for k, v in keys.items())})")
+        return shown, (fn.__doc__ or "").strip().split("\n")[0]
+
+    return [entry(name, fn) for name, fn in sorted(ATTACK_REGISTRY.items())]
 
 
 def run_attack(name: str, observation: Observation, config: Mapping[str, Any] | None,

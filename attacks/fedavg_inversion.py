@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from attacks.api import Reconstruction, register_attack
-from attacks.gradient_inversion import AttackConfigError, inversion_config, run_inversion
+from attacks.gradient_inversion import (AttackConfigError, config_keys, inversion_config,
+                                        refuse_unknown_keys, run_inversion)
 from fedsim.typing import Observation
 
 DEFAULTS = {"loss": "cosine", "tv": 1e-6, "optimizer": "adam", "lr": 0.1, "iterations": 1000,
@@ -57,6 +58,7 @@ def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = 
     """Raise :class:`~attacks.gradient_inversion.AttackConfigError` for a bad
     ``config``, or one the threat model's ``grants`` (where given) leave short,
     before any victim is observed (``fedsim attack`` calls it first)."""
+    refuse_unknown_keys(config, run.config_keys)  # all of them, the training keys too
     for k in _TRAINING_KEYS:
         v = config.get(k)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
@@ -102,3 +104,4 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
 
 run.run_many = run_many
 run.check_config = check_config
+run.config_keys = config_keys(DEFAULTS)

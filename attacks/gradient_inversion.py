@@ -109,6 +109,29 @@ _CHOICES = {"loss": ("cosine", "l2"), "optimizer": ("adam", "lbfgs"),
             "simulate": ("gradient", "fedavg")}
 
 
+#: Keys every gradient-matching attack takes beside its ``DEFAULTS``, with the
+#: value their absence means (:func:`invert_victims` documents them).
+OPTIONAL_KEYS = {"batch_size": None, "last_layer": None, "victims_per_call": None,
+                 "shard_victims": False}
+
+
+def config_keys(defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Every ``attack.config`` key a gradient-matching attack over ``defaults``
+    takes, with its default (an attack's ``run.config_keys``, which ``fedsim list
+    attacks`` shows)."""
+    return {**defaults, **OPTIONAL_KEYS}
+
+
+def refuse_unknown_keys(config: Mapping[str, Any], allowed) -> None:
+    """Raise :class:`AttackConfigError` naming the keys of ``config`` not in ``allowed``
+    (listing those, and the closest of them)."""
+    unknown = set(config) - set(allowed)
+    if unknown:
+        raise AttackConfigError(f"attack.config: unknown key(s) {sorted(unknown)}; "
+                                f"allowed: {', '.join(sorted(allowed))}"
+                                f"{did_you_mean_each(unknown, allowed)}")
+
+
 def parse_config(defaults: Mapping[str, Any], config: Mapping[str, Any],
                  extra_keys: Sequence[str] = ()) -> dict[str, Any]:
     """Merge ``config`` over ``defaults``; unknown keys and bad values raise.
@@ -116,12 +139,7 @@ def parse_config(defaults: Mapping[str, Any], config: Mapping[str, Any],
     Raises:
       AttackConfigError: naming the offending ``attack.config.<key>``.
     """
-    allowed = set(defaults) | set(extra_keys)
-    unknown = set(config) - allowed
-    if unknown:
-        raise AttackConfigError(f"attack.config: unknown key(s) {sorted(unknown)}; "
-                                f"allowed: {', '.join(sorted(allowed))}"
-                                f"{did_you_mean_each(unknown, allowed)}")
+    refuse_unknown_keys(config, set(defaults) | set(extra_keys))
     out = {**defaults, **config}
     for k, choices in _CHOICES.items():
         if k in out and out[k] not in choices:
@@ -749,8 +767,7 @@ def inversion_config(config: Mapping[str, Any], defaults: Mapping[str, Any],
     once, before the optimisation (:func:`prepare_victims`), and then given.
     """
     merged = parse_config(defaults, config,
-                          extra_keys=("batch_size", "last_layer", "victims_per_call",
-                                      "shard_victims"))
+                          extra_keys=tuple(OPTIONAL_KEYS))
     k = merged.get("victims_per_call")
     if k is not None:
         _check_positive(k)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from attacks.api import Reconstruction, register_attack
-from attacks.gradient_inversion import config_checker, run_inversion
+from attacks.gradient_inversion import config_checker, config_keys, run_inversion
 from fedsim.typing import Observation
 
 DEFAULTS = {"loss": "cosine", "tv": 1e-6, "optimizer": "adam", "lr": 0.1, "iterations": 1000,
@@ -50,3 +50,4 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
 
 run.run_many = run_many
 run.check_config = check_config
+run.config_keys = config_keys(DEFAULTS)

@@ -30,9 +30,8 @@ import numpy as np
 import optax
 
 from attacks.api import Reconstruction, register_attack
-from attacks.gradient_inversion import AttackConfigError
+from attacks.gradient_inversion import AttackConfigError, refuse_unknown_keys
 from fedsim import models
-from fedsim.suggest import did_you_mean_each
 from fedsim.typing import Observation
 
 DEFAULTS = {"aux_images": None, "classes": None, "iterations": 600, "lr": 1e-2, "model": "local"}
@@ -72,11 +71,7 @@ def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = 
       AttackConfigError: naming the offending ``attack.config.<key>``.
     """
     del grants
-    unknown = set(config) - set(DEFAULTS)
-    if unknown:
-        raise AttackConfigError(f"attack.config: unknown key(s) {sorted(unknown)}; "
-                                f"allowed: {', '.join(sorted(DEFAULTS))}"
-                                f"{did_you_mean_each(unknown, DEFAULTS)}")
+    refuse_unknown_keys(config, DEFAULTS)
     cfg = {**DEFAULTS, **config}
     if cfg["aux_images"] is None:
         raise AttackConfigError("model_inversion needs attack.config.aux_images (auxiliary "
@@ -129,6 +124,7 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
 
 
 run.check_config = check_config
+run.config_keys = dict(DEFAULTS)
 # One image per class, not the client's batch: ``fedsim attack`` (which scores
 # batch reconstructions against the client's images) refuses it by this flag.
 run.reconstructs_batch = False

@@ -56,8 +56,8 @@ import jax
 import numpy as np
 
 from attacks.api import Reconstruction, register_attack
-from attacks.gradient_inversion import (AttackConfigError, check_inversion_config, run_inversion,
-                                        support_mask)
+from attacks.gradient_inversion import (AttackConfigError, check_inversion_config, config_keys,
+                                        refuse_unknown_keys, run_inversion, support_mask)
 from attacks.inverting_gradients import DEFAULTS
 from attacks.labels import observed_gradient
 from fedsim.typing import Observation
@@ -96,6 +96,7 @@ def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = 
     ``config``, or one the threat model's ``grants`` (where given) leave short
     for uploads of ``algorithm`` (``training.algorithm``, where given), before
     any victim is observed (``fedsim attack`` calls it first)."""
+    refuse_unknown_keys(config, run.config_keys)  # upload and mask among them
     config = dict(config)
     upload = config.pop("upload", "update")
     if upload not in UPLOADS:
@@ -154,3 +155,4 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
 
 run.run_many = run_many
 run.check_config = check_config
+run.config_keys = {**config_keys(DEFAULTS), "upload": "update", "mask": "model"}
