@@ -30,7 +30,7 @@ def first_line(obj) -> str:
 def engine_sections() -> dict[str, list[tuple[str, str]]]:
     """The engine's own sections, defenses included."""
     from fedsim.data import KNOWN_DATASETS
-    from fedsim.hooks import DEFENSE_REGISTRY, _load_defenses, _parameters, mask_schemes
+    from fedsim.hooks import DEFENSE_REGISTRY, MASK_SCHEMES, _load_defenses, _parameters, mask_schemes
     from fedsim.models import MODEL_REGISTRY
 
     _load_defenses()
@@ -39,7 +39,7 @@ def engine_sections() -> dict[str, list[tuple[str, str]]]:
         "models": [(n, first_line(f) or first_line(f(num_classes=10)))
                    for n, f in sorted(MODEL_REGISTRY.items())],
         "datasets": [(n, DATASET_SOURCES.get(n, TFDS_SOURCE)) for n in KNOWN_DATASETS],
-        "schemes": [(n, "") for n in mask_schemes()],
+        "schemes": [(n, first_line(MASK_SCHEMES[n])) for n in mask_schemes()],
         "defenses": [(f"{n}({_parameters(f)})", first_line(f))
                      for n, f in sorted(DEFENSE_REGISTRY.items())],
     }

@@ -30,6 +30,17 @@ def test_every_registered_name_is_listed_with_its_config_key(capsys):
     assert "Classic ReLU LeNet-5 with max pooling." in lines
 
 
+def test_each_scheme_is_described_and_called_iterative_exactly_when_it_reconfigures():
+    from fedsim.hooks import reconfigurable_schemes
+    from fedsim.listing import engine_sections
+
+    described = dict(engine_sections()["schemes"])
+    assert all(described.values()), described
+    for name, text in described.items():
+        assert ("iterative (pruning.reconfigurations)" in text) == (
+            name in reconfigurable_schemes()), name
+
+
 def test_one_section_and_a_misspelt_one(capsys):
     assert main(["list", "schemes"]) == 0
     out = capsys.readouterr().out
