@@ -114,7 +114,11 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     if primary:
         if start < rounds:
             _drop_stale_results(out)  # before a new row is written
-        atomic_write_text(out / "config.yaml", dump_config(cfg))
+        atomic_write_text(out / "config.yaml", _hand_defenses_comment(sim) + dump_config(cfg))
+    hand = checkpoint.hand_defense_names(sim)
+    if hand:
+        log_line("defenses given by hand, not in config.yaml: "
+                 + ", ".join(f"{stage}: {name}" for stage, name in hand.items()))
     if meta is not None:
         log_line(f"resumed from {ckpt_dir}: {start} rounds done")
     log = MetricsLog(out / "metrics.jsonl", keep_rounds_below=start if start else None,
@@ -163,6 +167,9 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     for key in ("epsilon", "delta", "leakage_total"):
         if key in log.rows[-1]:
             summary[key] = log.rows[-1][key]
+    if hand:  # in no config: the summary is the only record of what ran
+        summary["hand_defenses"] = hand
+        summary["hand_defense_specs"] = checkpoint.hand_defense_specs(sim)
     if sim.global_mask is not None:  # pruned FL: the share of the model's weights kept
         leaves = jax.tree_util.tree_leaves(sim.global_mask)
         summary["mask_density"] = float(sum(np.sum(np.asarray(m)) for m in leaves)
@@ -173,6 +180,20 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
         plot_learning_curve(log.rows, out / "learning_curve.png")
     summary["final_state"] = state
     return summary
+
+
+def _hand_defenses_comment(sim) -> str:
+    """YAML comment lines naming the defenses ``sim`` was given by hand ("" for
+    none): config.yaml alone would read as a run without them, and a rerun of it
+    would be one."""
+    hand = checkpoint.hand_defense_names(sim)
+    if not hand:
+        return ""
+    lines = ["# This run's defenses were given by hand (Simulation(defenses=...)), not by",
+             "# this config; a run of this file alone runs without them:",
+             *(f"#   {stage}: {name}" for stage, name in hand.items()),
+             "# summary.json's hand_defense_specs says what each was built from."]
+    return "\n".join(lines) + "\n"
 
 
 #: What a run writes from its rounds' results once they are done, and the attack

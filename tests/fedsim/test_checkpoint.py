@@ -168,6 +168,35 @@ def test_a_checkpoint_resumes_only_under_the_hand_given_defenses_it_was_written_
         run_simulation(cfg_c3, sim=Simulation(cfg_c3, dataset=ds, defenses=_gc(0.3)), quiet=True)
 
 
+def test_a_run_with_hand_given_defenses_records_them_where_its_config_cannot(tmp_path):
+    """config.yaml holds no hand-given defenses, so it warns in a comment; the
+    summary and run.log name them. A config run's files carry none of this."""
+    import json
+
+    from fedsim.checkpoint import hand_defense_specs
+    from fedsim.config import load_config
+
+    ds = small_dataset()
+    cfg = small_config(**{"output.dir": str(tmp_path / "h")})
+    sim = Simulation(cfg, dataset=ds, defenses=_gc(0.3))
+    run_simulation(cfg, sim=sim, quiet=True)
+    text = (tmp_path / "h" / "config.yaml").read_text()
+    assert text.startswith("# This run's defenses were given by hand")
+    assert "#   upload: gc(p=0.3)\n" in text
+    assert config_fingerprint(load_config(tmp_path / "h" / "config.yaml")) == \
+        config_fingerprint(cfg)  # the comment changes nothing the file configures
+    summary = json.loads((tmp_path / "h" / "summary.json").read_text())
+    assert summary["hand_defenses"] == {"upload": "gc(p=0.3)"}
+    assert summary["hand_defense_specs"] == hand_defense_specs(sim) == {"upload": "gc(p=0.3)"}
+    assert "defenses given by hand, not in config.yaml: upload: gc(p=0.3)" in \
+        (tmp_path / "h" / "run.log").read_text()
+    plain = small_config(**{"output.dir": str(tmp_path / "c")})
+    run_simulation(plain, sim=Simulation(plain, dataset=ds), quiet=True)
+    assert not (tmp_path / "c" / "config.yaml").read_text().startswith("#")
+    assert "hand_defenses" not in json.loads((tmp_path / "c" / "summary.json").read_text())
+    assert "by hand" not in (tmp_path / "c" / "run.log").read_text()
+
+
 def test_a_checkpoint_from_before_the_hand_defense_names_still_resumes(tmp_path):
     from fedsim.checkpoint import check_hand_defenses
 
