@@ -82,12 +82,14 @@ def unit_activity(model, params, x) -> dict:
     return out
 
 
-def attack_cfg(config: dict, masked: bool):
-    """``(cfg, merged)`` of inverting_gradients (``masked``: sgi) for ``config``, as
+def attack_cfg(config: dict, masked: bool, mask_in_target: bool = False):
+    """``(cfg, merged)`` of inverting_gradients (``masked``: sgi; ``mask_in_target``:
+    SGI's mask comes with the target, the ``model`` rule) for ``config``, as
     ``run_inversion`` builds them."""
     from attacks.gradient_inversion import inversion_config
     from attacks.inverting_gradients import DEFAULTS
-    return inversion_config(config, DEFAULTS, {"masked": masked})
+    overrides = {"masked": masked, **({"mask_in_target": True} if mask_in_target else {})}
+    return inversion_config(config, DEFAULTS, overrides)
 
 
 def sign_steering(apply_fn, cfg, params, target, labels, x, num_classes) -> dict:
@@ -119,7 +121,7 @@ def diagnose(result: dict, defenses: list[str]) -> list[dict]:
     from attacks.gradient_inversion import invert_victims, prepare_victims
     from attacks.labels import observed_gradient
     from benchmarks.reproduce_chu2023 import (b_model, fl_config, part_b_attack_key, score,
-                                              train_b, upload_of)
+                                              sgi_mask_of, train_b, upload_of)
     from fedsim.models import build_model
     from fedsim.observer import restrict
 
@@ -167,9 +169,16 @@ def diagnose(result: dict, defenses: list[str]) -> list[dict]:
             recs = {}
             for att, masked in (("gi", False), ("sgi", True)):
                 view = sgi.from_weight_upload(ob) if (masked and up == "weights") else ob
-                acfg, merged = attack_cfg(args.attack_b, masked)
+                # SGI as the results ran it (attacks.sgi.run_many): under the `model`
+                # rule its mask is read off the client's weights and goes with the
+                # target; under `support` (results before the rule) off Δ's zeros.
+                by_model = masked and sgi_mask_of(args) == "model"
+                acfg, merged = attack_cfg(args.attack_b, masked, mask_in_target=by_model)
+                mask = sgi.model_mask(ob) if by_model else None
+                target_fn = ((lambda o: {"gradient": observed_gradient(o), "mask": mask})
+                             if by_model else observed_gradient)
                 bs, _, targets, labels, _, _, _ = prepare_victims(
-                    [view], merged, acfg, part_b_attack_key(seed), observed_gradient)
+                    [view], merged, acfg, part_b_attack_key(seed), target_fn)
                 # Part B's victims started from different global models, so it ran with
                 # a victim axis on the params: keep one here as well.
                 stacked = jax.tree_util.tree_map(lambda a: a[None], params)

@@ -580,9 +580,17 @@ def batch_size_experiment(ds, budget, seed):
     rng = np.random.default_rng([seed, stream_index("tan2024/batch/victims")])
     grads, labels, means = [], [], []
     const_std = 1e-2
+    counts = np.bincount(np.asarray(ds.y_test), minlength=ds.num_classes)
     for b in budget.batch_sizes:
+        # A batch is drawn from one class without replacement, so only classes with b
+        # test examples can give it; with every class eligible (any real dataset at
+        # these sizes) the draw is the one the committed runs made.
+        eligible = np.flatnonzero(counts >= b)
+        if eligible.size == 0:
+            raise ValueError(f"batch size {b}: no class has {b} test examples "
+                             f"(largest class: {int(counts.max())})")
         for rep in range(budget.batch_repeats):
-            cls = int(rng.integers(ds.num_classes))
+            cls = int(eligible[rng.integers(eligible.size)])
             pool = np.flatnonzero(ds.y_test == cls)
             sel = rng.choice(pool, b, replace=False)
             x, y = jnp.asarray(ds.x_test[sel]), jnp.asarray(ds.y_test[sel])

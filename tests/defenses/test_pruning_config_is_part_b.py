@@ -29,7 +29,8 @@ def _args(upload: str) -> argparse.Namespace:
         reconfigs=RECONFIGS, upload=upload, defense_rate=0.3, lambda_acc=1.0,
         # α starts near ½ so that PriPrune withholds within these few rounds.
         lambda_pri=10.0, lambda_sha=2e-5, tau=0.5, alpha_lr=0.5, alpha_init=0.45,
-        pseudo_start="masked")  # the engine's: a pruned weight is in no start model
+        pseudo_start="masked",  # the engine's: a pruned weight is in no start model
+        observer_fill="uniform")  # the engine's: an observed round's cohort filled uniformly
 
 
 def _config_defenses(name: str, upload: str, n_params: int) -> str:

@@ -293,6 +293,19 @@ def test_ig_and_batch_parts_run_on_colour_images():
     assert set(mse) == {"none", "dp", "constant_noise"} and set(mse["none"]) == {"1", "2"}
 
 
+def test_a_batch_size_no_class_can_fill_is_named():
+    """Batches are drawn from one class without replacement: a size larger than
+    every class's test examples is refused by name, not by NumPy."""
+    import dataclasses
+
+    from fedsim.data import synthetic_dataset
+
+    ds = synthetic_dataset(image_size=32, num_train=20, num_test=10)
+    budget = dataclasses.replace(R.BUDGETS["smoke"], batch_sizes=(50,))
+    with pytest.raises(ValueError, match=r"batch size 50: no class has 50 test examples"):
+        R.batch_size_experiment(ds, budget, 0)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not __import__("pathlib").Path("/usr/share/datasets/fashion-mnist").exists(),
                     reason="apt package dataset-fashion-mnist not installed")
