@@ -3,7 +3,7 @@
 A :class:`~fedsim.hooks.Defense`'s ``name`` is for people (logs, results
 rows) and carries only the hyper-parameters that tell runs apart at a glance
 (``natural_channel(kappa=10)``). Where a defense must stand for itself in a
-record that outlives the process (a checkpoint's ``hand_defenses``, a
+record that outlives the process (a checkpoint's ``hand_defense_specs``, a
 calibration key), the name is not enough: two natural channels calibrated on
 different data, two global masks of different pattern, or two PriPrunes of
 different λ share a name. The spec is the factory's name and *every* argument

@@ -30,7 +30,8 @@ def first_line(obj) -> str:
 def engine_sections() -> dict[str, list[tuple[str, str]]]:
     """The engine's own sections, defenses included."""
     from fedsim.data import KNOWN_DATASETS
-    from fedsim.hooks import DEFENSE_REGISTRY, MASK_SCHEMES, _load_defenses, _parameters, mask_schemes
+    from fedsim.hooks import (DEFENSE_REGISTRY, MASK_SCHEMES, _load_defenses, _parameters,
+                              mask_schemes)
     from fedsim.models import MODEL_REGISTRY
 
     _load_defenses()

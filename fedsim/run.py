@@ -47,7 +47,8 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
         its numbers would be recorded as cfg's). A
         checkpoint written under defenses given to it by hand
         (``Simulation(defenses=...)``) resumes only under defenses of the same
-        names (:func:`fedsim.checkpoint.check_hand_defenses`).
+        specs (:func:`fedsim.checkpoint.check_hand_defenses`); the run's
+        config.yaml, run.log and summary.json name them.
       on_round: called after each round with its result and metrics row (the
         attack harness uses it to receive observed uploads).
       quiet: no progress bar.
