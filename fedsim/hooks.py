@@ -97,6 +97,12 @@ class Defense(NamedTuple):
         data share a name): a checkpoint of hand-given defenses and the
         calibration key. ``""`` for a defense built by hand, whose name then
         stands for it (:func:`spec_of`); ``_replace(name=...)`` keeps it.
+      guarantees: what the defense promises, as objects an accountant reads
+        (:class:`defenses.dp.DPParameters`: the round callbacks that report
+        ε find their mechanism here). The engine interprets none of them; it
+        carries them through :func:`chain` (concatenated), renames and the
+        global pruning mask (:func:`mask_around` masks before and after the
+        defense: pre- and post-processing of its input and output).
     """
 
     init: Callable[[PyTree], PyTree]
@@ -108,6 +114,7 @@ class Defense(NamedTuple):
     discards_example_stage: bool = False
     config_checks: tuple[Callable[[Any], None], ...] = ()
     spec: str = ""
+    guarantees: tuple[Any, ...] = ()
 
 
 def spec_of(defense: Defense) -> str:
@@ -204,7 +211,8 @@ def chain(*defenses: Defense) -> Defense:
     return Defense(init=init, apply=apply, stage=stage, name=name, begin_round=begin,
                    discards_example_stage=any(d.discards_example_stage for d in defenses),
                    config_checks=tuple(c for d in defenses for c in d.config_checks),
-                   spec="+".join(spec_of(d) for d in defenses))
+                   spec="+".join(spec_of(d) for d in defenses),
+                   guarantees=tuple(g for d in defenses for g in d.guarantees))
 
 
 def _check_stage(stage: str) -> None:

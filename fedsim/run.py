@@ -165,7 +165,8 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
         # another of these can differ in the last bits, which training amplifies)
         "environment": environment(),
     }
-    for key in ("epsilon", "delta", "leakage_total"):
+    for key in ("epsilon", "delta", "client_level_epsilon", "client_level_delta",
+                "leakage_total"):
         if key in log.rows[-1]:
             summary[key] = log.rows[-1][key]
     if hand:  # in no config: the summary is the only record of what ran

@@ -19,6 +19,12 @@ Gaussian (via dp_accounting):
                              compositions=None, accountant="rdp", tol=1e-4) -> float
   gaussian_rdp_unsampled(noise_multiplier, orders) -> ndarray   # alpha/(2 sigma^2)
 
+DP-FedAvg (user level, McMahan et al. 2018):
+  dp_fedavg_epsilon(noise_multiplier, sample_rate, delta, *, sampled_rounds,
+                    certain_rounds=0, accountant="rdp"|"pld") -> PrivacyGuarantee
+  dp_fedavg_event(noise_multiplier, sample_rate, *, sampled_rounds,
+                  certain_rounds=0) -> DpEvent
+
 VMF (001 §III-A):
   vmf_rdp(kappa, dim, orders) -> ndarray                         # Prop 1
   vmf_kl_bound(kappa, dim) -> float
@@ -60,6 +66,7 @@ from defenses.accounting._composition import (
     resolve_compositions,
     steps_for_epochs,
 )
+from defenses.accounting._dp_fedavg import dp_fedavg_epsilon, dp_fedavg_event
 from defenses.accounting._gaussian import (
     gaussian_epsilon,
     gaussian_event,
@@ -83,6 +90,8 @@ __all__ = [
     "gaussian_rdp",
     "gaussian_rdp_unsampled",
     "gaussian_noise_for_epsilon",
+    "dp_fedavg_epsilon",
+    "dp_fedavg_event",
     "vmf_rdp",
     "vmf_kl_bound",
     "multivariate_vmf_rdp",

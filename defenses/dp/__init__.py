@@ -11,8 +11,10 @@ Upload stage (client update):
 Sampler:
   sample_vmf(key, mu, kappa, num=None), sample_vmf_cosine(key, kappa, dim, num)
 Accounting:
-  attach_accountant(sim, delta=None) -> per-round ``epsilon``/``delta`` metrics
-  dp_parameters(defense) -> DPParameters | None
+  attach_accountant(sim, delta=None) -> per-round record-level ``epsilon``/``delta``
+  attach_client_accountant(sim, delta=None) -> per-round user-level
+      ``client_level_epsilon``/``client_level_delta`` (client_level_dp)
+  dp_parameters(defense, level="record"|"client") -> DPParameters | None
 """
 
 from defenses.dp._params import DPParameters, dp_parameters
@@ -29,5 +31,6 @@ __all__ = [
 ]
 
 from defenses.dp.accountant_hook import attach_accountant  # noqa: E402  (registers the plugin)
+from defenses.dp.client_accountant import attach_client_accountant  # noqa: E402  (likewise)
 
-__all__.append("attach_accountant")
+__all__ += ["attach_accountant", "attach_client_accountant"]

@@ -1,12 +1,20 @@
-"""What an example-stage DP defense tells the accountant about itself."""
+"""What a DP defense tells the accountants about itself."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+#: Whom a DP guarantee protects: one example of a client's data (DP-SGD inside
+#: local training, stage "example") or one client's whole contribution
+#: (DP-FedAvg, stage "upload").
+LEVELS = ("record", "client")
+
 
 class DPParameters(NamedTuple):
     """The privacy-relevant hyper-parameters of a DP defense.
+
+    A DP defense lists it in its :attr:`fedsim.hooks.Defense.guarantees`,
+    where the accountants find it (:func:`dp_parameters`).
 
     Attributes:
       mechanism: "gauss" (Gaussian, incl. DP-PSAC), "vmf", or "clip" (no noise).
@@ -15,9 +23,12 @@ class DPParameters(NamedTuple):
       clip_norm: C, the clipping norm as configured: one example's L2
         sensitivity with whole-gradient clipping, per layer with
         ``clipping="per_layer"`` (the total is then C·√R over R layers;
-        ``noise_multiplier`` is relative to that total). Informational: the
-        accountants read only σ or κ.
+        ``noise_multiplier`` is relative to that total); one client's update
+        at level "client". Informational: the accountants read only σ or κ.
       dim: p, the number of model parameters (VMF accounting), else None.
+      level: "record" (record-level DP within a client's local training,
+        :func:`defenses.dp.attach_accountant`) or "client" (user-level DP of
+        the round's aggregate, :func:`defenses.dp.attach_client_accountant`).
     """
 
     mechanism: str
@@ -25,14 +36,40 @@ class DPParameters(NamedTuple):
     kappa: float | None = None
     clip_norm: float = 1.0
     dim: int | None = None
+    level: str = "record"
 
 
-def tag(apply_fn, params: DPParameters):
-    """Attach ``params`` to a defense's apply function (read by the accountant)."""
-    apply_fn.dp_parameters = params
-    return apply_fn
+def dp_parameters(defense, level: str = "record") -> DPParameters | None:
+    """The :class:`DPParameters` of ``defense`` at ``level``, or None.
+
+    None also where the defense (a chain) lists several at that level: which
+    one bounds the release depends on their order and on what lies between
+    them, which the accountants do not model.
+
+    Raises:
+      ValueError: ``level`` is not one of :data:`LEVELS`.
+    """
+    found = dp_guarantees(defense, level)
+    return found[0] if len(found) == 1 else None
 
 
-def dp_parameters(defense) -> DPParameters | None:
-    """The :class:`DPParameters` of a DP defense, or None for any other defense."""
-    return getattr(defense.apply, "dp_parameters", None)
+def dp_guarantees(defense, level: str = "record") -> list[DPParameters]:
+    """Every :class:`DPParameters` of ``defense`` (a chain may hold several) at ``level``.
+
+    Raises:
+      ValueError: ``level`` is not one of :data:`LEVELS`.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"dp_parameters: level must be one of {list(LEVELS)}, got {level!r}")
+    return [g for g in getattr(defense, "guarantees", ())
+            if isinstance(g, DPParameters) and g.level == level]
+
+
+def warn_if_several(defense, level: str, who: str) -> None:
+    """Warn that ``who`` reports no ε because ``defense`` holds several DP guarantees."""
+    if len(dp_guarantees(defense, level)) > 1:
+        import warnings
+        warnings.warn(f"{who}: the {defense.stage!r} defense {defense.name!r} holds several "
+                      f"{level}-level DP mechanisms; which one bounds the release depends on "
+                      "their order, which the accountant does not model, so it reports no ε",
+                      stacklevel=3)

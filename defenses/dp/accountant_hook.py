@@ -37,7 +37,7 @@ import numbers
 import numpy as np
 
 from defenses._round_counts import restored_counts
-from defenses.dp._params import dp_parameters
+from defenses.dp._params import dp_parameters, warn_if_several
 from fedsim.hooks import register_simulation_plugin
 
 # Tags the accountant's saved state, so that a state saved for another round
@@ -204,6 +204,8 @@ def attach_accountant(sim, delta: float | None = None) -> bool:
     defense = sim.defenses.get("example")
     params = None if defense is None else dp_parameters(defense)
     if params is None:
+        if defense is not None:
+            warn_if_several(defense, "record", "attach_accountant")
         return False
     given = delta is not None
     if delta is None:

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
 from defenses.dp._flat import batched_rows, real_count
-from defenses.dp._params import DPParameters, tag
+from defenses.dp._params import DPParameters
 from defenses.dp.clipping import (check_clipping, check_noise_multiplier, check_positive,
                                    clip_examples, clip_layers)
 
@@ -85,9 +85,9 @@ def dp_gaussian(noise_multiplier: float, clip_norm: float = 1.0,
         return unflatten(total / count), state
 
     mech = "gauss" if sigma > 0 else "clip"
-    tag(apply, DPParameters(mech, noise_multiplier=sigma, clip_norm=clip_norm))
     name = f"dp_gaussian(sigma={sigma:g},C={clip_norm:g},{clipping})"
-    return Defense(init=lambda params: (), apply=apply, stage="example", name=name)
+    return Defense(init=lambda params: (), apply=apply, stage="example", name=name,
+                   guarantees=(DPParameters(mech, noise_multiplier=sigma, clip_norm=clip_norm),))
 
 
 @register_defense("dp_clip")

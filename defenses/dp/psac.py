@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
 from defenses.dp._flat import batched_rows, real_count
-from defenses.dp._params import DPParameters, tag
+from defenses.dp._params import DPParameters
 from defenses.dp.clipping import check_noise_multiplier, check_positive
 
 
@@ -63,7 +63,7 @@ def dp_psac(noise_multiplier: float, clip_norm: float = 1.0, r: float = 0.1) -> 
             total = total + sigma * clip_norm * jax.random.normal(key, total.shape, total.dtype)
         return unflatten(total / real_count(mask, blocks[0].shape[0])), state
 
-    tag(apply, DPParameters("gauss" if sigma > 0 else "clip", noise_multiplier=sigma,
-                            clip_norm=clip_norm))
+    params = DPParameters("gauss" if sigma > 0 else "clip", noise_multiplier=sigma,
+                          clip_norm=clip_norm)
     return Defense(init=lambda p: (), apply=apply, stage="example",
-                   name=f"dp_psac(sigma={sigma:g},C={clip_norm:g},r={r:g})")
+                   name=f"dp_psac(sigma={sigma:g},C={clip_norm:g},r={r:g})", guarantees=(params,))

@@ -24,6 +24,8 @@
   ``training.weighting: uniform``): the Gaussian mechanism with multiplier σ
   per round. Deviation: a curious server that sees individual uploads sees
   only 1/√m of the noise; say so when using it against per-client attacks.
+  A Simulation reports the user-level ε of every round
+  (``client_level_epsilon``, :mod:`defenses.dp.client_accountant`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
 from defenses.dp._flat import flatten_batched
+from defenses.dp._params import DPParameters
 from defenses.dp.clipping import check_positive
 
 
@@ -114,7 +117,9 @@ def client_level_dp(clip_norm: float, noise_multiplier: float,
 
     return Defense(lambda p: (), apply, "upload",
                    f"client_level_dp(C={clip:g},sigma={sigma:g},m={m})",
-                   config_checks=(functools.partial(check_client_level_dp, m),))
+                   config_checks=(functools.partial(check_client_level_dp, m),),
+                   guarantees=(DPParameters("gauss", noise_multiplier=sigma, clip_norm=clip,
+                                            level="client"),))
 
 
 def check_client_level_dp(clients_per_round: int, cfg) -> None:

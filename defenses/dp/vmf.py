@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
-from defenses.dp._params import DPParameters, tag
+from defenses.dp._params import DPParameters
 from defenses.dp.clipping import check_clipping, check_positive
 from defenses.dp.gaussian import clipped_sum
 
@@ -169,6 +169,6 @@ def dp_vmf(kappa: float, clip_norm: float = 1.0, clipping: str = "flat") -> Defe
         mu = jnp.where(norm > 0, mean, fallback)
         return unflatten(sample_vmf(k_sample, mu, kappa)), state
 
-    tag(apply, params)
     name = f"dp_vmf(kappa={kappa:g},C={clip_norm:g},{clipping})"
-    return Defense(init=lambda p: (), apply=apply, stage="example", name=name)
+    return Defense(init=lambda p: (), apply=apply, stage="example", name=name,
+                   guarantees=(params,))
