@@ -7,10 +7,12 @@ Usage (the main CLI wires :func:`add_privacy_parser` into ``fedsim privacy``;
               | --epochs E [--convention per-step|per-epoch]) --delta D [--json]
   privacy gaussian --sigma S --sample-rate Q (...same...) --delta D
               [--accountant rdp|pld] [--json]
+  privacy dp-fedavg --sigma S --clients-per-round M --num-clients K --rounds R
+              [--certain-rounds N] --delta D [--accountant rdp|pld] [--json]
   privacy capacity gaussian --sigma S --radius R --dim P [--json]
   privacy capacity vmf --kappa K --dim P [--json]
 
-``vmf`` / ``gaussian`` print one JSON object with ``epsilon``, ``delta``,
+``vmf`` / ``gaussian`` / ``dp-fedavg`` print one JSON object with ``epsilon``, ``delta``,
 ``approach``, ``alpha``, ``convention``, ``count`` and ``candidates``.
 ``capacity`` prints ``log_bayes_capacity`` (natural log; JSON with --json).
 Invalid input prints ``error: <argument> must be ...`` to stderr and exits 2.
@@ -25,6 +27,7 @@ import sys
 from typing import Optional, Sequence
 
 from defenses.accounting._composition import steps_for_epochs
+from defenses.accounting._dp_fedavg import dp_fedavg_epsilon
 from defenses.accounting._gaussian import gaussian_epsilon
 from defenses.accounting._validation import (
     check_dim,
@@ -83,6 +86,20 @@ def add_privacy_parser(subparsers) -> argparse.ArgumentParser:
     gauss.add_argument("--accountant", choices=["rdp", "pld"], default="rdp")
     _add_schedule(gauss)
 
+    fedavg = sub.add_parser("dp-fedavg", help="user-level (eps, delta) of DP-FedAvg "
+                            "(McMahan et al. 2018), the engine's client_level_dp")
+    fedavg.add_argument("--sigma", type=float, required=True, help="noise multiplier, > 0")
+    fedavg.add_argument("--clients-per-round", type=float, required=True,
+                        help="cohort size m (sample rate m/K)")
+    fedavg.add_argument("--num-clients", type=float, required=True, help="number of clients K")
+    fedavg.add_argument("--rounds", type=float, required=True,
+                        help="rounds R, including --certain-rounds")
+    fedavg.add_argument("--certain-rounds", type=float, default=0,
+                        help="rounds that include the client for certain (default 0)")
+    fedavg.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
+    fedavg.add_argument("--accountant", choices=["rdp", "pld"], default="rdp")
+    fedavg.add_argument("--json", action="store_true", help="print JSON (always the case)")
+
     cap = sub.add_parser("capacity", help="log Bayes capacity (001 §V)")
     cap_sub = cap.add_subparsers(dest="capacity_mechanism", required=True)
     cg = cap_sub.add_parser("gaussian", help="Gaussian noise, inputs clipped to radius R (Thm 5)")
@@ -139,6 +156,24 @@ def run_privacy(args: argparse.Namespace) -> int:
                                    accountant=args.accountant, **sched)
             _emit({"mechanism": "gaussian", "sigma": sigma,
                    "sample_rate": args.sample_rate, **res.to_dict()})
+        elif cmd == "dp-fedavg":
+            sigma = check_positive("--sigma", args.sigma)
+            m = check_positive_int("--clients-per-round", args.clients_per_round)
+            k = check_positive_int("--num-clients", args.num_clients)
+            if m > k:
+                raise ValueError(f"--clients-per-round ({m}) must be at most --num-clients ({k})")
+            rounds = check_positive_int("--rounds", args.rounds)
+            certain = (0 if args.certain_rounds == 0
+                       else check_positive_int("--certain-rounds", args.certain_rounds))
+            if certain > rounds:
+                raise ValueError(f"--certain-rounds ({certain}) must be at most --rounds "
+                                 f"({rounds})")
+            delta = check_open_unit("--delta", args.delta)
+            res = dp_fedavg_epsilon(sigma, m / k, delta, sampled_rounds=rounds - certain,
+                                    certain_rounds=certain, accountant=args.accountant)
+            _emit({"mechanism": "dp_fedavg", "sigma": sigma, "clients_per_round": m,
+                   "num_clients": k, "sample_rate": m / k, "certain_rounds": certain,
+                   **res.to_dict()})
         elif cmd == "capacity":
             if args.capacity_mechanism == "gaussian":
                 sigma = check_positive("--sigma", args.sigma)

@@ -30,7 +30,27 @@ def test_gaussian_and_capacity(capsys):
     assert "log_bayes_capacity" in json.loads(capsys.readouterr().out)
 
 
+def test_dp_fedavg_is_the_accountant_a_run_reports(capsys):
+    from defenses.accounting import dp_fedavg_epsilon
+    assert cli.main(["privacy", "dp-fedavg", "--sigma", "1.0", "--clients-per-round", "100",
+                     "--num-clients", "10000", "--rounds", "1000", "--certain-rounds", "2",
+                     "--delta", "1e-5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    expected = dp_fedavg_epsilon(1.0, 0.01, 1e-5, sampled_rounds=998, certain_rounds=2)
+    assert out["epsilon"] == expected.epsilon and out["count"] == 1000
+    assert out["mechanism"] == "dp_fedavg" and out["sample_rate"] == 0.01
+
+
+_FEDAVG = ["dp-fedavg", "--sigma", "1", "--clients-per-round", "2", "--num-clients", "10"]
+
+
 @pytest.mark.parametrize("argv,name", [
+    ([*_FEDAVG, "--rounds", "3", "--delta", "2"], "--delta"),
+    ([*_FEDAVG, "--rounds", "0", "--delta", "1e-5"], "--rounds"),
+    ([*_FEDAVG, "--rounds", "3", "--certain-rounds", "4", "--delta", "1e-5"], "--certain-rounds"),
+    ([*_FEDAVG, "--rounds", "3", "--certain-rounds", "1.5", "--delta", "1e-5"], "--certain-rounds"),
+    (["dp-fedavg", "--sigma", "1", "--clients-per-round", "20", "--num-clients", "10",
+      "--rounds", "3", "--delta", "1e-5"], "--clients-per-round"),
     (["gaussian", "--sigma", "0", "--sample-rate", "0.1", "--steps", "3", "--delta", "1e-5"], "--sigma"),
     (["vmf", "--kappa", "-1", "--dim", "10", "--sample-rate", "0.1", "--steps", "3", "--delta", "1e-5"], "--kappa"),
     (["vmf", "--kappa", "1", "--dim", "1", "--sample-rate", "0.1", "--steps", "3", "--delta", "1e-5"], "--dim"),
