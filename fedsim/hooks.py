@@ -98,8 +98,9 @@ class Defense(NamedTuple):
         calibration key. ``""`` for a defense built by hand, whose name then
         stands for it (:func:`spec_of`); ``_replace(name=...)`` keeps it.
       guarantees: what the defense promises, as objects an accountant reads
-        (:class:`defenses.dp.DPParameters`: the round callbacks that report
-        ε find their mechanism here). The engine interprets none of them; it
+        (:class:`defenses.dp.DPParameters`, whose accountants report ε;
+        :class:`defenses.channels.ChannelGuarantee`, whose leakage ledger
+        reports n·κ). The engine interprets none of them; it
         carries them through :func:`chain` (concatenated), renames and the
         global pruning mask (:func:`mask_around` masks before and after the
         defense: pre- and post-processing of its input and output).

@@ -15,11 +15,13 @@ baseline), :func:`eigen_compression` (App. D), the leakage ledger
 """
 
 from defenses.channels._compression import component_index, eigen_compression
+from defenses.channels._guarantee import ChannelGuarantee
 from defenses.channels._ledger import (
     CHANNEL_DEFENSES,
     LeakageLedger,
     attach_leakage_ledger,
     ledger_from_config,
+    simulation_ledger,
     steps_per_participation,
 )
 from defenses.channels._metrics import gdc, imp_dra, imp_mia
@@ -48,7 +50,8 @@ __all__ = [
     "personalized_exact_capacity",
     "eigen_compression", "component_index",
     "parameter_channel", "solve_natural_log_sigma", "solve_natural_sigma",
-    "LeakageLedger", "attach_leakage_ledger", "ledger_from_config", "steps_per_participation",
+    "LeakageLedger", "attach_leakage_ledger", "simulation_ledger", "ledger_from_config",
+    "steps_per_participation", "ChannelGuarantee",
     "CHANNEL_DEFENSES",
     "imp_mia", "imp_dra", "gdc",
 ]
@@ -58,7 +61,8 @@ from fedsim.hooks import register_simulation_plugin as _register_simulation_plug
 
 @_register_simulation_plugin
 def _attach_ledger_plugin(sim) -> None:
-    """Every Simulation whose config names a channel defense gets a leakage ledger."""
-    ledger = ledger_from_config(sim)
+    """Every Simulation that runs a channel defense (from its config or given by
+    hand) gets a leakage ledger."""
+    ledger = simulation_ledger(sim)
     if ledger is not None:
         sim.round_callbacks.append(ledger)

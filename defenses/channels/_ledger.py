@@ -8,9 +8,10 @@ import numpy as np
 
 from defenses._round_counts import restored_counts
 from defenses.bounds import gaussian_entropy, mse_lower_bound
-from defenses.channels._statistics import DataStatistics, data_statistics, resolve_statistics
+from defenses.channels._guarantee import ChannelGuarantee
+from defenses.channels._statistics import DataStatistics, data_statistics
 
-__all__ = ["LeakageLedger", "attach_leakage_ledger", "CHANNEL_DEFENSES"]
+__all__ = ["LeakageLedger", "attach_leakage_ledger", "simulation_ledger", "CHANNEL_DEFENSES"]
 
 # Data-space channels whose spec carries a per-step capacity ``kappa``.
 CHANNEL_DEFENSES = ("natural_channel", "white_channel", "personalized_channel",
@@ -129,7 +130,12 @@ def steps_per_participation(sim) -> np.ndarray:
 
 def attach_leakage_ledger(sim, kappa: float, *, statistics: DataStatistics | None = None,
                           compute_statistics: bool = True) -> LeakageLedger:
-    """Append a :class:`LeakageLedger` to ``sim.round_callbacks`` and return it.
+    """Give ``sim`` a :class:`LeakageLedger` of ``kappa`` and return it.
+
+    A simulation that runs a channel has one already (:func:`simulation_ledger`,
+    attached when it was built); this one takes its place in
+    ``sim.round_callbacks`` (so a checkpoint pairs their states alike), and
+    its κ and Σ_D are what the rows report. Otherwise it is appended.
 
     Args:
       sim: a :class:`fedsim.simulation.Simulation`.
@@ -143,32 +149,41 @@ def attach_leakage_ledger(sim, kappa: float, *, statistics: DataStatistics | Non
         statistics = data_statistics(sim.dataset.x_train)
     ledger = LeakageLedger(kappa, steps_per_participation(sim), sim.num_clients, sim.cohort,
                            statistics)
-    sim.round_callbacks.append(ledger)
+    callbacks = sim.round_callbacks
+    mine = [i for i, cb in enumerate(callbacks) if isinstance(cb, LeakageLedger)]
+    if mine:
+        callbacks[mine[0]] = ledger
+    else:
+        callbacks.append(ledger)
     return ledger
 
 
-def ledger_from_config(sim):
-    """Round-callback factory: a ledger for a config that names a channel defense.
+def simulation_ledger(sim):
+    """Round-callback factory: a ledger for a simulation that runs a channel defense.
 
-    Several channels in sequence leak at most the smallest κ (DPI), so the
-    ledger uses min κ. Σ_D comes from the channel spec's own source when it
-    names a dataset (cached; the spec as the simulation built it, which loads
-    the run's own dataset as the run does: :func:`fedsim.simulation.on_run_data`),
-    else from the simulation's training inputs.
+    The channels are found by what they promise (:class:`ChannelGuarantee` in
+    :attr:`fedsim.hooks.Defense.guarantees`), whether the config built them
+    or they were given by hand (``Simulation(cfg, defenses=...)``), chained or
+    inside the pruning mask. Several channels in sequence leak at most the
+    smallest κ (DPI), so the ledger uses min κ. Σ_D is the one the first
+    data-space channel was calibrated on (for a config channel on the run's own
+    dataset: that dataset loaded as the run loads it,
+    :func:`fedsim.simulation.on_run_data`), else, for the parameter channel
+    alone, the simulation's training inputs'.
+
+    Returns:
+      A :class:`LeakageLedger`, or None when no defense is a channel.
     """
-    built = getattr(sim, "defense_specs", sim.cfg.defenses)
-    specs = [s for s in built if s.get("name") in CHANNEL_DEFENSES]
-    if not specs:
+    found = [g for d in sim.defenses.values() for g in d.guarantees
+             if isinstance(g, ChannelGuarantee)]
+    if not found:
         return None
-    kappa = min(float(s["kappa"]) for s in specs)
-    src = next((s for s in specs if s.get("dataset") is not None), None)
-    if src is not None:
-        stats = resolve_statistics(dataset=src["dataset"], image_size=src.get("image_size"),
-                                   max_examples=src.get("max_examples"),
-                                   normalize=src.get("normalize", False),
-                                   source=src.get("source", "auto"),
-                                   data_dir=src.get("data_dir"),
-                                   dataset_seed=src.get("dataset_seed", 0))
-    else:
+    kappa = min(g.kappa for g in found)
+    stats = next((g.statistics for g in found if g.statistics is not None), None)
+    if stats is None:
         stats = data_statistics(sim.dataset.x_train)
     return LeakageLedger(kappa, steps_per_participation(sim), sim.num_clients, sim.cohort, stats)
+
+
+#: The name this factory had when it read the config's defense specs.
+ledger_from_config = simulation_ledger

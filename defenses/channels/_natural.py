@@ -8,6 +8,7 @@ import numpy as np
 
 from defenses.bounds import channel_capacity, natural_channel_sigma
 from defenses.channels._noise import additive_data_channel, check_kappa
+from defenses.channels._guarantee import ChannelGuarantee
 from defenses.channels._statistics import DataStatistics, resolve_statistics
 from fedsim.hooks import Defense, register_defense
 
@@ -77,7 +78,8 @@ def natural_channel(kappa: float, *, statistics: DataStatistics | None = None, d
     def sample(key, b):
         return std * jax.random.normal(key, (b, d), jnp.float32)
 
-    return additive_data_channel(f"natural_channel(kappa={kappa:g})", stats.shape, sample)
+    return additive_data_channel(f"natural_channel(kappa={kappa:g})", stats.shape, sample,
+                                 guarantee=ChannelGuarantee(kappa, stats))
 
 
 def natural_capacity(statistics: DataStatistics, sigma: float) -> float:

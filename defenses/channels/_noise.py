@@ -23,8 +23,12 @@ def check_kappa(kappa, who: str) -> float:
 
 
 def additive_data_channel(name: str, shape: tuple[int, ...],
-                          sample: Callable[[jax.Array, int], jax.Array]) -> Defense:
+                          sample: Callable[[jax.Array, int], jax.Array], *,
+                          guarantee=None) -> Defense:
     """A stateless stage-"data" defense adding ξ = sample(key, B) [B, d] to x [B, *shape].
+
+    ``guarantee`` (a :class:`~defenses.channels.ChannelGuarantee`) goes into the
+    defense's ``guarantees``, where the leakage ledger finds it.
 
     Fresh noise every call (every local step: the engine passes a new key).
     Padding rows (``context.mask == 0``) get no noise, so they stay exactly 0.
@@ -50,4 +54,5 @@ def additive_data_channel(name: str, shape: tuple[int, ...],
             xi = xi * context.mask.reshape((-1,) + (1,) * (x.ndim - 1)).astype(x.dtype)
         return x + xi, state
 
-    return Defense(init=init, apply=apply, stage="data", name=name)
+    return Defense(init=init, apply=apply, stage="data", name=name,
+                   guarantees=() if guarantee is None else (guarantee,))

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from defenses.channels._guarantee import ChannelGuarantee
 from defenses.channels._noise import check_kappa
 from fedsim.client import cross_entropy
 from fedsim.hooks import Defense, register_defense
@@ -128,4 +129,5 @@ def parameter_channel(kappa: float) -> Defense:
         return unravel(g_flat + noise), state
 
     return Defense(init=init, apply=apply, stage="layer",
-                   name=f"parameter_channel(kappa={kappa:g})")
+                   name=f"parameter_channel(kappa={kappa:g})",
+                   guarantees=(ChannelGuarantee(kappa),))

@@ -8,6 +8,7 @@ import numpy as np
 
 from defenses.bounds import personalized_channel_sigma
 from defenses.channels._noise import additive_data_channel, check_kappa
+from defenses.channels._guarantee import ChannelGuarantee
 from defenses.channels._statistics import DataStatistics, resolve_statistics
 from fedsim.hooks import Defense, register_defense
 
@@ -123,4 +124,5 @@ def personalized_channel(kappa: float, *, beta=None, statistics: DataStatistics 
     def sample(key, b):
         return jax.random.normal(key, (b, d), jnp.float32) * std
 
-    return additive_data_channel(f"personalized_channel(kappa={kappa:g})", stats.shape, sample)
+    return additive_data_channel(f"personalized_channel(kappa={kappa:g})", stats.shape, sample,
+                                 guarantee=ChannelGuarantee(kappa, stats))

@@ -8,6 +8,7 @@ import numpy as np
 
 from defenses.bounds import white_channel_sigmas
 from defenses.channels._noise import additive_data_channel, check_kappa
+from defenses.channels._guarantee import ChannelGuarantee
 from defenses.channels._statistics import DataStatistics, resolve_statistics
 from fedsim.hooks import Defense, register_defense
 
@@ -70,4 +71,5 @@ def white_channel(kappa: float, *, statistics: DataStatistics | None = None, dat
         z = jax.random.normal(key, (b, d), jnp.float32)
         return z @ factor_t
 
-    return additive_data_channel(f"white_channel(kappa={kappa:g})", stats.shape, sample)
+    return additive_data_channel(f"white_channel(kappa={kappa:g})", stats.shape, sample,
+                                 guarantee=ChannelGuarantee(kappa, stats))

@@ -11,14 +11,14 @@ import pytest
 from scipy import stats as sps
 
 from defenses.bounds import mse_lower_bound, natural_channel_sigma
-from defenses.channels import (gdc, imp_dra, imp_mia, parameter_channel, solve_natural_log_sigma,
-                               solve_natural_sigma)
+from defenses.channels import (LeakageLedger, gdc, imp_dra, imp_mia, parameter_channel,
+                               solve_natural_log_sigma, solve_natural_sigma)
 from fedsim.client import masked_mean_loss
 from fedsim.hooks import DefenseContext
 from fedsim.models import build_model, init_params, make_apply_fn
 from fedsim.run import run_simulation
 from fedsim.simulation import Simulation, on_run_data
-from tests.fedsim.helpers import small_config
+from tests.fedsim.helpers import small_config, small_dataset
 
 
 @pytest.mark.parametrize("kappa", [0.3, 4.0, 60.0])
@@ -196,8 +196,9 @@ def test_a_channel_on_the_runs_own_dataset_loads_it_as_the_run_does(monkeypatch)
                            normalize=cfg.data.normalize)
     assert white["dataset_seed"] == 5  # what the spec sets is kept
     assert cfg.defenses == specs  # the config itself is not rewritten
-    # Both channels and the ledger loaded synthetic with the seeds above, not seed 0.
-    assert sorted(kw["seed"] for _, _, kw in loads) == [3, 3, 5]
+    # Both channels loaded synthetic with the seeds above, not seed 0; the ledger
+    # reads the first channel's Σ_D from its guarantee instead of loading again.
+    assert sorted(kw["seed"] for _, _, kw in loads) == [3, 5]
     # ... so the natural channel's Σ_D is that of the inputs the run trains on.
     run = data_statistics(sim.dataset.x_train)
     mine = real("synthetic", cfg.data.image_size, seed=3)
@@ -211,3 +212,51 @@ def test_a_channel_on_the_runs_own_dataset_loads_it_as_the_run_does(monkeypatch)
 def test_no_ledger_without_channel():
     sim = Simulation(small_config())
     assert not any(type(cb).__name__ == "LeakageLedger" for cb in sim.round_callbacks)
+
+
+def _ledgers(sim):
+    return [cb for cb in sim.round_callbacks if isinstance(cb, LeakageLedger)]
+
+
+def test_channels_given_by_hand_get_the_ledger_a_config_would_give_them():
+    """Found by their guarantee: hand-given, chained (min κ, DPI) and the
+    parameter channel (Σ_D from the training inputs); attach_leakage_ledger
+    then replaces that ledger instead of adding a second."""
+    from defenses.channels import (ChannelGuarantee, attach_leakage_ledger, data_statistics,
+                                   natural_channel, parameter_channel, white_channel)
+    from fedsim.hooks import chain
+
+    ds = small_dataset()
+    cfg = small_config()
+    stats = data_statistics(ds.x_train[:200])  # not the whole training split's
+    natural = natural_channel(5.0, statistics=stats)
+    assert natural.guarantees == (ChannelGuarantee(5.0, stats),)
+    sim = Simulation(cfg, dataset=ds, defenses={"data": natural})
+    (ledger,) = _ledgers(sim)
+    assert ledger.kappa == 5.0
+    expected = LeakageLedger(5.0, [1] * sim.num_clients, sim.num_clients, sim.cohort, stats)
+    assert ledger.mse_floor(3.0) == pytest.approx(expected.mse_floor(3.0), rel=1e-12)
+
+    both = chain(natural, white_channel(2.0, statistics=stats))
+    (ledger,) = _ledgers(Simulation(cfg, dataset=ds, defenses={"data": both}))
+    assert ledger.kappa == 2.0
+
+    sim = Simulation(cfg, dataset=ds, defenses={"layer": parameter_channel(4.0)})
+    (ledger,) = _ledgers(sim)
+    whole = LeakageLedger(4.0, [1] * sim.num_clients, sim.num_clients, sim.cohort,
+                          data_statistics(sim.dataset.x_train))
+    assert ledger.kappa == 4.0
+    assert ledger.mse_floor(3.0) == pytest.approx(whole.mse_floor(3.0), rel=1e-12)
+
+    mine = attach_leakage_ledger(sim, 1.5)
+    assert _ledgers(sim) == [mine] and mine.kappa == 1.5
+    assert _ledgers(Simulation(cfg, dataset=ds)) == []
+
+
+def test_a_pruned_run_keeps_the_parameter_channels_ledger():
+    cfg = dataclasses.replace(small_config(**{"pruning.scheme": "random", "pruning.p": 0.5}),
+                              defenses=[{"name": "parameter_channel", "kappa": 3.0}])
+    sim = Simulation(cfg, dataset=small_dataset())
+    assert sim.defenses["layer"].name.endswith("+global_mask")
+    (ledger,) = _ledgers(sim)
+    assert ledger.kappa == 3.0

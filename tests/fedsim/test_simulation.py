@@ -102,14 +102,14 @@ def test_clients_vmapped_in_groups_trace_their_convolutions_as_vmapped_instances
 
 
 def test_defenses_given_by_hand_and_in_the_config_are_refused_by_name():
-    """The config's defenses would not run beside hand-built ones, yet what reads the
-    config (the channels' leakage ledger) would describe them: refused, naming both."""
+    """The config's defenses would not run beside hand-built ones, yet the config
+    (and the run directory's config.yaml) would describe them: refused, naming both."""
     ds = small_dataset()
     hand = {"upload": _nan_upload()}
     cfg = small_config(defenses="[{name: parameter_channel, kappa: 100.0}]")
     with pytest.raises(ConfigError, match=r"'defenses' names parameter_channel.*defenses=\.\.\."):
         Simulation(cfg, dataset=ds, defenses=hand)
-    # Either one alone is fine, and the hand-built run has no ledger for a channel.
+    # Either one alone is fine; the hand-built run runs no channel, so it has no ledger.
     sim = Simulation(small_config(), dataset=ds, defenses=hand)
     assert sim.defenses == hand and sim.defense_specs == [] and sim.round_callbacks == []
     assert len(Simulation(cfg, dataset=ds).round_callbacks) == 1  # the channel's ledger
