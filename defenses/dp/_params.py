@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 #: Whom a DP guarantee protects: one example of a client's data (DP-SGD inside
@@ -73,3 +74,11 @@ def warn_if_several(defense, level: str, who: str) -> None:
                       f"{level}-level DP mechanisms; which one bounds the release depends on "
                       "their order, which the accountant does not model, so it reports no ε",
                       stacklevel=3)
+
+
+def checked_delta(delta, who: str) -> float:
+    """``delta`` as a float in (0, 1), or ValueError naming it (and ``who`` took it)."""
+    if (isinstance(delta, bool) or not isinstance(delta, numbers.Real)
+            or not 0.0 < float(delta) < 1.0):  # NaN fails the comparison too
+        raise ValueError(f"{who}: delta must be a number in (0, 1), got {delta!r}")
+    return float(delta)

@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 
 import numpy as np
 
 from defenses._round_counts import restored_counts
-from defenses.dp._params import dp_parameters, warn_if_several
+from defenses.dp._params import checked_delta, dp_parameters, warn_if_several
 from fedsim.hooks import register_simulation_plugin
 
 # Tags the accountant's saved state, so that a state saved for another round
@@ -60,11 +59,7 @@ def _epsilon_fn(params, dim: int, delta: float):
 
 
 def _checked_delta(delta) -> float:
-    """``delta`` as a float in (0, 1), or ValueError naming it."""
-    if (isinstance(delta, bool) or not isinstance(delta, numbers.Real)
-            or not 0.0 < float(delta) < 1.0):  # NaN fails the comparison too
-        raise ValueError(f"attach_accountant: delta must be a number in (0, 1), got {delta!r}")
-    return float(delta)
+    return checked_delta(delta, "attach_accountant")
 
 
 class PrivacyAccountant:

@@ -42,11 +42,11 @@ from __future__ import annotations
 import collections
 import functools
 import math
-import numbers
 
 import dp_accounting
 
-from defenses.dp._params import dp_parameters, warn_if_several
+from defenses.accounting import dp_fedavg_event
+from defenses.dp._params import checked_delta, dp_parameters, warn_if_several
 from fedsim.hooks import register_simulation_plugin
 
 __all__ = ["ClientLevelAccountant", "attach_client_accountant"]
@@ -55,11 +55,7 @@ _STATE_KIND = "client_level_dp_accountant"
 
 
 def _checked_delta(delta) -> float:
-    if (isinstance(delta, bool) or not isinstance(delta, numbers.Real)
-            or not 0.0 < float(delta) < 1.0):  # NaN fails the comparison too
-        raise ValueError(f"attach_client_accountant: delta must be a number in (0, 1), "
-                         f"got {delta!r}")
-    return float(delta)
+    return checked_delta(delta, "attach_client_accountant")
 
 
 class ClientLevelAccountant:
@@ -88,21 +84,23 @@ class ClientLevelAccountant:
         self.delta = _checked_delta(delta)
         self.delta_given = given
 
-    def rounds_through(self, round_idx: int) -> dict[tuple[float, bool], int]:
-        """{(noise multiplier, certain): number of rounds} for the worst client
-        over rounds 0..``round_idx``."""
-        groups: collections.Counter = collections.Counter()
+    def rounds_through(self, round_idx: int) -> dict[float, tuple[int, int]]:
+        """{noise multiplier: (sampled rounds, certain rounds)} for the worst
+        client over rounds 0..``round_idx``."""
+        sampled: collections.Counter = collections.Counter()
+        certain: collections.Counter = collections.Counter()
         m, sigma = self.cohort_size, self.params.noise_multiplier
         for r in range(round_idx + 1):
             s = min(self.skipped.get(r, 0), m)
             if s == m:  # every client skipped: the model did not move
                 continue
-            groups[(sigma * math.sqrt((m - s) / m), r in self.forced_rounds)] += 1
-        return dict(groups)
+            counts = certain if r in self.forced_rounds else sampled
+            counts[sigma * math.sqrt((m - s) / m)] += 1
+        return {x: (sampled[x], certain[x]) for x in sorted(set(sampled) | set(certain))}
 
     def epsilon(self, round_idx: int) -> float:
         """The worst client's ε after rounds 0..``round_idx`` (0 before any release)."""
-        groups = tuple(sorted(self.rounds_through(round_idx).items()))
+        groups = tuple(self.rounds_through(round_idx).items())
         if not groups:
             return 0.0
         return _epsilon(groups, self.sample_rate, self.delta)
@@ -136,12 +134,9 @@ class ClientLevelAccountant:
 
 @functools.lru_cache(maxsize=4096)
 def _epsilon(groups: tuple, sample_rate: float, delta: float) -> float:
-    """RDP ε of the composed rounds ``groups`` (((σ, certain), count), ...)."""
-    events = []
-    for (sigma, certain), count in groups:
-        gauss = dp_accounting.GaussianDpEvent(sigma)
-        one = gauss if certain else dp_accounting.PoissonSampledDpEvent(sample_rate, gauss)
-        events.append(dp_accounting.SelfComposedDpEvent(one, count))
+    """RDP ε of the composed rounds ``groups`` ((σ, (sampled, certain)), ...)."""
+    events = [dp_fedavg_event(sigma, sample_rate, sampled_rounds=ns, certain_rounds=nc)
+              for sigma, (ns, nc) in groups]
     acc = dp_accounting.rdp.RdpAccountant()
     acc.compose(dp_accounting.ComposedDpEvent(events))
     return float(acc.get_epsilon(delta))
