@@ -1,9 +1,9 @@
 """Per-client counts that round callbacks carry through a checkpoint.
 
-The DP accountant (participations) and the leakage ledger (channel steps)
-both report, each round, a number that depends on every earlier round's
-cohort. They save their counts as checkpoint callback state; this reads such
-a state back.
+The DP accountants (participations) and the leakage ledger (channel steps)
+report, each round, a number that depends on every earlier round's cohort.
+They count with :func:`count_through` and save their counts as checkpoint
+callback state; :func:`restored_counts` reads such a state back.
 """
 
 from __future__ import annotations
@@ -37,3 +37,32 @@ def restored_counts(state, kind: str, key: str, like: np.ndarray,
         raise ValueError(f"{who}: the checkpoint's state has counts for {saved.size} clients, "
                          f"this simulation has {like.size}")
     return saved.copy(), int(state["rounds_counted"])
+
+
+def count_through(counts: np.ndarray, rounds_counted: int, round_idx: int, cohort_fn,
+                  per_client=None) -> int:
+    """Bring ``counts`` (rounds ``0 .. rounds_counted - 1``) to rounds ``0 .. round_idx``.
+
+    Rounds not counted yet are replayed from their cohorts (after a resume
+    from a checkpoint without the counts, the rounds before it), so
+    ``cohort_fn`` must be a pure function of the round (as
+    ``Simulation.cohort`` is). An earlier round than the last one counted means
+    a new run on the same simulation: counting starts again from round 0.
+
+    Args:
+      counts: int64 per-client counts, updated in place.
+      rounds_counted: how many rounds ``counts`` holds.
+      round_idx: the round to count through.
+      cohort_fn: ``cohort_fn(round) -> client ids``.
+      per_client: what one participation adds per client (default 1).
+
+    Returns:
+      The new number of rounds counted.
+    """
+    if round_idx + 1 < rounds_counted:
+        counts[:] = 0
+        rounds_counted = 0
+    for r in range(rounds_counted, round_idx + 1):
+        ids = np.asarray(cohort_fn(r), dtype=np.int64)
+        np.add.at(counts, ids, 1 if per_client is None else per_client[ids])
+    return max(rounds_counted, round_idx + 1)

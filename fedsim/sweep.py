@@ -43,7 +43,8 @@ from fedsim.preemption import Preempted
 from fedsim.results import atomic_write_text, finite_number, write_json
 
 TABLE_FIELDS = ("test_accuracy", "test_loss", "final_train_loss", "epsilon",
-                "client_level_epsilon", "leakage_total", "client_parallelism", "seconds")
+                "client_level_epsilon", "local_epsilon", "leakage_total", "client_parallelism",
+                "seconds")
 _DEFENSE_KEY = re.compile(r"^defenses\[(\d+)\]\.(\w+)$")
 
 

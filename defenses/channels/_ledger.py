@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from defenses._round_counts import restored_counts
+from defenses._round_counts import count_through, restored_counts
 from defenses.bounds import gaussian_entropy, mse_lower_bound
 from defenses.channels._guarantee import ChannelGuarantee
 from defenses.channels._statistics import DataStatistics, data_statistics
@@ -78,13 +78,8 @@ class LeakageLedger:
         earlier round than the last one counted means a new run on the same
         simulation: count again from round 0.
         """
-        if round_idx + 1 < self.rounds_counted:
-            self.cum[:] = 0
-            self.rounds_counted = 0
-        for r in range(self.rounds_counted, round_idx + 1):
-            ids = np.asarray(self.cohort_fn(r), dtype=np.int64)
-            self.cum[ids] += self.steps[ids]
-        self.rounds_counted = max(self.rounds_counted, round_idx + 1)
+        self.rounds_counted = count_through(self.cum, self.rounds_counted, round_idx,
+                                            self.cohort_fn, per_client=self.steps)
 
     def state_dict(self) -> dict:
         """JSON-able state for the checkpoint's metadata."""

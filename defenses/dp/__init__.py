@@ -14,7 +14,9 @@ Accounting:
   attach_accountant(sim, delta=None) -> per-round record-level ``epsilon``/``delta``
   attach_client_accountant(sim, delta=None) -> per-round user-level
       ``client_level_epsilon``/``client_level_delta`` (client_level_dp)
-  dp_parameters(defense, level="record"|"client") -> DPParameters | None
+  attach_local_accountant(sim, delta=None) -> per-round local-DP
+      ``local_epsilon``/``local_delta`` (update_gaussian/laplace with clip_norm)
+  dp_parameters(defense, level="record"|"client"|"local") -> DPParameters | None
 """
 
 from defenses.dp._params import DPParameters, dp_parameters
@@ -32,5 +34,6 @@ __all__ = [
 
 from defenses.dp.accountant_hook import attach_accountant  # noqa: E402  (registers the plugin)
 from defenses.dp.client_accountant import attach_client_accountant  # noqa: E402  (likewise)
+from defenses.dp.local_accountant import attach_local_accountant  # noqa: E402  (likewise)
 
-__all__ += ["attach_accountant", "attach_client_accountant"]
+__all__ += ["attach_accountant", "attach_client_accountant", "attach_local_accountant"]

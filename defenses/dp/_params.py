@@ -6,9 +6,10 @@ import numbers
 from typing import NamedTuple
 
 #: Whom a DP guarantee protects: one example of a client's data (DP-SGD inside
-#: local training, stage "example") or one client's whole contribution
-#: (DP-FedAvg, stage "upload").
-LEVELS = ("record", "client")
+#: local training, stage "example"), one client's whole contribution to the
+#: round's aggregate (DP-FedAvg, stage "upload"), or one client's update against
+#: whoever sees the upload itself (local DP: clipped update noise, stage "upload").
+LEVELS = ("record", "client", "local")
 
 
 class DPParameters(NamedTuple):
@@ -18,8 +19,9 @@ class DPParameters(NamedTuple):
     where the accountants find it (:func:`dp_parameters`).
 
     Attributes:
-      mechanism: "gauss" (Gaussian, incl. DP-PSAC), "vmf", or "clip" (no noise).
-      noise_multiplier: σ (Gaussian); 0 for "clip".
+      mechanism: "gauss" (Gaussian, incl. DP-PSAC), "vmf", "laplace", or "clip"
+        (no noise).
+      noise_multiplier: σ (Gaussian: noise std / C; Laplace: b / C); 0 for "clip".
       kappa: κ (VMF), else None.
       clip_norm: C, the clipping norm as configured: one example's L2
         sensitivity with whole-gradient clipping, per layer with
@@ -28,8 +30,9 @@ class DPParameters(NamedTuple):
         at level "client". Informational: the accountants read only σ or κ.
       dim: p, the number of model parameters (VMF accounting), else None.
       level: "record" (record-level DP within a client's local training,
-        :func:`defenses.dp.attach_accountant`) or "client" (user-level DP of
-        the round's aggregate, :func:`defenses.dp.attach_client_accountant`).
+        :func:`defenses.dp.attach_accountant`), "client" (user-level DP of
+        the round's aggregate, :func:`defenses.dp.attach_client_accountant`) or
+        "local" (local DP of each upload, :func:`defenses.dp.attach_local_accountant`).
     """
 
     mechanism: str
@@ -73,7 +76,7 @@ def warn_if_several(defense, level: str, who: str) -> None:
         warnings.warn(f"{who}: the {defense.stage!r} defense {defense.name!r} holds several "
                       f"{level}-level DP mechanisms; which one bounds the release depends on "
                       "their order, which the accountant does not model, so it reports no ε",
-                      stacklevel=3)
+                      stacklevel=4)
 
 
 def checked_delta(delta, who: str) -> float:
@@ -82,3 +85,50 @@ def checked_delta(delta, who: str) -> float:
             or not 0.0 < float(delta) < 1.0):  # NaN fails the comparison too
         raise ValueError(f"{who}: delta must be a number in (0, 1), got {delta!r}")
     return float(delta)
+
+
+def attach_once(sim, delta, *, stage: str, level: str, attribute: str, who: str,
+                default_delta, build) -> bool:
+    """Attach the accountant ``build`` makes for ``sim``'s DP defense of ``level``, once.
+
+    The shared body of the ``attach_*accountant`` functions: with an
+    accountant attached already, a ``delta`` replaces its δ; otherwise the
+    defense at ``stage`` is asked for its guarantee at ``level`` and, if it
+    has exactly one, ``build(params, delta, given)`` makes the accountant,
+    which is appended to ``sim.round_callbacks`` and kept as ``sim.<attribute>``.
+
+    Args:
+      sim: the :class:`fedsim.simulation.Simulation`.
+      delta: the caller's δ, or None for ``default_delta(sim)``.
+      stage, level: where the guarantee is looked for.
+      attribute: the simulation attribute holding the accountant.
+      who: the attaching function's name, for errors and warnings.
+      default_delta: ``default_delta(sim) -> δ``.
+      build: ``build(params, delta, given) -> accountant``.
+
+    Returns:
+      True if an accountant now reports at ``delta``; False if the stage has
+      no such guarantee, or ``delta`` is None and one is attached already.
+
+    Raises:
+      ValueError: ``delta`` is not a number in (0, 1).
+    """
+    if delta is not None:
+        delta = checked_delta(delta, who)
+    existing = getattr(sim, attribute, None)
+    if existing is not None:
+        if delta is None:
+            return False
+        existing.set_delta(delta)
+        return True
+    defense = sim.defenses.get(stage)
+    params = None if defense is None else dp_parameters(defense, level=level)
+    if params is None:
+        if defense is not None:
+            warn_if_several(defense, level, who)
+        return False
+    given = delta is not None
+    accountant = build(params, delta if given else default_delta(sim), given)
+    sim.round_callbacks.append(accountant)
+    setattr(sim, attribute, accountant)
+    return True

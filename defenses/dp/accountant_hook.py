@@ -35,8 +35,8 @@ import math
 
 import numpy as np
 
-from defenses._round_counts import restored_counts
-from defenses.dp._params import checked_delta, dp_parameters, warn_if_several
+from defenses._round_counts import count_through, restored_counts
+from defenses.dp._params import attach_once, checked_delta
 from fedsim.hooks import register_simulation_plugin
 
 # Tags the accountant's saved state, so that a state saved for another round
@@ -108,12 +108,8 @@ class PrivacyAccountant:
         the accountant's state). An earlier round than the last one counted
         means a new run on the same simulation: count again from round 0.
         """
-        if round_idx + 1 < self.rounds_counted:
-            self.participations[:] = 0
-            self.rounds_counted = 0
-        for r in range(self.rounds_counted, round_idx + 1):
-            np.add.at(self.participations, np.asarray(self.cohort(r), dtype=np.int64), 1)
-        self.rounds_counted = max(self.rounds_counted, round_idx + 1)
+        self.rounds_counted = count_through(self.participations, self.rounds_counted,
+                                            round_idx, self.cohort)
 
     def epsilon(self) -> tuple[float, int | None]:
         """(worst ε over the clients counted so far, the client attaining it).
@@ -188,32 +184,18 @@ def attach_accountant(sim, delta: float | None = None) -> bool:
     Raises:
       ValueError: ``delta`` is not a number in (0, 1).
     """
-    if delta is not None:
-        delta = _checked_delta(delta)
-    existing = getattr(sim, "_dp_accountant", None)
-    if existing is not None:
-        if delta is None:
-            return False
-        existing.set_delta(delta)
-        return True
-    defense = sim.defenses.get("example")
-    params = None if defense is None else dp_parameters(defense)
-    if params is None:
-        if defense is not None:
-            warn_if_several(defense, "record", "attach_accountant")
-        return False
-    given = delta is not None
-    if delta is None:
-        delta = 1.0 / float(max(int(np.max(sim.client_counts)), 2))
-    import jax
-    from fedsim.models import count_params, init_params
-    # Shapes only (eval_shape): the constant key draws no numbers.
-    dim = count_params(jax.eval_shape(
-        lambda k: init_params(sim.model, sim.dataset.input_shape, k), jax.random.key(0)))
-    accountant = PrivacyAccountant(sim, params, dim, delta, given)
-    sim.round_callbacks.append(accountant)
-    sim._dp_accountant = accountant
-    return True
+    def build(params, delta, given):
+        import jax
+        from fedsim.models import count_params, init_params
+        # Shapes only (eval_shape): the constant key draws no numbers.
+        dim = count_params(jax.eval_shape(
+            lambda k: init_params(sim.model, sim.dataset.input_shape, k), jax.random.key(0)))
+        return PrivacyAccountant(sim, params, dim, delta, given)
+
+    return attach_once(
+        sim, delta, stage="example", level="record", attribute="_dp_accountant",
+        who="attach_accountant", build=build,
+        default_delta=lambda s: 1.0 / float(max(int(np.max(s.client_counts)), 2)))
 
 
 # Every Simulation whose example-stage defense is a DP defense reports ε.

@@ -46,7 +46,7 @@ import math
 import dp_accounting
 
 from defenses.accounting import dp_fedavg_event
-from defenses.dp._params import checked_delta, dp_parameters, warn_if_several
+from defenses.dp._params import attach_once, checked_delta
 from fedsim.hooks import register_simulation_plugin
 
 __all__ = ["ClientLevelAccountant", "attach_client_accountant"]
@@ -160,27 +160,10 @@ def attach_client_accountant(sim, delta: float | None = None) -> bool:
     Raises:
       ValueError: ``delta`` is not a number in (0, 1).
     """
-    if delta is not None:
-        delta = _checked_delta(delta)
-    existing = getattr(sim, "_client_level_accountant", None)
-    if existing is not None:
-        if delta is None:
-            return False
-        existing.set_delta(delta)
-        return True
-    defense = sim.defenses.get("upload")
-    params = None if defense is None else dp_parameters(defense, level="client")
-    if params is None:
-        if defense is not None:
-            warn_if_several(defense, "client", "attach_client_accountant")
-        return False
-    given = delta is not None
-    if delta is None:
-        delta = 1.0 / max(int(sim.num_clients), 2)
-    accountant = ClientLevelAccountant(sim, params, delta, given)
-    sim.round_callbacks.append(accountant)
-    sim._client_level_accountant = accountant
-    return True
+    return attach_once(
+        sim, delta, stage="upload", level="client", attribute="_client_level_accountant",
+        who="attach_client_accountant", default_delta=lambda s: 1.0 / max(int(s.num_clients), 2),
+        build=lambda params, delta, given: ClientLevelAccountant(sim, params, delta, given))
 
 
 # Every Simulation whose upload stage runs DP-FedAvg reports its user-level ε.

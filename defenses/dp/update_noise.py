@@ -13,7 +13,9 @@
   for Gaussian, L1 for Laplace), which makes them the Gaussian (sigma/C noise
   multiplier) resp. Laplace (ε = C/b) mechanism on one client's update, with
   add/remove adjacency (an update against none); against replacement (one
-  client's update against another's) the sensitivity is 2C: ε = 2C/b.
+  client's update against another's) the sensitivity is 2C: ε = 2C/b. A
+  Simulation reports the latter, local DP of each upload composed over the
+  client's uploads (``local_epsilon``, :mod:`defenses.dp.local_accountant`).
 * ``client_level_dp(clip_norm, noise_multiplier, clients_per_round)``:
   DP-FedAvg (McMahan et al., ICLR 2018): clip each client update to L2 norm C
   and add Gaussian noise so that the SUM over the m clients of a round carries
@@ -25,7 +27,9 @@
   per round. Deviation: a curious server that sees individual uploads sees
   only 1/√m of the noise; say so when using it against per-client attacks.
   A Simulation reports the user-level ε of every round
-  (``client_level_epsilon``, :mod:`defenses.dp.client_accountant`).
+  (``client_level_epsilon``, :mod:`defenses.dp.client_accountant`) and,
+  for that curious server, the local ε of each client's uploads at their
+  share of the noise (``local_epsilon``, :mod:`defenses.dp.local_accountant`).
 """
 
 from __future__ import annotations
@@ -54,8 +58,13 @@ def _clip(vector, clip_norm, ord_):
     return vector / jnp.maximum(1.0, norm / clip_norm)
 
 
-def _noisy_upload(noise, clip_norm: float | None, ord_: int, name: str) -> Defense:
-    """Upload defense: optionally clip the flat update in L``ord_``, then add ``noise``."""
+def _noisy_upload(noise, clip_norm: float | None, ord_: int, name: str,
+                  guarantee: DPParameters | None = None) -> Defense:
+    """Upload defense: optionally clip the flat update in L``ord_``, then add ``noise``.
+
+    ``guarantee`` (with a clip only: unclipped, the noise bounds nothing) is
+    the local DP of each upload, which :mod:`defenses.dp.local_accountant` reports.
+    """
 
     def apply(update, state, *, key, context=None):
         v, unflatten = _flat(update)
@@ -63,7 +72,8 @@ def _noisy_upload(noise, clip_norm: float | None, ord_: int, name: str) -> Defen
             v = _clip(v, clip_norm, ord_)
         return unflatten(v + noise(key, v.shape, v.dtype)), state
 
-    return Defense(lambda p: (), apply, "upload", name)
+    guarantees = () if clip_norm is None or guarantee is None else (guarantee,)
+    return Defense(lambda p: (), apply, "upload", name, guarantees=guarantees)
 
 
 @register_defense("update_gaussian")
@@ -73,7 +83,9 @@ def update_gaussian(sigma: float, clip_norm: float | None = None) -> Defense:
     clip = None if clip_norm is None else check_positive("clip_norm", clip_norm)
 
     noise = lambda key, shape, dtype: sigma * jax.random.normal(key, shape, dtype)
-    return _noisy_upload(noise, clip, 2, f"update_gaussian(sigma={sigma:g})")
+    local = None if clip is None else DPParameters(
+        "gauss", noise_multiplier=sigma / clip, clip_norm=clip, level="local")
+    return _noisy_upload(noise, clip, 2, f"update_gaussian(sigma={sigma:g})", local)
 
 
 @register_defense("update_laplace")
@@ -83,7 +95,9 @@ def update_laplace(scale: float, clip_norm: float | None = None) -> Defense:
     clip = None if clip_norm is None else check_positive("clip_norm", clip_norm)
 
     noise = lambda key, shape, dtype: scale * jax.random.laplace(key, shape, dtype)
-    return _noisy_upload(noise, clip, 1, f"update_laplace(b={scale:g})")
+    local = None if clip is None else DPParameters(
+        "laplace", noise_multiplier=scale / clip, clip_norm=clip, level="local")
+    return _noisy_upload(noise, clip, 1, f"update_laplace(b={scale:g})", local)
 
 
 @register_defense("client_level_dp")
@@ -118,8 +132,12 @@ def client_level_dp(clip_norm: float, noise_multiplier: float,
     return Defense(lambda p: (), apply, "upload",
                    f"client_level_dp(C={clip:g},sigma={sigma:g},m={m})",
                    config_checks=(functools.partial(check_client_level_dp, m),),
-                   guarantees=(DPParameters("gauss", noise_multiplier=sigma, clip_norm=clip,
-                                            level="client"),))
+                   guarantees=(
+                       DPParameters("gauss", noise_multiplier=sigma, clip_norm=clip,
+                                    level="client"),
+                       # What one upload carries: its share, std σC/√m.
+                       DPParameters("gauss", noise_multiplier=sigma / math.sqrt(m),
+                                    clip_norm=clip, level="local")))
 
 
 def check_client_level_dp(clients_per_round: int, cfg) -> None:
