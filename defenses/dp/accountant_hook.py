@@ -35,8 +35,8 @@ import math
 
 import numpy as np
 
-from defenses._round_counts import count_through, restored_counts
-from defenses.dp._params import attach_once, checked_delta
+from defenses.dp._params import attach_once
+from defenses.dp._participations import ParticipationAccountant
 from fedsim.hooks import register_simulation_plugin
 
 # Tags the accountant's saved state, so that a state saved for another round
@@ -58,17 +58,11 @@ def _epsilon_fn(params, dim: int, delta: float):
     return epsilon
 
 
-def _checked_delta(delta) -> float:
-    return checked_delta(delta, "attach_accountant")
-
-
-class PrivacyAccountant:
+class PrivacyAccountant(ParticipationAccountant):
     """The ``Simulation.round_callbacks`` entry that reports ε per round.
 
-    Its state is the per-client participation counts over rounds
-    ``0 .. rounds_counted - 1`` and δ. ``state_dict``/``load_state_dict`` carry
-    both through a checkpoint (:mod:`fedsim.checkpoint`), so a resumed or
-    extended run reports the ε (at the δ) of a run done in one go.
+    Its state (participation counts and δ, carried through checkpoints) is
+    :class:`~defenses.dp._participations.ParticipationAccountant`'s.
 
     Args:
       sim: the :class:`fedsim.simulation.Simulation` (its cohorts, client
@@ -80,6 +74,9 @@ class PrivacyAccountant:
         1 / largest client); a chosen δ is kept over a checkpoint's.
     """
 
+    KIND = _STATE_KIND
+    WHO = "attach_accountant"
+
     def __init__(self, sim, params, dim: int, delta: float, delta_given: bool):
         self.params = params
         self.dim = int(dim)
@@ -88,28 +85,12 @@ class PrivacyAccountant:
         self.algorithm = t.algorithm
         self.epochs = 1 if t.algorithm == "fedsgd" else t.local_epochs
         self.batch = sim.settings.effective_batch
-        self.cohort = sim.cohort
-        self.participations = np.zeros(len(self.counts), dtype=np.int64)
-        self.rounds_counted = 0
-        self.set_delta(delta, given=delta_given)
+        super().__init__(sim, delta, delta_given)
 
     def set_delta(self, delta: float, *, given: bool = True) -> None:
         """Account at ``delta`` from now on (ε is recomputed from the counts)."""
-        self.delta = _checked_delta(delta)
-        self.delta_given = given
+        super().set_delta(delta, given=given)
         self._epsilon_of = _epsilon_fn(self.params, self.dim, self.delta)
-
-    def _count_through(self, round_idx: int) -> None:
-        """Bring the counts to rounds ``0 .. round_idx``.
-
-        Rounds not counted yet are replayed from their cohorts, so the counts
-        are the same whether the rounds before ``round_idx`` were seen by this
-        object, restored from a checkpoint, or neither (a checkpoint without
-        the accountant's state). An earlier round than the last one counted
-        means a new run on the same simulation: count again from round 0.
-        """
-        self.rounds_counted = count_through(self.participations, self.rounds_counted,
-                                            round_idx, self.cohort)
 
     def epsilon(self) -> tuple[float, int | None]:
         """(worst ε over the clients counted so far, the client attaining it).
@@ -136,31 +117,6 @@ class PrivacyAccountant:
         worst, worst_client = self.epsilon()
         out.update(epsilon=worst, delta=self.delta, epsilon_client=worst_client)
         return out
-
-    def state_dict(self) -> dict:
-        """JSON-able state for the checkpoint's metadata."""
-        return {"kind": _STATE_KIND, "rounds_counted": int(self.rounds_counted),
-                "participations": [int(p) for p in self.participations],
-                "delta": self.delta}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict`'s counts (and its δ unless one was chosen here).
-
-        A state of another callback is ignored: the counts are then replayed
-        from the cohorts on the next call.
-
-        Raises:
-          ValueError: the state counts another number of clients.
-        """
-        restored = restored_counts(state, _STATE_KIND, "participations", self.participations,
-                                   "dp accountant")
-        if restored is None:
-            return
-        self.participations, self.rounds_counted = restored
-        # The run's δ survives a resume from the command line, where no one can
-        # call attach_accountant; a δ chosen in this process wins.
-        if not self.delta_given and state.get("delta") is not None:
-            self.set_delta(state["delta"], given=True)
 
 
 def attach_accountant(sim, delta: float | None = None) -> bool:

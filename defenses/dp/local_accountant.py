@@ -29,10 +29,9 @@ from __future__ import annotations
 import functools
 
 import dp_accounting
-import numpy as np
 
-from defenses._round_counts import count_through, restored_counts
-from defenses.dp._params import attach_once, checked_delta
+from defenses.dp._params import attach_once
+from defenses.dp._participations import ParticipationAccountant
 from fedsim.hooks import register_simulation_plugin
 
 __all__ = ["LocalAccountant", "attach_local_accountant", "local_epsilon"]
@@ -70,8 +69,11 @@ def _gaussian_epsilon(multiplier: float, uploads: int, delta: float) -> float:
     return float(acc.get_epsilon(delta))
 
 
-class LocalAccountant:
+class LocalAccountant(ParticipationAccountant):
     """The ``Simulation.round_callbacks`` entry reporting local-DP ε per round.
+
+    A participation is an upload; the counts and δ travel through checkpoints
+    as :class:`~defenses.dp._participations.ParticipationAccountant` says.
 
     Args:
       sim: the :class:`fedsim.simulation.Simulation` (its cohorts).
@@ -80,48 +82,20 @@ class LocalAccountant:
       delta_given: whether the caller chose ``delta`` (kept over a checkpoint's).
     """
 
+    KIND = _STATE_KIND
+    WHO = "attach_local_accountant"
+
     def __init__(self, sim, params, delta: float, delta_given: bool):
         self.params = params
-        self.cohort = sim.cohort
-        self.uploads = np.zeros(int(sim.num_clients), dtype=np.int64)
-        self.rounds_counted = 0
-        self.set_delta(delta, given=delta_given)
-
-    def set_delta(self, delta: float, *, given: bool = True) -> None:
-        """Account at ``delta`` from now on."""
-        self.delta = checked_delta(delta, "attach_local_accountant")
-        self.delta_given = given
+        super().__init__(sim, delta, delta_given)
 
     def __call__(self, round_idx: int, row: dict) -> dict:
         del row
-        self.rounds_counted = count_through(self.uploads, self.rounds_counted, int(round_idx),
-                                            self.cohort)
+        self._count_through(int(round_idx))
         pure = self.params.mechanism == "laplace"
-        return {"local_epsilon": local_epsilon(self.params, int(self.uploads.max()),
+        return {"local_epsilon": local_epsilon(self.params, int(self.participations.max()),
                                                self.delta),
                 "local_delta": 0.0 if pure else self.delta}
-
-    def state_dict(self) -> dict:
-        """JSON-able state for the checkpoint's metadata."""
-        return {"kind": _STATE_KIND, "rounds_counted": int(self.rounds_counted),
-                "uploads": [int(u) for u in self.uploads], "delta": self.delta}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore the upload counts (and δ unless one was chosen here).
-
-        A state of another callback is ignored: the counts are then replayed
-        from the cohorts on the next call.
-
-        Raises:
-          ValueError: the state counts another number of clients.
-        """
-        restored = restored_counts(state, _STATE_KIND, "uploads", self.uploads,
-                                   "local dp accountant")
-        if restored is None:
-            return
-        self.uploads, self.rounds_counted = restored
-        if not self.delta_given and state.get("delta") is not None:
-            self.set_delta(state["delta"], given=True)
 
 
 def attach_local_accountant(sim, delta: float | None = None) -> bool:
