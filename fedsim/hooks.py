@@ -101,9 +101,12 @@ class Defense(NamedTuple):
         (:class:`defenses.dp.DPParameters`, whose accountants report ε;
         :class:`defenses.channels.ChannelGuarantee`, whose leakage ledger
         reports n·κ). The engine interprets none of them; it
-        carries them through :func:`chain` (concatenated), renames and the
-        global pruning mask (:func:`mask_around` masks before and after the
-        defense: pre- and post-processing of its input and output).
+        carries them through :func:`chain` (concatenated; a part's that later
+        parts act after come wrapped in :class:`FollowedBy`, since whether a
+        guarantee survives per-client processing after it is the guarantee's
+        own business), renames and the global pruning mask (:func:`mask_around`
+        masks before and after the defense with one public mask, which every
+        guarantee here survives).
     """
 
     init: Callable[[PyTree], PyTree]
@@ -116,6 +119,28 @@ class Defense(NamedTuple):
     config_checks: tuple[Callable[[Any], None], ...] = ()
     spec: str = ""
     guarantees: tuple[Any, ...] = ()
+
+
+class FollowedBy(NamedTuple):
+    """A guarantee of a :func:`chain`'s part that later parts of the chain act after.
+
+    Attributes:
+      guarantee: the part's guarantee (itself possibly a ``FollowedBy``, from
+        an inner chain).
+      later: the names of the defenses that act after it.
+    """
+
+    guarantee: Any
+    later: tuple[str, ...]
+
+
+def unwrap_guarantee(g: Any) -> tuple[Any, tuple[str, ...]]:
+    """(the guarantee inside any :class:`FollowedBy` wrappers, the names acting after it)."""
+    later: tuple[str, ...] = ()
+    while isinstance(g, FollowedBy):  # outer wrappers name the parts that act last
+        later = g.later + later
+        g = g.guarantee
+    return g, later
 
 
 def spec_of(defense: Defense) -> str:
@@ -213,7 +238,10 @@ def chain(*defenses: Defense) -> Defense:
                    discards_example_stage=any(d.discards_example_stage for d in defenses),
                    config_checks=tuple(c for d in defenses for c in d.config_checks),
                    spec="+".join(spec_of(d) for d in defenses),
-                   guarantees=tuple(g for d in defenses for g in d.guarantees))
+                   guarantees=tuple(
+                       g if i == len(defenses) - 1
+                       else FollowedBy(g, tuple(x.name for x in defenses[i + 1:]))
+                       for i, d in enumerate(defenses) for g in d.guarantees))
 
 
 def _check_stage(stage: str) -> None:

@@ -10,6 +10,7 @@ from defenses._round_counts import count_through, restored_counts
 from defenses.bounds import gaussian_entropy, mse_lower_bound
 from defenses.channels._guarantee import ChannelGuarantee
 from defenses.channels._statistics import DataStatistics, data_statistics
+from fedsim.hooks import unwrap_guarantee
 
 __all__ = ["LeakageLedger", "attach_leakage_ledger", "simulation_ledger", "CHANNEL_DEFENSES"]
 
@@ -153,6 +154,11 @@ def attach_leakage_ledger(sim, kappa: float, *, statistics: DataStatistics | Non
     return ledger
 
 
+def unwrap(g):
+    """``g`` without :class:`fedsim.hooks.FollowedBy` wrappers."""
+    return unwrap_guarantee(g)[0]
+
+
 def simulation_ledger(sim):
     """Round-callback factory: a ledger for a simulation that runs a channel defense.
 
@@ -169,7 +175,9 @@ def simulation_ledger(sim):
     Returns:
       A :class:`LeakageLedger`, or None when no defense is a channel.
     """
-    found = [g for d in sim.defenses.values() for g in d.guarantees
+    # What acts after a channel in its chain only processes D̃ further: by the
+    # DPI it cannot add to I(D; D̃), so a FollowedBy wrapper changes nothing here.
+    found = [g for d in sim.defenses.values() for g in map(unwrap, d.guarantees)
              if isinstance(g, ChannelGuarantee)]
     if not found:
         return None

@@ -46,37 +46,63 @@ class DPParameters(NamedTuple):
 def dp_parameters(defense, level: str = "record") -> DPParameters | None:
     """The :class:`DPParameters` of ``defense`` at ``level``, or None.
 
-    None also where the defense (a chain) lists several at that level: which
+    None also where the defense (a chain) lists several at that level (which
     one bounds the release depends on their order and on what lies between
-    them, which the accountants do not model.
+    them, which the accountants do not model), and for a "client" guarantee
+    that other parts of a chain act after (:func:`unreported_reason`).
 
     Raises:
       ValueError: ``level`` is not one of :data:`LEVELS`.
     """
     found = dp_guarantees(defense, level)
-    return found[0] if len(found) == 1 else None
+    if len(found) != 1 or (level == "client" and found[0][1]):
+        return None
+    return found[0][0]
 
 
-def dp_guarantees(defense, level: str = "record") -> list[DPParameters]:
-    """Every :class:`DPParameters` of ``defense`` (a chain may hold several) at ``level``.
+def dp_guarantees(defense, level: str = "record") -> list[tuple[DPParameters, tuple[str, ...]]]:
+    """Every :class:`DPParameters` of ``defense`` at ``level`` (a chain may hold
+    several), each with the names of the chain's parts that act after it.
 
     Raises:
       ValueError: ``level`` is not one of :data:`LEVELS`.
     """
+    from fedsim.hooks import unwrap_guarantee
+
     if level not in LEVELS:
         raise ValueError(f"dp_parameters: level must be one of {list(LEVELS)}, got {level!r}")
-    return [g for g in getattr(defense, "guarantees", ())
-            if isinstance(g, DPParameters) and g.level == level]
+    found = [unwrap_guarantee(g) for g in getattr(defense, "guarantees", ())]
+    return [(g, later) for g, later in found if isinstance(g, DPParameters) and g.level == level]
 
 
-def warn_if_several(defense, level: str, who: str) -> None:
-    """Warn that ``who`` reports no ε because ``defense`` holds several DP guarantees."""
-    if len(dp_guarantees(defense, level)) > 1:
+def unreported_reason(defense, level: str) -> str | None:
+    """Why ``defense``'s DP guarantees at ``level`` give no ε, or None.
+
+    Several at one level: which one bounds the release depends on their order,
+    which the accountants do not model. A "client" (DP-FedAvg) guarantee with
+    other defenses after it in the chain: each client then transforms its own
+    noisy share before the server sums, so the aggregate is no longer the
+    Gaussian mechanism on the clipped sum (a per-client function of a share
+    is not post-processing of the sum); the shares' local DP still holds.
+    """
+    found = dp_guarantees(defense, level)
+    if len(found) > 1:
+        return (f"the {defense.stage!r} defense {defense.name!r} holds several {level}-level "
+                "DP mechanisms; which one bounds the release depends on their order, which "
+                "the accountant does not model")
+    if found and level == "client" and found[0][1]:
+        return (f"the chain applies {', '.join(found[0][1])} to each client's upload after its "
+                "DP-FedAvg noise share, so the round's aggregate is not the Gaussian mechanism "
+                "on the clipped sum; put client_level_dp last among the upload defenses")
+    return None
+
+
+def warn_unreported(defense, level: str, who: str) -> None:
+    """Warn that ``who`` reports no ε for ``defense``'s guarantees, and why."""
+    reason = unreported_reason(defense, level)
+    if reason is not None:
         import warnings
-        warnings.warn(f"{who}: the {defense.stage!r} defense {defense.name!r} holds several "
-                      f"{level}-level DP mechanisms; which one bounds the release depends on "
-                      "their order, which the accountant does not model, so it reports no ε",
-                      stacklevel=4)
+        warnings.warn(f"{who}: {reason}, so it reports no ε", stacklevel=4)
 
 
 def checked_delta(delta, who: str) -> float:
@@ -125,7 +151,7 @@ def attach_once(sim, delta, *, stage: str, level: str, attribute: str, who: str,
     params = None if defense is None else dp_parameters(defense, level=level)
     if params is None:
         if defense is not None:
-            warn_if_several(defense, level, who)
+            warn_unreported(defense, level, who)
         return False
     given = delta is not None
     accountant = build(params, delta if given else default_delta(sim), given)

@@ -12,6 +12,7 @@ import defenses  # noqa: F401  (registers the defenses and their plugins)
 from defenses import accounting
 from defenses.dp import (DPParameters, attach_client_accountant, client_level_dp, dp_gaussian,
                          dp_parameters)
+from defenses.dp._params import unreported_reason
 from defenses.pruning import prune_random
 from fedsim.hooks import chain, mask_around
 from fedsim.run import run_simulation
@@ -103,6 +104,14 @@ def test_the_guarantee_survives_chains_masks_and_renames():
     assert dp_parameters(masked, level="client") == params
     # Two at one level: which one bounds the release is not modelled.
     assert dp_parameters(chain(d, client_level_dp(CLIP, 2.0, M)), level="client") is None
+    # A defense after the noise share transforms each client's share before the
+    # sum: no user-level guarantee, while the share's local one stands.
+    late = chain(d, prune_random(0.3))
+    assert dp_parameters(late, level="client") is None
+    assert dp_parameters(late, level="local").noise_multiplier == pytest.approx(SIGMA / M**0.5)
+    assert "applies random(p=0.3) to each" in unreported_reason(late, "client")
+    assert dp_parameters(chain(chain(prune_random(0.3), d), prune_random(0.2)),
+                         level="client") is None
     assert dp_parameters(dp_gaussian(1.1)).level == "record"
     with pytest.raises(ValueError, match="level"):
         dp_parameters(d, level="user")
@@ -197,3 +206,12 @@ def test_two_dp_fedavg_stages_in_one_chain_warn_that_no_epsilon_is_reported(tmp_
     with pytest.warns(UserWarning, match="several client-level DP mechanisms"):
         sim = Simulation(cfg, dataset=small_dataset())
     assert "client_level_epsilon" not in _callbacks(sim, 0)
+
+
+def test_a_defense_after_dp_fedavg_in_the_chain_is_warned_about_and_gets_no_user_epsilon(
+        tmp_path):
+    cfg = _cfg(tmp_path, [_spec(), {"name": "prune_random", "p": 0.3}])
+    with pytest.warns(UserWarning, match="put client_level_dp last"):
+        sim = Simulation(cfg, dataset=small_dataset())
+    row = _callbacks(sim, 0)
+    assert "client_level_epsilon" not in row and "local_epsilon" in row
