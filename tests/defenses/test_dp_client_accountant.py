@@ -215,3 +215,25 @@ def test_a_defense_after_dp_fedavg_in_the_chain_is_warned_about_and_gets_no_user
         sim = Simulation(cfg, dataset=small_dataset())
     row = _callbacks(sim, 0)
     assert "client_level_epsilon" not in row and "local_epsilon" in row
+
+
+def test_the_example_config_reports_what_the_privacy_command_says(tmp_path, capsys):
+    """configs/dp_fedavg.yaml, shrunk to synthetic data and 2 rounds, through the
+    command line; its header names the privacy command that gives the same ε."""
+    from pathlib import Path
+
+    from defenses.accounting import cli as privacy_cli
+    from fedsim.cli import main
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "dp_fedavg.yaml"
+    overrides = ["data.dataset=synthetic", "data.image_size=16", "model.name=mlp",
+                 "training.rounds=2", "training.client_parallelism=loop", "eval.every=1",
+                 "output.progress=false", "output.plots=false", f"output.dir={tmp_path}"]
+    assert main(["run", str(config), *[a for o in overrides for a in ("--set", o)]]) == 0
+    capsys.readouterr()
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert privacy_cli.main(["privacy", "dp-fedavg", "--sigma", "1", "--clients-per-round", "10",
+                             "--num-clients", "100", "--rounds", "2", "--delta", "0.01"]) == 0
+    expected = json.loads(capsys.readouterr().out)["epsilon"]
+    assert rows[-1]["client_level_epsilon"] == pytest.approx(expected, rel=1e-12)
+    assert rows[-1]["client_level_delta"] == 0.01 and rows[-1]["local_epsilon"] > expected
