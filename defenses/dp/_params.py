@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import numbers
 from typing import NamedTuple
 
@@ -158,3 +160,26 @@ def attach_once(sim, delta, *, stage: str, level: str, attribute: str, who: str,
     sim.round_callbacks.append(accountant)
     setattr(sim, attribute, accountant)
     return True
+
+
+def infinite_where_unbounded(fn):
+    """``fn`` returning ε, with ∞ where the accounting itself cannot bound it.
+
+    At a noise multiplier near the smallest float (≲ 1e-150) dp_accounting's
+    RDP divides by zero or overflows: such noise bounds nothing, ε = ∞.
+    """
+
+    @functools.wraps(fn)
+    def epsilon(*args, **kwargs):
+        try:
+            return float(fn(*args, **kwargs))
+        except (ZeroDivisionError, OverflowError):
+            return math.inf
+
+    return epsilon
+
+
+def reported(epsilon: float) -> float | None:
+    """ε as a metrics row holds it: ``None`` (JSON null) where no finite ε exists,
+    so that no ``Infinity`` reaches the run's files."""
+    return epsilon if math.isfinite(epsilon) else None

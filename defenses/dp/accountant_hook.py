@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from defenses.dp._params import attach_once
+from defenses.dp._params import attach_once, infinite_where_unbounded, reported
 from defenses.dp._participations import ParticipationAccountant
 from fedsim.hooks import register_simulation_plugin
 
@@ -49,6 +49,7 @@ def _epsilon_fn(params, dim: int, delta: float):
     from defenses import accounting
 
     @functools.lru_cache(maxsize=None)
+    @infinite_where_unbounded
     def epsilon(q: float, steps: int) -> float:
         if params.mechanism == "gauss":
             return float(accounting.gaussian_epsilon(params.noise_multiplier, q, delta,
@@ -115,7 +116,7 @@ class PrivacyAccountant(ParticipationAccountant):
         if self.params.mechanism == "clip":
             return out
         worst, worst_client = self.epsilon()
-        out.update(epsilon=worst, delta=self.delta, epsilon_client=worst_client)
+        out.update(epsilon=reported(worst), delta=self.delta, epsilon_client=worst_client)
         return out
 
 

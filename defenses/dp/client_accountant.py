@@ -46,7 +46,7 @@ import math
 import dp_accounting
 
 from defenses.accounting import dp_fedavg_event
-from defenses.dp._params import attach_once, checked_delta
+from defenses.dp._params import attach_once, checked_delta, infinite_where_unbounded, reported
 from fedsim.hooks import register_simulation_plugin
 
 __all__ = ["ClientLevelAccountant", "attach_client_accountant"]
@@ -111,7 +111,7 @@ class ClientLevelAccountant:
             self.skipped[int(round_idx)] = len(skipped)
         else:
             self.skipped.pop(int(round_idx), None)  # a round run again (a new run)
-        return {"client_level_epsilon": self.epsilon(int(round_idx)),
+        return {"client_level_epsilon": reported(self.epsilon(int(round_idx))),
                 "client_level_delta": self.delta}
 
     def state_dict(self) -> dict:
@@ -133,6 +133,7 @@ class ClientLevelAccountant:
 
 
 @functools.lru_cache(maxsize=4096)
+@infinite_where_unbounded
 def _epsilon(groups: tuple, sample_rate: float, delta: float) -> float:
     """RDP ε of the composed rounds ``groups`` ((σ, (sampled, certain)), ...)."""
     events = [dp_fedavg_event(sigma, sample_rate, sampled_rounds=ns, certain_rounds=nc)

@@ -30,7 +30,7 @@ import functools
 
 import dp_accounting
 
-from defenses.dp._params import attach_once
+from defenses.dp._params import attach_once, infinite_where_unbounded, reported
 from defenses.dp._participations import ParticipationAccountant
 from fedsim.hooks import register_simulation_plugin
 
@@ -62,6 +62,7 @@ def local_epsilon(params, uploads: int, delta: float) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
+@infinite_where_unbounded
 def _gaussian_epsilon(multiplier: float, uploads: int, delta: float) -> float:
     acc = dp_accounting.rdp.RdpAccountant()
     acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(multiplier),
@@ -93,8 +94,8 @@ class LocalAccountant(ParticipationAccountant):
         del row
         self._count_through(int(round_idx))
         pure = self.params.mechanism == "laplace"
-        return {"local_epsilon": local_epsilon(self.params, int(self.participations.max()),
-                                               self.delta),
+        eps = local_epsilon(self.params, int(self.participations.max()), self.delta)
+        return {"local_epsilon": reported(eps),
                 "local_delta": 0.0 if pure else self.delta}
 
 

@@ -109,3 +109,20 @@ def test_dp_fedavg_uploads_report_the_local_epsilon_of_their_noise_share(tmp_pat
     assert row["local_epsilon"] == local_epsilon(share, _uploads_through(sim, 1).max(), 1 / K)
     user = [cb for cb in sim.round_callbacks if not isinstance(cb, LocalAccountant)]
     assert user and user[0](1, {})["client_level_epsilon"] < row["local_epsilon"]
+
+
+@pytest.mark.parametrize("spec, key", [
+    ({"name": "update_gaussian", "sigma": 1e-200, "clip_norm": 1.0}, "local_epsilon"),
+    ({"name": "client_level_dp", "clip_norm": 1.0, "noise_multiplier": 1e-200,
+      "clients_per_round": M}, "client_level_epsilon"),
+    ({"name": "dp_gaussian", "noise_multiplier": 1e-200}, "epsilon"),
+])
+def test_noise_too_small_for_any_bound_reports_null_not_infinity(tmp_path, spec, key):
+    """dp_accounting divides by zero at such σ: the row says no finite ε (null)."""
+    sim = Simulation(_cfg(tmp_path, [spec], **{"training.weighting": "uniform"}),
+                     dataset=small_dataset())
+    row = {}
+    for cb in sim.round_callbacks:
+        row.update(cb(0, row) or {})
+    assert key in row and row[key] is None
+    json.dumps(row, allow_nan=False)  # nothing a strict JSON reader would refuse
