@@ -163,8 +163,10 @@ def run_privacy(args: argparse.Namespace) -> int:
             if m > k:
                 raise ValueError(f"--clients-per-round ({m}) must be at most --num-clients ({k})")
             rounds = check_positive_int("--rounds", args.rounds)
-            certain = (0 if args.certain_rounds == 0
-                       else check_positive_int("--certain-rounds", args.certain_rounds))
+            certain = args.certain_rounds
+            if not (math.isfinite(certain) and certain >= 0 and certain == int(certain)):
+                raise ValueError(f"--certain-rounds must be an integer >= 0, got {certain!r}")
+            certain = int(certain)
             if certain > rounds:
                 raise ValueError(f"--certain-rounds ({certain}) must be at most --rounds "
                                  f"({rounds})")

@@ -49,6 +49,8 @@ _FEDAVG = ["dp-fedavg", "--sigma", "1", "--clients-per-round", "2", "--num-clien
     ([*_FEDAVG, "--rounds", "0", "--delta", "1e-5"], "--rounds"),
     ([*_FEDAVG, "--rounds", "3", "--certain-rounds", "4", "--delta", "1e-5"], "--certain-rounds"),
     ([*_FEDAVG, "--rounds", "3", "--certain-rounds", "1.5", "--delta", "1e-5"], "--certain-rounds"),
+    ([*_FEDAVG, "--rounds", "3", "--certain-rounds", "-1", "--delta", "1e-5"], "integer >= 0"),
+    ([*_FEDAVG, "--rounds", "3", "--certain-rounds", "nan", "--delta", "1e-5"], "integer >= 0"),
     (["dp-fedavg", "--sigma", "1", "--clients-per-round", "20", "--num-clients", "10",
       "--rounds", "3", "--delta", "1e-5"], "--clients-per-round"),
     (["gaussian", "--sigma", "0", "--sample-rate", "0.1", "--steps", "3", "--delta", "1e-5"], "--sigma"),
