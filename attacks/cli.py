@@ -208,7 +208,7 @@ def _stored_uploads(cfg: Config, sim) -> tuple[list[ObservedUpload], list[int]]:
     for r in rounds:
         try:
             uploads += observation_store.load_round(
-                out / "observations", r, checkpoint.config_fingerprint(cfg), params_like,
+                out / "observations", r, checkpoint.accepted_fingerprints(cfg), params_like,
                 sim.apply_fn, sorted(cfg.observer.clients))
         except observation_store.ObservationStoreError as e:
             raise ConfigError(
@@ -409,14 +409,14 @@ def start_from_a_sibling(cfg: Config, cells: Path) -> tuple[Path, int] | None:
     out = Path(cfg.output.dir)
     if (out / "checkpoints").exists() or not cells.is_dir():
         return None
-    fingerprint, best = checkpoint.config_fingerprint(cfg), (0, None)
+    accepted, best = checkpoint.accepted_fingerprints(cfg), (0, None)
     for sibling in sorted(cells.iterdir()):
         ckpt_dir = sibling / "checkpoints"
         if sibling == out or not ckpt_dir.is_dir():
             continue
         try:
             meta = checkpoint.read_meta(ckpt_dir)
-            if meta is None or meta.get("config_fingerprint") != fingerprint:
+            if meta is None or meta.get("config_fingerprint") not in accepted:
                 continue
             ck = checkpoint.Checkpointer(ckpt_dir)
             try:

@@ -49,12 +49,41 @@ def config_fingerprint(cfg) -> str:
     differ only in what follows can share a simulation) and ``attack`` (what
     ``fedsim attack`` does with the observed uploads, so a finished run can be
     attacked again with other settings).
+
+    A defense's integral numbers are hashed alike however they were written
+    (``clip_norm: 1`` and ``clip_norm: 1.0`` build the same defense, and YAML
+    keeps the one as an int and the other as a float): see
+    :func:`_integral_floats_as_ints`. The typed sections need no such care,
+    since loading converts their values to the field's type.
     """
-    d = _as_hashed_before(cfg)
+    d = _without_unhashed(_as_hashed_before(cfg))
+    if "defenses" in d:
+        d["defenses"] = _integral_floats_as_ints(d["defenses"])
+    return _hash(d)
+
+
+def _without_unhashed(d: dict) -> dict:
     for key in ("output", "name", "attack"):
         d.pop(key, None)
     d.get("training", {}).pop("rounds", None)
-    return _hash(d)
+    return d
+
+
+def _integral_floats_as_ints(value):
+    """``value`` with every float that is a whole number written as that int,
+    in nested dicts and lists; booleans, other numbers and strings as they are.
+
+    An int of a defense parameter that must be a float is used as that float
+    (Python's arithmetic does), and an int parameter refuses a float, so two
+    specs that differ only this way build the same defense or one fails.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral_floats_as_ints(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_integral_floats_as_ints(v) for v in value]
+    return value
 
 
 def _as_hashed_before(cfg) -> dict:
@@ -112,9 +141,20 @@ def legacy_fingerprint(cfg) -> str:
     return _hash(d)
 
 
-def accepted_fingerprints(cfg) -> tuple[str, str]:
-    """The fingerprints a checkpoint of ``cfg`` may carry: the current one first."""
-    return config_fingerprint(cfg), legacy_fingerprint(cfg)
+def written_as_given_fingerprint(cfg) -> str:
+    """The fingerprint checkpoints and observation files were written with
+    from 2026-11-26 until 2026-11-29: :func:`config_fingerprint` without
+    :func:`_integral_floats_as_ints`, so a defense's ``1`` and ``1.0`` hashed
+    apart."""
+    return _hash(_without_unhashed(_as_hashed_before(cfg)))
+
+
+def accepted_fingerprints(cfg) -> tuple[str, ...]:
+    """The fingerprints a checkpoint or an observation file of ``cfg`` may
+    carry: the current one first, then those earlier code wrote
+    (:func:`written_as_given_fingerprint`, :func:`legacy_fingerprint`)."""
+    return tuple(dict.fromkeys((config_fingerprint(cfg), written_as_given_fingerprint(cfg),
+                                legacy_fingerprint(cfg))))
 
 
 def _hash(d: dict) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -81,14 +82,16 @@ def save_round(directory, uploads: list[ObservedUpload], fingerprint: str) -> Pa
     return path
 
 
-def load_round(directory, round_idx: int, fingerprint: str, params_like: Params,
+def load_round(directory, round_idx: int, fingerprint: str | Sequence[str], params_like: Params,
                apply_fn: ApplyFn, clients: list[int]) -> list[ObservedUpload]:
     """Read back what :func:`save_round` wrote for ``round_idx``.
 
     Args:
       directory: ``RUN_DIR/observations``.
       round_idx: the observed round.
-      fingerprint: the current config's fingerprint; the file's must equal it.
+      fingerprint: the current config's fingerprint, or the fingerprints it
+        accepts (:func:`fedsim.checkpoint.accepted_fingerprints`), the current
+        one first; the file's must be one of them.
       params_like: a pytree with the model's parameter structure, shapes and
         dtypes (arrays or ``jax.ShapeDtypeStruct``).
       apply_fn: the model's apply function (not stored: it is code).
@@ -111,10 +114,11 @@ def load_round(directory, round_idx: int, fingerprint: str, params_like: Params,
     except Exception as e:
         raise ObservationStoreError(f"{path} is unreadable or corrupted ({type(e).__name__}: "
                                     f"{str(e)[:200]}); delete it to start over") from None
-    if meta.get("config_fingerprint") != fingerprint:
+    accepted = (fingerprint,) if isinstance(fingerprint, str) else tuple(fingerprint)
+    if meta.get("config_fingerprint") not in accepted:
         raise ObservationStoreError(
             f"{path} was written by a different config (fingerprint "
-            f"{meta.get('config_fingerprint')} != {fingerprint})")
+            f"{meta.get('config_fingerprint')} != {accepted[0]})")
     ref, treedef = jax.tree_util.tree_flatten(params_like)
 
     def tree(prefix: str, what: str):

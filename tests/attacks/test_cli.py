@@ -218,6 +218,20 @@ def test_a_killed_attack_run_resumes_from_its_stored_observations(tmp_path, monk
     assert "resumed from" in (tmp_path / "killed" / "run.log").read_text()
 
 
+def test_a_defenses_whole_number_written_as_a_float_resumes_the_run_written_as_an_int(tmp_path):
+    # YAML reads `clip_norm: 1` as an int and `clip_norm: 1.0` as a float; both build
+    # the same defense, so the second command resumes the first's simulation and
+    # attacks its stored observations (before 2026-11-29: "different config").
+    noise = "defenses=[{name: update_gaussian, sigma: 0.001, clip_norm: %s}]"
+    first = _attack(tmp_path / "run", noise % "1")
+    again = _attack(tmp_path / "run", noise % "1.0")
+    assert again["rounds_from_disk"] == [0, 2]
+    assert _numbers(again) == _numbers(first)
+    from fedsim.checkpoint import CheckpointError
+    with pytest.raises(CheckpointError, match="different config"):
+        _attack(tmp_path / "run", noise % "2")
+
+
 def test_an_attack_that_fails_on_a_rerun_leaves_no_earlier_summary(tmp_path, monkeypatch):
     # Before: config.yaml held the new attack section and attack_summary.json the
     # old attack's numbers, which report, compare and sweeps read as the new one's.

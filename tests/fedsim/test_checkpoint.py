@@ -125,6 +125,44 @@ def test_observer_fill_is_hashed_only_where_it_is_not_the_rule_of_earlier_runs()
 
 
 
+def test_a_defenses_whole_numbers_hash_alike_as_int_or_float_and_older_checkpoints_resume(
+        tmp_path):
+    import hashlib
+    import json
+
+    from fedsim.checkpoint import accepted_fingerprints
+    from fedsim.config import load_config
+
+    spec = "defenses=[{name: dp_gaussian, noise_multiplier: %s, clip_norm: %s}]"
+    cfg = lambda *a: load_config(None, ["model.name=mlp", spec % a])
+    assert config_fingerprint(cfg("1", "2")) == config_fingerprint(cfg("1.0", "2.0"))
+    assert config_fingerprint(cfg("1", "2")) != config_fingerprint(cfg("1", "3"))
+    assert config_fingerprint(cfg("1.5", "2")) != config_fingerprint(cfg("1.5", "2.5"))
+    # A flag is not its number.
+    flags = lambda v: load_config(None, ["model.name=mlp",
+                                         f"defenses=[{{name: prune_largest, p: 0.5, pseudo: {v}}}]"])
+    assert config_fingerprint(flags("true")) != config_fingerprint(flags("1"))
+    # Checkpoints written from 2026-11-26 to 2026-11-28 hashed the numbers as written.
+    run = small_config(**{"training.rounds": 1, "output.checkpoint_every": 1,
+                          "output.dir": str(tmp_path / "run"),
+                          "defenses": [{"name": "dp_gaussian", "noise_multiplier": 1.0}]})
+    d = run.to_dict()
+    for key in ("output", "name", "attack"):
+        del d[key]
+    del d["training"]["rounds"], d["pruning"], d["observer"]["fill"], d["training"]["unroll_steps"]
+    as_written = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert as_written != config_fingerprint(run) and as_written in accepted_fingerprints(run)
+    sim, state = _trained_state(run)
+    Checkpointer(tmp_path / "run" / "checkpoints").save(
+        1, state, {**make_meta(run, sim, state), "config_fingerprint": as_written})
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"round": 0, "train_loss": 1.0}\n')
+    longer = small_config(**{"training.rounds": 2, "output.checkpoint_every": 1,
+                             "output.dir": str(tmp_path / "run"),
+                             "defenses": [{"name": "dp_gaussian", "noise_multiplier": 1.0}]})
+    run_simulation(longer, sim=Simulation(longer, dataset=small_dataset()), quiet=True)
+    assert "resumed from" in (tmp_path / "run" / "run.log").read_text()
+
+
 def test_a_simulation_of_another_config_is_refused_naming_the_keys(tmp_path):
     ds = small_dataset()
     cfg = small_config(**{"output.dir": str(tmp_path / "r")})

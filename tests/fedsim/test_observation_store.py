@@ -54,6 +54,12 @@ def test_a_missing_foreign_or_mismatched_round_is_refused_by_name(tmp_path, obse
         _load(tmp_path, cfg, sim, fingerprint="0" * 16)
     with pytest.raises(ObservationStoreError, match=r"holds clients \[1, 4\], the config observes \[1, 2\]"):
         _load(tmp_path, cfg, sim, clients=(1, 2))
+    # A file an earlier fingerprint wrote is read where the config accepts it.
+    save_round(tmp_path, uploads, "1" * 16)
+    assert len(_load(tmp_path, cfg, sim, fingerprint=("0" * 16, "1" * 16))) == 2
+    with pytest.raises(ObservationStoreError, match=r"\(fingerprint 1{16} != 0{16}\)"):
+        _load(tmp_path, cfg, sim, fingerprint=("0" * 16,))
+    save_round(tmp_path, uploads, config_fingerprint(cfg))
     wider = Simulation(small_config(**{"model.name": "lenet"}), dataset=small_dataset())
     with pytest.raises(ObservationStoreError, match="does not match the model's parameters"):
         _load(tmp_path, cfg, wider)
