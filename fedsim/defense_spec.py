@@ -33,7 +33,10 @@ __all__ = ["describe", "factory_spec"]
 def describe(value: Any) -> str:
     """A canonical text for ``value``: equal values, equal texts.
 
-    Numbers, strings, ``None`` and booleans are written with ``repr``; arrays
+    Numbers, strings, ``None`` and booleans are written with ``repr``, so an
+    int and a float of one value (``1`` and ``1.0``) are written apart: a
+    hand-given defense built with the one does not resume a checkpoint of the
+    other (a config's defenses do, :func:`fedsim.checkpoint.config_fingerprint`); arrays
     (NumPy or JAX) as ``array[shape]dtype#sha256-prefix`` of their bytes;
     mappings (keys sorted), sequences, NamedTuples and dataclasses field by
     field; a function by its qualified name. Anything else by its type and
