@@ -223,17 +223,55 @@ class MetricsLog:
             f.flush()
 
 
+#: Privacy columns of ``metrics.jsonl`` that :func:`plot_learning_curve` draws,
+#: with their legend label and the column holding their δ (None: no δ).
+PRIVACY_SERIES = (("epsilon", "record-level ε", "delta"),
+                  ("client_level_epsilon", "user-level ε (DP-FedAvg)", "client_level_delta"),
+                  ("local_epsilon", "local ε (one upload's noise)", "local_delta"))
+#: The channels' leakage ledger column (n·κ, the worst client's cumulative bound).
+LEAKAGE_SERIES = ("leakage_total", "leakage bound n·κ (worst client)")
+
+
+def privacy_series(rows: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
+    """The privacy columns a run's rows carry, as ``label -> (rounds, values)``.
+
+    Each ε series is labelled with its last δ. A round whose value is null
+    (no finite ε exists) or missing is NaN, so a plot leaves a gap there
+    instead of joining over it. Columns no row has are left out.
+    """
+    out = {}
+    for key, label, delta_key in PRIVACY_SERIES + ((*LEAKAGE_SERIES, None),):
+        have = [row for row in rows if key in row]
+        if not have:
+            continue
+        deltas = [row[delta_key] for row in have if delta_key and row.get(delta_key) is not None]
+        if deltas:
+            label = f"{label}, δ = {deltas[-1]:.3g}"
+        values = [float("nan") if row.get(key) is None else float(row[key]) for row in rows]
+        out[label] = ([row["round"] for row in rows], values)
+    return out
+
+
 def plot_learning_curve(rows: list[dict], path) -> None:
-    """Train loss and test accuracy per round as a PNG."""
+    """Train loss and test accuracy per round as a PNG; below them, where the
+    rows carry an accountant's ε or the channels' leakage bound, those per round
+    (:func:`privacy_series`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax1 = plt.subplots(figsize=(6, 4))
+    privacy = privacy_series(rows)
+    if privacy:
+        fig, (ax1, ax3) = plt.subplots(2, 1, figsize=(6, 6.5), sharex=True,
+                                       gridspec_kw={"height_ratios": [3, 2]})
+    else:
+        fig, ax1 = plt.subplots(figsize=(6, 4))
     r = [row["round"] for row in rows]
-    ax1.plot(r, [row["train_loss"] for row in rows], color="tab:blue", label="train loss")
-    ax1.set_xlabel("round")
+    loss = [float("nan") if row["train_loss"] is None else row["train_loss"] for row in rows]
+    ax1.plot(r, loss, color="tab:blue", label="train loss")
+    if not privacy:  # else the panel below names the shared axis
+        ax1.set_xlabel("round")
     ax1.set_ylabel("train loss", color="tab:blue")
     ev = [row for row in rows if row.get("test_accuracy") is not None]
     if ev:
@@ -243,9 +281,32 @@ def plot_learning_curve(rows: list[dict], path) -> None:
         ax2.set_ylabel("test accuracy", color="tab:red")
         ax2.set_ylim(0, 1)
     ax1.set_title("learning curve")
+    if privacy:
+        _plot_privacy(ax3, privacy)
     fig.tight_layout()
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=100)
     finally:  # a figure that could not be written is closed too
         plt.close(fig)
+
+
+def _plot_privacy(ax, privacy: dict) -> None:
+    """ε series on ``ax``; the leakage bound (other units) on a twin axis."""
+    leakage = {k: v for k, v in privacy.items() if k.startswith(LEAKAGE_SERIES[1])}
+    eps = {k: v for k, v in privacy.items() if k not in leakage}
+    lines = []
+    for label, (rounds, values) in eps.items():
+        lines += ax.plot(rounds, values, marker=".", label=label)
+    ax.set_ylabel("ε")
+    peaks = [max((v for v in values if math.isfinite(v)), default=0.0)
+             for _, values in eps.values()]
+    if min(peaks, default=0.0) > 0 and max(peaks) / min(peaks) > 30:
+        ax.set_yscale("log")  # local ε is often orders of magnitude above the user-level one
+    ax.set_xlabel("round")
+    for label, (rounds, values) in leakage.items():
+        twin = ax.twinx() if eps else ax
+        lines += twin.plot(rounds, values, color="tab:gray", linestyle="--", label=label)
+        twin.set_ylabel("leakage bound")
+    ax.legend(lines, [line.get_label() for line in lines], fontsize="small", loc="upper left")
+    ax.set_title("privacy spent")

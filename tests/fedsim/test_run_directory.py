@@ -164,3 +164,13 @@ def test_result_files_get_the_mode_open_would_give_them(tmp_path):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "b.json").stat().st_mode) == 0o600
+
+
+def test_a_dp_runs_learning_curve_shows_the_epsilon_its_rows_carry(tmp_path):
+    import matplotlib.image
+
+    _run(tmp_path, **{"output.plots": True, "training.rounds": 2,
+                      "defenses": [{"name": "dp_gaussian", "noise_multiplier": 1.0}]})
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(row["epsilon"] > 0 for row in rows)
+    assert matplotlib.image.imread(tmp_path / "learning_curve.png").shape[:2] == (650, 600)
