@@ -29,6 +29,7 @@ import optax
 
 from fedsim.config import UNROLL_STEPS
 from fedsim.hooks import Defense, DefenseContext, check_stage_compatibility, identity
+from fedsim.models import batch_norm_updates
 from fedsim.typing import ClientOutput, CohortData, Params, PRNGKey, PyTree
 
 
@@ -100,6 +101,7 @@ def make_client_update(
     tx: optax.GradientTransformation,
     settings: LocalTraining,
     defenses: dict[str, Defense] | None = None,
+    batch_norm_train_fn: Callable | None = None,
 ) -> Callable[[Params, CohortData, PyTree, PRNGKey], ClientOutput]:
     """Build ``client_update(global_params, data, client_state, key)``.
 
@@ -110,6 +112,13 @@ def make_client_update(
       defenses: at most one Defense per stage ("data", "example", "layer",
         "upload"); missing stages are no-ops. Chain several with
         :func:`fedsim.hooks.chain`.
+      batch_norm_train_fn: for a model with :class:`fedsim.models.BatchNorm`,
+        its ``make_train_fn``: each step's loss then normalises by the
+        statistics of the batch's real examples (padding left out), and the
+        running statistics it writes replace those in the parameters after
+        the step, so Δ carries them. Per-example ("example") and layer
+        ("layer") defenses are refused with it: under batch statistics one
+        example's gradient depends on the others in its batch.
 
     Returns:
       A pure function of one client's unbatched data (``data.x`` is
@@ -121,6 +130,14 @@ def make_client_update(
         if d.stage != stage:
             raise ValueError(f"defense {d.name!r} acts at stage {d.stage!r}, not {stage!r}")
     check_stage_compatibility(defenses)
+    if batch_norm_train_fn is not None:
+        for stage in ("example", "layer"):
+            if stage in defenses:
+                raise ValueError(
+                    f"defense {defenses[stage].name!r} acts at stage {stage!r}, which a model "
+                    "with batch norm does not support: under batch statistics one example's "
+                    "gradient depends on the others in its batch (use a model without "
+                    "batch norm, or an upload-stage defense)")
     data_def = defenses.get("data", identity("data"))
     layer_def = defenses.get("layer", identity("layer"))
     upload_def = defenses.get("upload", identity("upload"))
@@ -131,17 +148,27 @@ def make_client_update(
     def loss_one(params, x, y):
         return cross_entropy(apply_fn(params, x[None]), y[None])[0]
 
+    def batch_norm_loss(params, x, y, mask):
+        logits, written = batch_norm_train_fn(params, x, mask)
+        losses = cross_entropy(logits, y)
+        return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0), written
+
     def gradient(params, x, y, mask, state, key, ctx):
+        """(loss, gradient, example-stage state, running statistics written or None)."""
+        if batch_norm_train_fn is not None:
+            (loss, written), g = jax.value_and_grad(batch_norm_loss, has_aux=True)(
+                params, x, y, mask)
+            return loss, g, state, written
         if example_def is None:
             loss, g = jax.value_and_grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
-            return loss, g, state
+            return loss, g, state, None
         losses, per_ex = jax.vmap(jax.value_and_grad(loss_one), in_axes=(None, 0, 0))(params, x, y)
         # Padding rows must not reach the reduction.
         per_ex = jax.tree_util.tree_map(
             lambda g: g * mask.reshape((-1,) + (1,) * (g.ndim - 1)), per_ex)
         g, state = example_def.apply(per_ex, state, key=key, context=ctx)
         loss = jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-        return loss, g, state
+        return loss, g, state, None
 
     def client_update(global_params, data: CohortData, client_state, key) -> ClientOutput:
         client_state = dict(client_state) if client_state else {}
@@ -171,14 +198,17 @@ def make_client_update(
             if "data" in defenses:
                 xd, st["data"] = data_def.apply(x, st["data"], key=k_data, context=ctx)
                 ctx = ctx._replace(x=xd)
-            loss, g, st_ex = gradient(params, xd, y, mask, st.get("example"), k_ex, ctx)
+            loss, g, st_ex, written = gradient(params, xd, y, mask, st.get("example"), k_ex, ctx)
             if example_def is not None:
                 st["example"] = st_ex
             if "layer" in defenses:
                 g, st["layer"] = layer_def.apply(g, st["layer"], key=k_layer, context=ctx)
             updates, new_opt = tx.update(g, opt_state, params)
             has_data = jnp.any(valid & (mask > 0))
-            return (optax.apply_updates(params, updates), new_opt, st), loss, has_data
+            new_params = optax.apply_updates(params, updates)
+            if written is not None:  # no gradient reaches them: training writes them
+                new_params = batch_norm_updates(new_params, written)
+            return (new_params, new_opt, st), loss, has_data
 
         def scan_step(carry, inputs):
             params, opt_state, states = carry

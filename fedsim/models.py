@@ -27,6 +27,10 @@ LeNet-5's fused conv → ReLU → pool blocks (:class:`ConvReLUMaxPool`).
   input_standardise=(mean, std))`` is the model the authors attacked
   (PyTorch's default init, standardised input), from which GS converges
   where it does not from LeCun's (``benchmarks/results/gs_convnet_diagnosis.md``).
+* ``convnet_bn``: the same ConvNet with batch norm after every convolution,
+  as inversefed builds it (:class:`BatchNorm`: the running statistics are
+  leaves of the parameters, so they travel with the upload and are averaged
+  by the server; see :class:`BatchNorm`).
 * ``conv2``: LEAF/FEMNIST Conv-2 (paper 002 §6): conv5×5·32, pool, conv5×5·64,
   pool, FC 2048, FC classes.
 * ``alexnet``: a 32×32 AlexNet (5 convs 64-192-384-256-256, FC 4096-4096).
@@ -40,6 +44,7 @@ LeNet-5's fused conv → ReLU → pool blocks (:class:`ConvReLUMaxPool`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Callable, ContextManager, Iterator, Sequence
 
@@ -54,6 +59,7 @@ ModelFactory = Callable[..., nn.Module]
 MODEL_REGISTRY: dict[str, ModelFactory] = {}
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
 def max_pool(x: jax.Array, window: int) -> jax.Array:
     """Non-overlapping ``window``×``window`` max pooling (stride = window), NHWC.
 
@@ -62,21 +68,54 @@ def max_pool(x: jax.Array, window: int) -> jax.Array:
     computed as an elementwise maximum over the k² strided slices. Why: on
     XLA:CPU the gradient of ``reduce_window`` (``select_and_scatter``) is slow: with
     it, LeNet-5's first layer (conv + pool, forward + gradient) took 1.2× as
-    long (``benchmarks/results/control_flow_cpu.md``, first-layer table). Only the subgradient at exact ties
-    differs: ``jnp.maximum`` splits it between tied inputs where
-    ``select_and_scatter`` gives it to one; ties among the positive outputs of
-    a ReLU have probability zero, and tied zeros get no gradient through the
-    ReLU anyway.
+    long (``benchmarks/results/control_flow_cpu.md``, first-layer table).
+
+    Its derivative is a custom JVP: the slice that won each window (the
+    first on a tie) is found once, beside the maximum, and the tangent of
+    that slice is the output's; reverse mode transposes that selection, and
+    forward mode (GraSP's Hessian-gradient product) and higher orders work as
+    for any JAX function. Why not JAX's own rule for ``jnp.maximum``: it
+    finds the winner by comparing each input with the maximum for equality,
+    and under ``jit`` XLA may compute the two from separately fused copies of
+    the input that round differently, so that no input equals the maximum
+    and the window's gradient is lost. That happened behind batch norm:
+    ``convnet_bn`` at batch 5 had jitted gradients up to 0.42 away from the
+    eager ones in float64, and the eager ones agreed with finite differences
+    (``tests/fedsim/test_models.py::test_max_pool_gradient_is_the_same_jitted_behind_batch_norm``).
+    The winner's cotangent is what ``select_and_scatter`` gives; where two
+    inputs tie, the first takes it all (``jnp.maximum`` split it between
+    them; ties among positive ReLU outputs have probability zero, and tied
+    zeros get no gradient through the ReLU anyway).
     """
-    k = window
+    return _max_pool_winner(x, window)[0]
+
+
+def _max_pool_slices(x: jax.Array, k: int) -> list[jax.Array]:
     h, w = (x.shape[1] // k) * k, (x.shape[2] // k) * k
     x = x[:, :h, :w]
-    out = None
-    for i in range(k):
-        for j in range(k):
-            s = x[:, i::k, j::k]
-            out = s if out is None else jnp.maximum(out, s)
-    return out
+    return [x[:, i::k, j::k] for i in range(k) for j in range(k)]
+
+
+def _max_pool_winner(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """(the pooled maximum, the index of the slice that holds it, first on a tie)."""
+    slices = _max_pool_slices(x, k)
+    out, winner = slices[0], jnp.zeros(slices[0].shape, jnp.int32)
+    for t, s in enumerate(slices[1:], start=1):
+        better = s > out
+        out = jnp.where(better, s, out)
+        winner = jnp.where(better, t, winner)
+    return out, winner
+
+
+@max_pool.defjvp
+def _max_pool_jvp(window: int, primals, tangents):
+    (x,), (dx,) = primals, tangents
+    out, winner = _max_pool_winner(x, window)
+    d_slices = _max_pool_slices(dx, window)
+    d_out = d_slices[0]
+    for t, d in enumerate(d_slices[1:], start=1):
+        d_out = jnp.where(winner == t, d, d_out)
+    return out, d_out
 
 
 def _phase_kernel(kernel: jax.Array) -> jax.Array:
@@ -410,6 +449,120 @@ class ConvReLUMaxPool(nn.Module):
         return conv_relu_maxpool(x, kernel, bias, self.padding)
 
 
+#: The leaves of a :class:`BatchNorm` that hold its running statistics: no
+#: gradient reaches them; local training writes them (:func:`batch_norm_updates`).
+RUNNING_STATS = ("running_mean", "running_var")
+#: The collection a :class:`BatchNorm` in training mode writes its updated
+#: running statistics to (same module path and leaf names as the parameters).
+RUNNING_STATS_UPDATE = "running_stats_update"
+
+
+class BatchNorm(nn.Module):
+    """Batch normalisation (Ioffe & Szegedy 2015) over all axes but the last,
+    with its running statistics kept as leaves of the parameters.
+
+    Why parameters and not flax's ``batch_stats`` collection: in FL the running
+    statistics are part of the model a client sends back (PyTorch FedAvg code
+    averages its ``state_dict``, batch-norm buffers included). As leaves of the
+    params pytree they are in the client's update Δ, so the server averages
+    them like every weight (weighted as the updates), upload defenses act on
+    them too (DP-FedAvg's clip and noise cover them: they are computed from the
+    client's data), checkpoints and every cohort strategy carry them, and an
+    observer sees them, as a server does. No gradient reaches them
+    (``running_mean`` and ``running_var`` are not used in training mode and
+    are behind ``stop_gradient`` in evaluation mode); local training
+    overwrites them after each step with what this module wrote to
+    :data:`RUNNING_STATS_UPDATE` (:func:`batch_norm_updates`), and the server
+    applies their averaged Δ without its optimizer.
+
+    Training mode (``train=True``, the default, what ``make_apply_fn`` and so
+    the attacks see) normalises by the batch's mean and biased variance over
+    the examples ``mask`` marks (all where None; padding must not move the
+    statistics) and writes ``(1 − momentum)·running + momentum·batch`` with
+    the unbiased batch variance, as ``torch.nn.BatchNorm2d`` does (momentum
+    0.1, ε = 1e-5). Evaluation mode (``train=False``) normalises by the
+    running statistics; a running variance that upload noise drove below 0 is
+    read as 0 (PyTorch would give NaN).
+    """
+
+    momentum: float = 0.1
+    epsilon: float = 1e-5
+
+    @nn.compact
+    def __call__(self, x, train: bool = True, mask=None):
+        c = x.shape[-1]
+        scale = self.param("scale", nn.initializers.ones_init(), (c,), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros_init(), (c,), jnp.float32)
+        running_mean = self.param("running_mean", nn.initializers.zeros_init(), (c,), jnp.float32)
+        running_var = self.param("running_var", nn.initializers.ones_init(), (c,), jnp.float32)
+        if train:
+            w = jnp.ones(x.shape[:1], x.dtype) if mask is None else mask.astype(x.dtype)
+            w = jnp.broadcast_to(w.reshape((-1,) + (1,) * (x.ndim - 2)), x.shape[:-1])[..., None]
+            axes = tuple(range(x.ndim - 1))
+            n = jnp.sum(w, axis=axes)
+            mean = jnp.sum(w * x, axis=axes) / jnp.maximum(n, 1.0)
+            var = jnp.sum(w * jnp.square(x - mean), axis=axes) / jnp.maximum(n, 1.0)
+            unbiased = var * n / jnp.maximum(n - 1.0, 1.0)
+            m = self.momentum
+            self.sow(RUNNING_STATS_UPDATE, "running_mean",
+                     jax.lax.stop_gradient((1 - m) * running_mean + m * mean))
+            self.sow(RUNNING_STATS_UPDATE, "running_var",
+                     jax.lax.stop_gradient((1 - m) * running_var + m * unbiased))
+        else:
+            mean = jax.lax.stop_gradient(running_mean)
+            var = jnp.maximum(jax.lax.stop_gradient(running_var), 0.0)
+        return (x - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias
+
+
+def running_stats_mask(params) -> object:
+    """A pytree like ``params``: True at the :data:`RUNNING_STATS` leaves."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: getattr(path[-1], "key", None) in RUNNING_STATS, params)
+
+
+def has_batch_norm(params) -> bool:
+    """Whether ``params`` hold any :class:`BatchNorm`'s running statistics."""
+    return any(jax.tree_util.tree_leaves(running_stats_mask(params)))
+
+
+def make_train_fn(model: nn.Module) -> Callable:
+    """``train_fn(params, x, mask) -> (logits, updates)`` of a model with
+    :class:`BatchNorm`: training mode over the examples ``mask`` marks, and
+    the running statistics it wrote (:func:`batch_norm_updates` applies them)."""
+
+    def train_fn(params, x, mask):
+        logits, written = model.apply({"params": params}, x, train=True, mask=mask,
+                                      mutable=[RUNNING_STATS_UPDATE])
+        return logits, written.get(RUNNING_STATS_UPDATE, {})
+
+    return train_fn
+
+
+def batch_norm_updates(params, written):
+    """``params`` with each running statistic replaced by what training wrote
+    (``make_train_fn``'s second output, sown values at the same paths)."""
+    from flax import traverse_util
+
+    flat = traverse_util.flatten_dict(params)
+    for path, values in traverse_util.flatten_dict(written).items():
+        if path not in flat:
+            raise ValueError(f"batch_norm_updates: {'/'.join(path)} is not a parameter")
+        flat[path] = values[-1]  # sow appends: the one write of this forward pass
+    return traverse_util.unflatten_dict(flat)
+
+
+def make_eval_fn(model: nn.Module) -> Callable[[object, jax.Array], jax.Array]:
+    """``eval_fn(params, x) -> logits``: a :class:`BatchNorm` model in
+    evaluation mode (running statistics); any other model as ``make_apply_fn``."""
+
+    def eval_fn(params, x):
+        if has_batch_norm(params):
+            return model.apply({"params": params}, x, train=False)
+        return model.apply({"params": params}, x)
+
+    return eval_fn
+
+
 def register_model(name: str):
     def deco(factory):
         MODEL_REGISTRY[name] = factory
@@ -522,7 +675,7 @@ CONVNET_INITS = ("lecun", "he", "torch")
 
 @register_model("convnet")
 class ConvNet(nn.Module):
-    """Geiping et al.'s ConvNet (width 32), ReLU, no batch norm.
+    """Geiping et al.'s ConvNet (width 32), ReLU, batch norm where ``batch_norm``.
 
     As in inversefed's code, which Soteria's GS experiments use: eight 3×3
     convolutions. Paper 003 Table 3 lists nine 5×5 ones (module docstring).
@@ -538,12 +691,16 @@ class ConvNet(nn.Module):
         its input by before the first convolution, or None. inversefed feeds
         standardised images; doing it inside the model keeps an attack's
         dummy, its box constraint and the metrics in pixel space.
+      batch_norm: a :class:`BatchNorm` after every convolution, before its
+        ReLU, as inversefed's ConvNet has (the registry's ``convnet_bn``).
+        Its call then takes ``train`` and ``mask`` (:class:`BatchNorm`).
     """
 
     num_classes: int = 10
     width: int = 32
     init_scheme: str = "lecun"
     input_standardise: tuple | None = None
+    batch_norm: bool = False
 
     def _inits(self, fan_in: int) -> dict:
         if self.init_scheme == "lecun":
@@ -556,7 +713,7 @@ class ConvNet(nn.Module):
                          f"{', '.join(CONVNET_INITS)}")
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, train: bool = True, mask=None):
         if self.input_standardise is not None:
             try:
                 mean, std = (float(v) for v in self.input_standardise)
@@ -568,14 +725,25 @@ class ConvNet(nn.Module):
                                  f"finite and > 0, got {self.input_standardise!r}")
             x = (x - mean) / std
         w = self.width
+
+        def block(x, ch):
+            x = Conv(ch, (3, 3), padding=1, **self._inits(9 * x.shape[-1]))(x)
+            if self.batch_norm:
+                x = BatchNorm()(x, train, mask)
+            return nn.relu(x)
+
         for ch in (w, 2 * w, 2 * w, 4 * w, 4 * w, 4 * w):
-            x = nn.relu(Conv(ch, (3, 3), padding=1, **self._inits(9 * x.shape[-1]))(x))
+            x = block(x, ch)
         x = max_pool(x, 3)
         for ch in (4 * w, 4 * w):
-            x = nn.relu(Conv(ch, (3, 3), padding=1, **self._inits(9 * x.shape[-1]))(x))
+            x = block(x, ch)
         x = max_pool(x, 3)
         x = x.reshape(x.shape[0], -1)
         return nn.Dense(self.num_classes, **self._inits(x.shape[-1]))(x)
+
+
+register_model("convnet_bn")(lambda num_classes=10: ConvNet(num_classes=num_classes,
+                                                            batch_norm=True))
 
 
 @register_model("conv2")

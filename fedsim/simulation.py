@@ -53,7 +53,8 @@ from fedsim.hooks import (DEFENSE_REGISTRY, SIMULATION_PLUGINS, Defense, _load_d
                           build_defense, build_mask, chain, check_stage_compatibility,
                           mask_around, mask_defense, reconfigure_mask)
 from fedsim.keys import ENGINE_INIT, ENGINE_ROUNDS
-from fedsim.models import build_model, init_params, make_apply_fn
+from fedsim.models import (build_model, has_batch_norm, init_params, make_apply_fn,
+                           make_eval_fn, make_train_fn, running_stats_mask)
 from fedsim.observer import ObservedUpload
 from fedsim.server import (add_weight, add_weights, make_server_optimizer, mean_update,
                            sample_cohort_order, server_update, weighted_sum, zero_total)
@@ -264,9 +265,20 @@ class Simulation:
         self.n_max = idx.shape[1]
         self.client_counts = counts
         self.model = build_model(cfg.model.name, ds.num_classes)
+        #: ``apply_fn(params, x)``: the model as clients train it and the observer's
+        #: attacks see it (batch norm: training mode, the batch's statistics).
         self.apply_fn = make_apply_fn(self.model)
+        #: ``eval_fn(params, x)``: the model as the server evaluates it (batch norm:
+        #: the running statistics); ``apply_fn`` for a model without batch norm.
+        self.eval_fn = make_eval_fn(self.model)
         _check_model_fits(self.model, cfg.model.name, ds.input_shape)
         self.key = jax.random.key(cfg.seed)
+        #: Whether the model has batch norm (:class:`fedsim.models.BatchNorm`).
+        self.batch_norm = has_batch_norm(jax.eval_shape(self._initial_params))
+        if self.batch_norm and cfg.pruning.scheme is not None:
+            raise ConfigError(f"config key 'pruning.scheme' ({cfg.pruning.scheme}): model "
+                              f"{cfg.model.name!r} has batch norm, whose running statistics "
+                              "are not weights to prune; use a model without batch norm")
         _load_defenses()  # the registry on_run_data reads
         if defenses is not None and cfg.defenses:
             names = ", ".join(str(spec.get("name")) for spec in cfg.defenses)
@@ -292,6 +304,14 @@ class Simulation:
                                       unroll_steps=t.unroll_steps)
         self.client_tx = make_client_optimizer(t) if t.algorithm == "fedavg" else optax.sgd(t.lr)
         self.server_tx = make_server_optimizer(t.server_optimizer, t.server_lr)
+        if self.batch_norm:
+            # The running statistics take the clients' mean as it is (FedAvg of
+            # statistics); the server optimizer steps the weights only.
+            self.server_tx = optax.multi_transform(
+                {"weights": self.server_tx, "running_stats": optax.sgd(1.0)},
+                lambda params: jax.tree_util.tree_map(
+                    lambda stat: "running_stats" if stat else "weights",
+                    running_stats_mask(params)))
         self._client_update_factory = client_update_factory
         self._build_client_update()
         self.strategy = strategy or t.client_parallelism
@@ -354,6 +374,15 @@ class Simulation:
 
     def _make_client_update(self, defenses: dict[str, Defense]) -> Callable:
         factory = self._client_update_factory or _local_training(defenses)
+        if self.batch_norm:
+            if factory is not None:
+                raise ConfigError(
+                    f"model {self.cfg.model.name!r} has batch norm, which the local training "
+                    "of a defense that brings its own (PriPrune) or of a client_update_factory "
+                    "does not update; use a model without batch norm")
+            train_fn = make_train_fn(self.model)
+            return make_client_update(self.apply_fn, self.client_tx, self.settings, defenses,
+                                      batch_norm_train_fn=train_fn)
         if factory is None:
             factory = make_client_update
         return factory(self.apply_fn, self.client_tx, self.settings, defenses)
@@ -769,7 +798,7 @@ class Simulation:
 
             def batch(args):
                 xb, yb, mb = args
-                logits = self.apply_fn(params, xb)
+                logits = self.eval_fn(params, xb)
                 correct = (jnp.argmax(logits, -1) == yb) * mb
                 loss = optax.softmax_cross_entropy_with_integer_labels(logits, yb) * mb
                 return jnp.sum(correct), jnp.sum(loss)

@@ -1,0 +1,215 @@
+"""Batch norm (fedsim.models.BatchNorm, the registry's convnet_bn) in the engine.
+
+Its running statistics are parameters no gradient reaches: local training
+writes them, the server averages them with the updates and applies their mean
+without its optimizer, and evaluation reads them.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedsim.client import LocalTraining, make_client_update
+from fedsim.config import ConfigError
+from fedsim.models import (MODEL_REGISTRY, BatchNorm, ConvNet, batch_norm_updates,
+                           build_model, has_batch_norm, init_params, make_apply_fn,
+                           make_eval_fn, make_train_fn, running_stats_mask)
+from fedsim.simulation import Simulation
+from fedsim.typing import CohortData
+
+from .helpers import small_config, small_dataset
+
+SHAPE = (16, 16, 1)
+#: convnet_bn at width 4 (8 to 16 channels): the engine's paths at a tenth of the compile time.
+TINY = "convnet_bn_width4"
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setitem(MODEL_REGISTRY, TINY,
+                        lambda num_classes=10: ConvNet(num_classes, width=4, batch_norm=True))
+    return TINY
+
+
+def _bn_only(x, mask=None, train=True, momentum=0.1):
+    layer = BatchNorm(momentum=momentum)
+    params = layer.init(jax.random.key(0), x)["params"]
+    params = {**params, "running_mean": jnp.arange(3.0), "running_var": jnp.full(3, 2.0)}
+    out, written = layer.apply({"params": params}, x, train, mask,
+                               mutable=["running_stats_update"])
+    return params, out, written["running_stats_update"] if written else {}
+
+
+def test_training_normalises_by_the_real_examples_and_writes_torchs_running_update():
+    x = jax.random.normal(jax.random.key(1), (6, 4, 4, 3)) * 3.0 + 1.0
+    mask = jnp.array([1.0, 1, 1, 1, 0, 0])
+    params, out, written = _bn_only(x, mask)
+    real = np.asarray(x[:4]).reshape(-1, 3)
+    mean, var = real.mean(0), real.var(0)  # biased for normalising, as torch
+    np.testing.assert_allclose(out[:4], (np.asarray(x[:4]) - mean) / np.sqrt(var + 1e-5),
+                               rtol=1e-4, atol=1e-5)
+    unbiased = real.var(0, ddof=1)
+    np.testing.assert_allclose(written["running_mean"][0], 0.9 * np.arange(3.0) + 0.1 * mean,
+                               rtol=1e-5)
+    np.testing.assert_allclose(written["running_var"][0], 0.9 * 2.0 + 0.1 * unbiased, rtol=1e-5)
+    # Padding rows move nothing: the same as the four real rows alone.
+    _, out4, written4 = _bn_only(x[:4])
+    np.testing.assert_allclose(out[:4], out4, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(written, written4, rtol=1e-6)
+
+
+def test_evaluation_reads_the_running_statistics_and_a_negative_variance_as_zero():
+    x = jax.random.normal(jax.random.key(1), (5, 2, 2, 3))
+    params, out, written = _bn_only(x, train=False)
+    assert written == {}
+    np.testing.assert_allclose(out, (x - jnp.arange(3.0)) / jnp.sqrt(2.0 + 1e-5), rtol=1e-5)
+    layer = BatchNorm()
+    noisy = {**params, "running_var": jnp.array([-0.5, 1.0, 1.0])}  # upload noise did it
+    out = layer.apply({"params": noisy}, x, False)
+    assert bool(jnp.all(jnp.isfinite(out)))
+    np.testing.assert_allclose(out[..., 0], (x[..., 0] - 0.0) / jnp.sqrt(1e-5), rtol=1e-4)
+
+
+def test_no_gradient_reaches_the_running_statistics_in_either_mode():
+    model = build_model("convnet_bn")
+    params = init_params(model, SHAPE, jax.random.key(0))
+    x = jax.random.uniform(jax.random.key(1), (4, *SHAPE))
+    stats = running_stats_mask(params)
+    assert has_batch_norm(params) and not has_batch_norm(
+        init_params(build_model("convnet"), SHAPE, jax.random.key(0)))
+    for fn in (make_apply_fn(model), make_eval_fn(model)):
+        g = jax.grad(lambda p: jnp.sum(fn(p, x) ** 2))(params)
+        for is_stat, leaf in zip(jax.tree_util.tree_leaves(stats), jax.tree_util.tree_leaves(g)):
+            assert bool(jnp.all(leaf == 0)) == is_stat
+    # Training mode is the model the clients train and the attacks see; evaluation differs.
+    assert not np.allclose(make_apply_fn(model)(params, x), make_eval_fn(model)(params, x))
+
+
+def test_batch_norm_updates_replace_exactly_the_written_statistics():
+    model = build_model("convnet_bn")
+    params = init_params(model, SHAPE, jax.random.key(0))
+    x = jax.random.uniform(jax.random.key(1), (4, *SHAPE))
+    _, written = make_train_fn(model)(params, x, jnp.ones(4))
+    new = batch_norm_updates(params, written)
+    for is_stat, a, b in zip(jax.tree_util.tree_leaves(running_stats_mask(params)),
+                             jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(new)):
+        assert bool(jnp.all(a == b)) != is_stat
+    with pytest.raises(ValueError, match="BatchNorm_9/running_mean is not a parameter"):
+        batch_norm_updates(params, {"BatchNorm_9": {"running_mean": (jnp.zeros(3),)}})
+
+
+def _data(x, y, n_max):
+    n, pad = len(y), n_max - len(y)
+    return CohortData(jnp.concatenate([x, jnp.zeros((pad, *x.shape[1:]))]),
+                      jnp.concatenate([y, jnp.zeros(pad, jnp.int32)]),
+                      jnp.concatenate([jnp.ones(n), jnp.zeros(pad)]), jnp.int32(n))
+
+
+def test_a_padded_client_gives_the_same_update_statistics_included():
+    model = build_model("convnet_bn")
+    params = init_params(model, SHAPE, jax.random.key(0))
+    x = jax.random.uniform(jax.random.key(1), (13, *SHAPE))
+    y = jnp.arange(13, dtype=jnp.int32) % 10
+    outs = []
+    for n_max in (13, 20):
+        update = make_client_update(make_apply_fn(model), optax.sgd(0.05),
+                                    LocalTraining("fedavg", 1, 5, n_max), {},
+                                    batch_norm_train_fn=make_train_fn(model))
+        outs.append(jax.jit(update)(params, _data(x, y, n_max), {}, jax.random.key(2)))
+    chex.assert_trees_all_close(outs[0].update, outs[1].update, rtol=1e-5, atol=1e-6)
+    moved = outs[0].update["BatchNorm_0"]["running_mean"]
+    assert float(jnp.abs(moved).max()) > 0  # Δ carries the statistics
+
+
+def test_strategies_agree_with_batch_norm(tiny):
+    # One local step per client (B above every client's n): over several steps, the
+    # ConvNet's ReLUs and max pools turn the strategies' float rounding into discrete
+    # switches (so does the ConvNet without batch norm: 1e-7 relative on its weights moved
+    # a client's update by 4e-3 at lr 0.05), which no tolerance separates from a bug.
+    ds = small_dataset()
+    results = {}
+    for strategy in ("loop", "vmap", "chunked"):
+        sim = Simulation(small_config(**{"model.name": tiny, "training.lr": 0.05,
+                                         "training.batch_size": 200,
+                                         "training.client_parallelism": strategy,
+                                         "training.chunk_size": 2}), dataset=ds)
+        state = sim.init_state()
+        for r in range(2):
+            state, res = sim.run_round(state, r)
+        results[strategy] = (state.params, res.train_loss)
+    for s in ("vmap", "chunked"):
+        chex.assert_trees_all_close(results[s][0], results["loop"][0], atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(results[s][1], results["loop"][1], rtol=1e-4)
+
+
+def test_the_global_statistics_are_the_clients_weighted_mean_whatever_the_server_optimizer(tiny):
+    # Adam on the server steps the weights; the statistics take the mean as it is.
+    ds = small_dataset()
+    sim = Simulation(small_config(**{"model.name": tiny, "training.lr": 0.05,
+                                     "training.server_optimizer": "adam",
+                                     "training.server_lr": 0.01}), dataset=ds)
+    state = sim.init_state()
+    new, _ = sim.run_round(state, 0)
+    _, ckey = sim.round_keys(0)
+    outs = [jax.jit(sim.client_update)(state.params, sim.client_data(c), {},
+                                       jax.random.fold_in(ckey, c)) for c in sim.cohort(0)]
+    w = np.array([float(o.num_examples) for o in outs])
+    mean = lambda f: sum(wi * f(o.update) for wi, o in zip(w, outs)) / w.sum()
+    for layer in ("BatchNorm_0", "BatchNorm_7"):
+        for stat in ("running_mean", "running_var"):
+            np.testing.assert_allclose(new.params[layer][stat],
+                                       state.params[layer][stat] + mean(lambda u: u[layer][stat]),
+                                       rtol=1e-5, atol=1e-6)
+    # The weights did go through Adam: not the plain mean.
+    assert not np.allclose(new.params["Conv_0"]["kernel"],
+                           state.params["Conv_0"]["kernel"]
+                           + mean(lambda u: u["Conv_0"]["kernel"]), atol=1e-6)
+
+
+def test_the_server_evaluates_with_the_running_statistics(tiny):
+    ds = small_dataset()
+    sim = Simulation(small_config(**{"model.name": tiny, "training.lr": 0.05}),
+                     dataset=ds)
+    state, _ = sim.run_round(sim.init_state(), 0)
+    acc, loss = sim.evaluate(state.params)
+    logits = make_eval_fn(sim.model)(state.params, jnp.asarray(ds.x_test))
+    assert acc == pytest.approx(float(jnp.mean(jnp.argmax(logits, -1) == ds.y_test)))
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(ds.y_test))
+    assert loss == pytest.approx(float(jnp.mean(ce)), rel=1e-5)
+
+
+@pytest.mark.parametrize("override,match", [
+    ({"pruning.scheme": "random", "pruning.p": 0.5},
+     r"config key 'pruning.scheme' \(random\): model 'convnet_bn' has batch norm"),
+    ({"defenses": [{"name": "dp_gaussian", "noise_multiplier": 1.0}]},
+     r"config key 'defenses': defense 'dp_gaussian.*' acts at stage 'example', which a model "
+     r"with batch norm does not support"),
+    ({"defenses": [{"name": "soteria", "p_fc": 0.5}]},
+     r"config key 'defenses': defense 'soteria.*' acts at stage 'layer'"),
+    ({"defenses": [{"name": "priprune"}]},
+     r"model 'convnet_bn' has batch norm, which the local training of a defense that brings "
+     r"its own \(PriPrune\)"),
+])
+def test_what_batch_norm_cannot_take_is_refused_by_name(override, match):
+    with pytest.raises(ConfigError, match=match):
+        Simulation(small_config(**{"model.name": "convnet_bn", **override}),
+                   dataset=small_dataset())
+
+
+def test_client_level_dp_clips_and_noises_the_statistics_with_the_weights(tiny):
+    # What the client sends is clipped as a whole: the statistics are in Δ.
+    ds = small_dataset()
+    sim = Simulation(small_config(**{
+        "model.name": tiny, "training.lr": 0.05, "training.weighting": "uniform",
+        "observer.clients": "[0]",
+        "observer.rounds": "[0]", "defenses": [{"name": "client_level_dp", "clip_norm": 0.01,
+                                                "noise_multiplier": 1e-6,
+                                                "clients_per_round": 3}]}), dataset=ds)
+    _, res = sim.run_round(sim.init_state(), 0)
+    (upload,) = res.observed
+    norm = float(optax.global_norm(upload.observation.update))
+    assert norm == pytest.approx(0.01, rel=1e-3)
+    assert float(jnp.abs(upload.observation.update["BatchNorm_0"]["running_var"]).max()) > 0
