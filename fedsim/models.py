@@ -18,7 +18,8 @@ LeNet-5's fused conv → ReLU → pool blocks (:class:`ConvReLUMaxPool`).
 * ``convnet``: the ConvNet of Geiping et al. (2020) that Soteria's public GS
   code attacks (inversefed's ``ConvNet``): eight 3×3 convolutions (width,
   2w, 2w, 4w, 4w, 4w, pool 3, 4w, 4w, pool 3), width 32, ReLU, no batch
-  norm (so a single example's gradient is well defined; stated deviation).
+  norm (so a single example's gradient is well defined; stated deviation;
+  ``convnet_bn`` has it).
   Paper 003's Table 3 lists nine 5×5 convolutions instead; its ninth is the
   code's ``conv6`` written twice (a repeated key, which the code's
   OrderedDict keeps once), and we follow the code's 3×3 kernels, as the
