@@ -127,8 +127,8 @@ def test_a_padded_client_gives_the_same_update_statistics_included():
 def test_strategies_agree_with_batch_norm(tiny):
     # One local step per client (B above every client's n): over several steps, the
     # ConvNet's ReLUs and max pools turn the strategies' float rounding into discrete
-    # switches (so does the ConvNet without batch norm: 1e-7 relative on its weights moved
-    # a client's update by 4e-3 at lr 0.05), which no tolerance separates from a bug.
+    # switches, with or without batch norm, which no tolerance separates from a bug
+    # (benchmarks/results/diagnose_convnet_rounding.md: start weights times 1 + 1e-7).
     ds = small_dataset()
     results = {}
     for strategy in ("loop", "vmap", "chunked"):

@@ -178,8 +178,7 @@ def test_max_pool_matches_flax_values_and_gradients(window, size):
 def test_max_pool_gradient_is_the_same_jitted_behind_batch_norm():
     # JAX's rule for jnp.maximum finds each window's winner by equality with the
     # maximum; jitted, XLA compared separately fused copies of the batch-normalised
-    # input, and convnet_bn's gradient at batch 5 came out up to 0.16 away from the
-    # eager one (which agreed with finite differences).
+    # input, and convnet_bn's gradient here came out up to 0.79 away from the eager one.
     model = build_model("convnet_bn")
     params = init_params(model, (16, 16, 1), jax.random.key(0))
     x = jax.random.uniform(jax.random.key(1), (5, 16, 16, 1))
