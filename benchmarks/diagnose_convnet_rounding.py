@@ -16,8 +16,8 @@ Setting: the test suite's small federation (``tests/fedsim/helpers.py``: 6
 synthetic 16×16 clients, Dirichlet α = 1, FedAvg 1 epoch at B = 16, lr 0.05);
 clients 0 and 3; the jitted client update of the engine.
 
-Usage: ``python -m benchmarks.diagnose_convnet_rounding [--out benchmarks/results]``;
-writes ``diagnose_convnet_rounding.{json,md}``.
+Usage: ``python -m benchmarks.diagnose_convnet_rounding [--models mlp,lenet5,convnet,convnet_bn]
+[--out benchmarks/results]``; writes ``diagnose_convnet_rounding.{json,md}``.
 """
 
 from __future__ import annotations
@@ -68,13 +68,23 @@ def measure(model: str) -> list[dict]:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help="comma-separated registry names (default: %(default)s)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
+    from fedsim.models import MODEL_REGISTRY
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MODEL_REGISTRY]
+    if not models or unknown:
+        ap.error(f"--models: unknown model(s) {unknown or args.models!r}; known: "
+                 f"{', '.join(sorted(MODEL_REGISTRY))}")
     t0 = time.perf_counter()
-    rows = [r for m in MODELS for r in measure(m)]
+    rows = [r for m in models for r in measure(m)]
     result = {"rows": rows, "commit": git_commit(), "seconds": time.perf_counter() - t0,
               "device": f"{jax.devices()[0].platform} ({platform.machine()})",
-              "command": "python -m benchmarks.diagnose_convnet_rounding"}
+              "command": "python -m benchmarks.diagnose_convnet_rounding"
+                         + ("" if models == list(MODELS) else f" --models {','.join(models)}")}
     lines = ["# One client's update against a rounding-sized change of its start weights", "",
              f"Produced by `{result['command']}` at commit {result['commit']}, "
              f"{result['device']}, {result['seconds']:.0f} s. Every start weight times 1 + ε; "
