@@ -74,14 +74,16 @@ def test_evaluation_reads_the_running_statistics_and_a_negative_variance_as_zero
 
 
 def test_no_gradient_reaches_the_running_statistics_in_either_mode():
-    model = build_model("convnet_bn")
+    model = ConvNet(width=4, batch_norm=True)
     params = init_params(model, SHAPE, jax.random.key(0))
     x = jax.random.uniform(jax.random.key(1), (4, *SHAPE))
     stats = running_stats_mask(params)
     assert has_batch_norm(params) and not has_batch_norm(
-        init_params(build_model("convnet"), SHAPE, jax.random.key(0)))
+        init_params(ConvNet(width=4), SHAPE, jax.random.key(0)))
+    assert has_batch_norm(jax.eval_shape(lambda: init_params(build_model("convnet_bn"), SHAPE,
+                                                             jax.random.key(0))))
     for fn in (make_apply_fn(model), make_eval_fn(model)):
-        g = jax.grad(lambda p: jnp.sum(fn(p, x) ** 2))(params)
+        g = jax.jit(jax.grad(lambda p: jnp.sum(fn(p, x) ** 2)))(params)
         for is_stat, leaf in zip(jax.tree_util.tree_leaves(stats), jax.tree_util.tree_leaves(g)):
             assert bool(jnp.all(leaf == 0)) == is_stat
     # Training mode is the model the clients train and the attacks see; evaluation differs.
@@ -89,7 +91,7 @@ def test_no_gradient_reaches_the_running_statistics_in_either_mode():
 
 
 def test_batch_norm_updates_replace_exactly_the_written_statistics():
-    model = build_model("convnet_bn")
+    model = ConvNet(width=4, batch_norm=True)
     params = init_params(model, SHAPE, jax.random.key(0))
     x = jax.random.uniform(jax.random.key(1), (4, *SHAPE))
     _, written = make_train_fn(model)(params, x, jnp.ones(4))
@@ -109,7 +111,7 @@ def _data(x, y, n_max):
 
 
 def test_a_padded_client_gives_the_same_update_statistics_included():
-    model = build_model("convnet_bn")
+    model = ConvNet(width=4, batch_norm=True)
     params = init_params(model, SHAPE, jax.random.key(0))
     x = jax.random.uniform(jax.random.key(1), (13, *SHAPE))
     y = jnp.arange(13, dtype=jnp.int32) % 10
