@@ -236,18 +236,21 @@ def privacy_series(rows: list[dict]) -> dict[str, tuple[list[int], list[float]]]
     """The privacy columns a run's rows carry, as ``label -> (rounds, values)``.
 
     Each ε series is labelled with its last δ. A round whose value is null
-    (no finite ε exists) or missing is NaN, so a plot leaves a gap there
-    instead of joining over it. Columns no row has are left out.
+    (no finite ε exists), missing or not a finite number (a hand-edited file)
+    is NaN, so a plot leaves a gap there instead of joining over it or failing.
+    Columns no row has are left out.
     """
     out = {}
     for key, label, delta_key in PRIVACY_SERIES + ((*LEAKAGE_SERIES, None),):
         have = [row for row in rows if key in row]
         if not have:
             continue
-        deltas = [row[delta_key] for row in have if delta_key and row.get(delta_key) is not None]
+        deltas = [row[delta_key] for row in have
+                  if delta_key and finite_number(row.get(delta_key)) is not None]
         if deltas:
             label = f"{label}, δ = {deltas[-1]:.3g}"
-        values = [float("nan") if row.get(key) is None else float(row[key]) for row in rows]
+        values = [float("nan") if finite_number(row.get(key)) is None else float(row[key])
+                  for row in rows]
         out[label] = ([row["round"] for row in rows], values)
     return out
 

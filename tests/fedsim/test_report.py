@@ -54,6 +54,10 @@ def test_the_privacy_columns_a_run_carries_become_labelled_series_with_gaps_at_n
     rounds, user = series["user-level ε (DP-FedAvg), δ = 0.1"]
     assert rounds == [0, 1] and math.isnan(user[0]) and user[1] == 1.5
     assert privacy_series([{"round": 0, "train_loss": 1.0}]) == {}
+    # A hand-edited file's string is a gap, not a crash of `fedsim report`.
+    odd = privacy_series([{"round": 0, "train_loss": 1.0, "epsilon": "n/a", "delta": "x"}])
+    (rounds, values), = odd.values()
+    assert list(odd) == ["record-level ε"] and math.isnan(values[0])
 
 
 def test_a_learning_curve_draws_the_privacy_spent_below_where_the_rows_carry_it(tmp_path):
