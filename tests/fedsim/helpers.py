@@ -3,8 +3,13 @@
 import copy
 import random
 
-from fedsim.config import load_config
+from fedsim.config import UNROLL_STEPS, load_config
 from fedsim.data import synthetic_dataset
+
+
+#: Puts small_config's ``training.unroll_steps`` back to the engine's default:
+#: for tests of what the default does, or of how configs hashed before the key.
+ENGINE_UNROLL = {"training.unroll_steps": UNROLL_STEPS}
 
 
 def small_config(**overrides):
@@ -15,6 +20,12 @@ def small_config(**overrides):
         "model.name": "mlp",
         "training.rounds": 2, "training.clients_per_round": 3, "training.batch_size": 16,
         "training.lr": 0.5, "training.client_parallelism": "loop",
+        # A scan over the local steps: it compiles in a fraction of the unrolled
+        # steps' time (benchmarks/results/unroll_steps_cpu.md), and these tests run
+        # a round or two. The engine's default (32, unrolled, for the rounds after
+        # the first) is tested in test_unroll_steps.py and where a test asks for
+        # it (ENGINE_UNROLL).
+        "training.unroll_steps": 0,
         "eval.every": 1, "output.progress": False, "output.plots": False,
     }
     base.update(overrides)

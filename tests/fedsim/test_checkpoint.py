@@ -5,7 +5,7 @@ from fedsim.checkpoint import Checkpointer, CheckpointError, config_fingerprint,
 from fedsim.run import run_simulation
 from fedsim.simulation import Simulation
 
-from .helpers import small_config, small_dataset
+from .helpers import ENGINE_UNROLL, small_config, small_dataset
 
 
 def _trained_state(cfg):
@@ -77,7 +77,7 @@ def test_the_fingerprint_leaves_out_name_and_attack_and_old_checkpoints_still_re
     # A checkpoint written with the fingerprint of before (every field but output
     # and training.rounds, name and attack included) resumes.
     cfg = small_config(**{"training.rounds": 1, "output.checkpoint_every": 1,
-                          "output.dir": str(tmp_path / "run")})
+                          "output.dir": str(tmp_path / "run"), **ENGINE_UNROLL})
     d = cfg.to_dict()
     # Configs had no pruning section and no observer.fill then (both came on 2026-11-27),
     # nor training.unroll_steps (2026-11-28).
@@ -91,7 +91,7 @@ def test_the_fingerprint_leaves_out_name_and_attack_and_old_checkpoints_still_re
     # ... beside the row of the round it did (a resume refuses to leave it out).
     (tmp_path / "run" / "metrics.jsonl").write_text('{"round": 0, "train_loss": 1.0}\n')
     longer = small_config(**{"training.rounds": 2, "output.checkpoint_every": 1,
-                             "output.dir": str(tmp_path / "run")})
+                             "output.dir": str(tmp_path / "run"), **ENGINE_UNROLL})
     run_simulation(longer, sim=Simulation(longer, dataset=small_dataset()), quiet=True)
     assert "resumed from" in (tmp_path / "run" / "run.log").read_text()
     # ... and its next checkpoint carries the current fingerprint.
@@ -145,7 +145,7 @@ def test_a_defenses_whole_numbers_hash_alike_as_int_or_float_and_older_checkpoin
     # Checkpoints written from 2026-11-26 to 2026-11-28 hashed the numbers as written.
     run = small_config(**{"training.rounds": 1, "output.checkpoint_every": 1,
                           "output.dir": str(tmp_path / "run"),
-                          "defenses": [{"name": "dp_gaussian", "noise_multiplier": 1.0}]})
+                          "defenses": [{"name": "dp_gaussian", "noise_multiplier": 1.0}], **ENGINE_UNROLL})
     d = run.to_dict()
     for key in ("output", "name", "attack"):
         del d[key]
@@ -158,7 +158,7 @@ def test_a_defenses_whole_numbers_hash_alike_as_int_or_float_and_older_checkpoin
     (tmp_path / "run" / "metrics.jsonl").write_text('{"round": 0, "train_loss": 1.0}\n')
     longer = small_config(**{"training.rounds": 2, "output.checkpoint_every": 1,
                              "output.dir": str(tmp_path / "run"),
-                             "defenses": [{"name": "dp_gaussian", "noise_multiplier": 1.0}]})
+                             "defenses": [{"name": "dp_gaussian", "noise_multiplier": 1.0}], **ENGINE_UNROLL})
     run_simulation(longer, sim=Simulation(longer, dataset=small_dataset()), quiet=True)
     assert "resumed from" in (tmp_path / "run" / "run.log").read_text()
 

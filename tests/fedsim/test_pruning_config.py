@@ -17,7 +17,8 @@ from fedsim import hooks
 from fedsim.checkpoint import _hash, config_fingerprint
 from fedsim.config import ConfigError
 from fedsim.simulation import Simulation
-from tests.fedsim.helpers import random_zeroing_upload, small_config, small_dataset
+from tests.fedsim.helpers import (ENGINE_UNROLL, random_zeroing_upload, small_config,
+                                  small_dataset)
 
 OBSERVED = {"observer.clients": "[0, 1, 2, 3, 4, 5]", "observer.rounds": "[0, 1]",
             "training.clients_per_round": 6}
@@ -139,7 +140,7 @@ def test_a_defense_with_its_own_local_training_is_not_chained():
 
 
 def test_without_pruning_nothing_changes_and_old_checkpoints_keep_their_fingerprint(alternate):
-    cfg = small_config()
+    cfg = small_config(**ENGINE_UNROLL)  # as configs were before the key
     assert cfg.pruning.scheme is None
     sim = Simulation(cfg, dataset=small_dataset())
     assert sim.global_mask is None and "layer" not in sim.defenses and not alternate
@@ -352,7 +353,7 @@ def test_a_run_resumed_after_a_reconfiguration_goes_on_with_that_mask(shrinking,
 
 
 def test_a_fixed_mask_keeps_its_state_layout_and_fingerprint(alternate):
-    cfg = small_config(**{"pruning.scheme": "alternate"})
+    cfg = small_config(**{"pruning.scheme": "alternate", **ENGINE_UNROLL})
     sim = Simulation(cfg, dataset=small_dataset())
     assert sim.init_state().mask == () and sim.reconfiguration_at(10) is None
     d = cfg.to_dict()

@@ -10,10 +10,12 @@ from fedsim.config import UNROLL_STEPS, ConfigError, load_config
 from fedsim.simulation import Simulation
 from fedsim.typing import CohortData
 
-from .helpers import small_config, small_dataset
+from .helpers import ENGINE_UNROLL, small_config, small_dataset
 
 # 6 clients of 600 examples, batch 16: each client takes several local steps.
 STEPS_CONFIG = {"training.batch_size": 16}
+#: small_config runs a scan (unroll_steps 0) for its compile time; here the default is set back.
+DEFAULT = ENGINE_UNROLL
 
 
 def _one_client_jaxpr(sim) -> str:
@@ -27,9 +29,10 @@ def _one_client_jaxpr(sim) -> str:
 
 def test_the_default_unrolls_and_zero_runs_a_scan():
     ds = small_dataset()
-    unrolled = Simulation(small_config(**STEPS_CONFIG), dataset=ds)
+    assert load_config(None, []).training.unroll_steps == UNROLL_STEPS == 32
+    unrolled = Simulation(small_config(**STEPS_CONFIG, **DEFAULT), dataset=ds)
     scanned = Simulation(small_config(**STEPS_CONFIG, unroll_steps=0), dataset=ds)
-    assert unrolled.settings.unroll_steps == UNROLL_STEPS == 32
+    assert unrolled.settings.unroll_steps == UNROLL_STEPS
     assert scanned.settings.unroll_steps == 0
     assert 1 < unrolled.settings.num_steps <= UNROLL_STEPS
     assert " scan[" not in _one_client_jaxpr(unrolled)
@@ -51,16 +54,19 @@ def test_both_train_the_same_model_up_to_rounding():
 
 
 def test_a_non_default_value_is_in_the_fingerprint_and_the_default_is_not():
-    base = small_config()
-    assert config_fingerprint(small_config(unroll_steps=UNROLL_STEPS)) == config_fingerprint(base)
-    assert config_fingerprint(small_config(unroll_steps=0)) != config_fingerprint(base)
+    def fingerprint(*overrides):
+        return config_fingerprint(load_config(None, ["data.dataset=synthetic", *overrides]))
+
+    base = fingerprint()  # the key not given
+    assert fingerprint(f"training.unroll_steps={UNROLL_STEPS}") == base
+    assert fingerprint("training.unroll_steps=0") != base
 
 
 def test_the_calibration_key_has_it_only_where_it_is_set():
     from fedsim.calibrate import calibration_key
 
     ds = small_dataset()
-    assert "unroll_steps" not in calibration_key(Simulation(small_config(), dataset=ds))
+    assert "unroll_steps" not in calibration_key(Simulation(small_config(**DEFAULT), dataset=ds))
     assert '"unroll_steps": 4' in calibration_key(
         Simulation(small_config(unroll_steps=4), dataset=ds))
 
