@@ -210,12 +210,13 @@ def numpy_stream(args, name: str) -> np.random.Generator:
 _CONVNET_SETTINGS: dict[str, tuple] = {}
 
 
-def convnet_factory(width, init="lecun", input_standardise=None):
-    """Register (once) and name the width-``width`` ConvNet with ``init`` and
-    ``input_standardise`` (see :class:`fedsim.models.ConvNet`).
+def convnet_factory(width, init="lecun", input_standardise=None, batch_norm=False):
+    """Register (once) and name the width-``width`` ConvNet with ``init``,
+    ``input_standardise`` and ``batch_norm`` (see :class:`fedsim.models.ConvNet`).
 
     The defaults give ``convnet_w{width}``, the reproduction's model; other
-    settings add ``_{init}`` and ``_std{mean:.4g}_{std:.4g}`` to the name.
+    settings add ``_{init}``, ``_std{mean:.4g}_{std:.4g}`` and ``_bn`` to the
+    name.
 
     Raises:
         ValueError: the name is already registered for a standardisation that
@@ -228,15 +229,18 @@ def convnet_factory(width, init="lecun", input_standardise=None):
     if input_standardise is not None:
         input_standardise = (float(input_standardise[0]), float(input_standardise[1]))
         name += f"_std{input_standardise[0]:.4g}_{input_standardise[1]:.4g}"
-    settings = (width, init, input_standardise)
+    if batch_norm:
+        name += "_bn"
+    settings = (width, init, input_standardise, bool(batch_norm))
     if name in _CONVNET_SETTINGS and _CONVNET_SETTINGS[name] != settings:
-        raise ValueError(f"model name {name!r} is registered for (width, init, input_standardise) "
+        raise ValueError(f"model name {name!r} is registered for (width, init, input_standardise, "
+                         f"batch_norm) "
                          f"= {_CONVNET_SETTINGS[name]}, not {settings}: the name keeps only "
                          "4 significant digits of the mean and std")
     if name not in MODEL_REGISTRY:
         register_model(name)(lambda num_classes=10: ConvNet(
             num_classes=num_classes, width=width, init_scheme=init,
-            input_standardise=input_standardise))
+            input_standardise=input_standardise, batch_norm=bool(batch_norm)))
     _CONVNET_SETTINGS.setdefault(name, settings)
     return name
 
@@ -365,8 +369,11 @@ def per_step(defense: Defense) -> Defense:
     the local models' gradients") and DP ("injecting noise to the gradients")
     act, and where Soteria (Alg 2) acts; ``"upload"`` would act once on the
     round's update Δ instead. The step key the engine passes is fresh per step.
+    It reads the batch gradient alone, so it is defined on a model with batch
+    norm too (``Defense.batch_statistics``).
     """
-    return Defense(defense.init, defense.apply, "layer", f"{defense.name}@step")
+    return Defense(defense.init, defense.apply, "layer", f"{defense.name}@step",
+                   batch_statistics=True)
 
 
 DP_SIGMA_READINGS = ("variance", "scale")
@@ -452,6 +459,10 @@ def attack_grid(args, attack, model, log, dataset, per_setting=False):
     sim = Simulation(cfg, dataset=dataset)
     params = sim.init_state().params
     ds = sim.dataset
+    # A batch-norm model is attacked in evaluation mode, as the authors' code
+    # attacks it (inversefed): at the initial running statistics (mean 0,
+    # variance 1) each batch norm is then the identity up to 1/√(1 + 1e-5).
+    attacked_fn = sim.eval_fn if train_batch_norm(args, attack) else sim.apply_fn
     rng = numpy_stream(args, "attack/victims")
     victims = rng.choice(len(ds.x_test), args.victims, replace=False)
     grid = defense_grid(args, attack)
@@ -461,10 +472,10 @@ def attack_grid(args, attack, model, log, dataset, per_setting=False):
             x = jnp.asarray(ds.x_test[v:v + 1])
             y = jnp.asarray(ds.y_test[v:v + 1])
             key = jax.random.fold_in(jax.random.fold_in(stream(args, "attack/defense_noise"), gi), vi)
-            g = defended_gradient(defense, param, params, sim.apply_fn, x, y, key, "Dense_0",
+            g = defended_gradient(defense, param, params, attacked_fn, x, y, key, "Dense_0",
                                   dp_sigma=args.dp_sigma)
             observations.append(observation_from_gradient(
-                g, params, sim.apply_fn, input_shape=ds.input_shape,
+                g, params, attacked_fn, input_shape=ds.input_shape,
                 num_classes=ds.num_classes, lr=args.attack_lr, batch_size=1))
             truths.append(np.asarray(x))
     t0 = time.perf_counter()
@@ -532,6 +543,11 @@ def train_accuracy(sim, fl_seed, rounds, acc_last, curve_every):
     return float(np.mean(last)), curve
 
 
+def train_batch_norm(args, attack) -> bool:
+    """Whether ``attack``'s model has batch norm (``--gs-batch-norm``, GS only)."""
+    return attack == "gs" and bool(getattr(args, "gs_batch_norm", False))
+
+
 def accuracy_grid(args, attack, model, log, on_result, dataset):
     """Test accuracy of FedAvg trained with each grid point's defense, per FL seed.
 
@@ -542,13 +558,17 @@ def accuracy_grid(args, attack, model, log, on_result, dataset):
     """
     grid = sorted(defense_grid(args, attack), key=lambda k: k[0] == "soteria")
     seeds = fl_seeds(args)
+    # The sketch runs random probes through the batch's statistics, which the
+    # engine refuses on a batch-norm model: Soteria trains there with the
+    # exact batched Jacobian (the authors' code's computation).
+    jacobian = "batched" if train_batch_norm(args, attack) else args.train_jacobian
     rounds = args.rounds if attack == "dlg" else args.rounds_gs
     lr = args.train_lr if attack == "dlg" else args.train_lr_gs
     for defense, param in grid:
         t0 = time.perf_counter()
         cfg = make_cfg(args, model, rounds, lr=lr, clients_per_round=(
             10 if attack == "dlg" else args.gs_clients_per_round))
-        built = build(defense, param, jacobian=args.train_jacobian, target=args.train_target,
+        built = build(defense, param, jacobian=jacobian, target=args.train_target,
                       dp_sigma=args.dp_sigma)
         sim = Simulation(cfg, dataset=dataset,
                          defenses={} if built is None else {built[0]: built[1]})
@@ -562,7 +582,7 @@ def accuracy_grid(args, attack, model, log, on_result, dataset):
                 "train_rounds": rounds, "train_lr": lr,
                 "train_seconds": time.perf_counter() - t0,
                 "train_stage": None if built is None else built[0],
-                "train_jacobian": args.train_jacobian if defense == "soteria" else None}
+                "train_jacobian": jacobian if defense == "soteria" else None}
         on_result((defense, param), info)
         log(f"accuracy {model} {defense} {param}: {info['accuracy']:.4f} ± "
             f"{info['accuracy_se']:.4f} {[round(a, 4) for a in accs]} "
@@ -765,6 +785,14 @@ def main(argv=None):
     ap.add_argument("--gs-standardise", action="store_true",
                     help="the GS ConvNet standardises its input by the training pixels' "
                     "mean/std, as inversefed feeds standardised images")
+    ap.add_argument("--gs-batch-norm", action="store_true",
+                    help="the GS ConvNet has a batch norm after each convolution, as the "
+                    "authors' inversefed ConvNet (without it, it does not train from their "
+                    "init: benchmarks/results/sun2021_gs_torch_std.md). Clients train its "
+                    "training mode, the server evaluates with the averaged running "
+                    "statistics, Soteria trains with the exact batched Jacobian, and the "
+                    "attack sees the initial model in evaluation mode, as the authors' "
+                    "code attacks it")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--parts", default="dlg,gs,exact,cor,logreg")
     ap.add_argument("--merge", action="store_true",
@@ -915,7 +943,8 @@ def main(argv=None):
                               if a.gs_standardise else None)
     models = {"dlg": "lenet_dlginit",
               "gs": convnet_factory(a.gs_width, init=a.gs_init,
-                                    input_standardise=a.gs_input_standardise)}
+                                    input_standardise=a.gs_input_standardise,
+                                    batch_norm=a.gs_batch_norm)}
     for attack in ("dlg", "gs"):
         if attack not in parts:
             continue
@@ -1113,7 +1142,16 @@ def write_markdown(res, path):
                    st.get("gs_init", "lecun") == "lecun" else "He normal")
                 + "); input "
                 + ("standardised inside the model (as inversefed feeds it)" if std
-                   else "pixels in [0, 1]") + ".", ""]
+                   else "pixels in [0, 1]") + "."
+                + (" Batch norm after each convolution (`--gs-batch-norm`): clients train "
+                   "its training mode (the batch's statistics), the server evaluates with "
+                   "the running statistics the clients' updates carry, and Soteria trains "
+                   "with the exact batched Jacobian (the sketch is not defined under batch "
+                   "statistics), its row norms those of each feature summed over the "
+                   "batch, as in the authors' code; the attack sees the initial model in "
+                   "evaluation mode, as the authors' code attacks it, where each batch "
+                   "norm is the identity up to 1/√(1 + 1e-5)." if st.get("gs_batch_norm")
+                   else ""), ""]
         for r in rs:
             per = (" / ".join(f"{v:.3f}" for v in r["accuracy_seeds"])
                    if r.get("accuracy_seeds") else "—")

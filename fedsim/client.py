@@ -116,9 +116,12 @@ def make_client_update(
         its ``make_train_fn``: each step's loss then normalises by the
         statistics of the batch's real examples (padding left out), and the
         running statistics it writes replace those in the parameters after
-        the step, so Δ carries them. Per-example ("example") and layer
-        ("layer") defenses are refused with it: under batch statistics one
-        example's gradient depends on the others in its batch.
+        the step, so Δ carries them. Per-example ("example") defenses are
+        refused with it, since under batch statistics one example's gradient
+        depends on the others in its batch, and so are "layer" defenses
+        unless defined there (``Defense.batch_statistics``); those get, as
+        ``context.apply_fn``, the training mode normalised by the step's real
+        examples.
 
     Returns:
       A pure function of one client's unbatched data (``data.x`` is
@@ -132,12 +135,14 @@ def make_client_update(
     check_stage_compatibility(defenses)
     if batch_norm_train_fn is not None:
         for stage in ("example", "layer"):
-            if stage in defenses:
+            d = defenses.get(stage)
+            if d is not None and not (stage == "layer" and d.batch_statistics):
                 raise ValueError(
-                    f"defense {defenses[stage].name!r} acts at stage {stage!r}, which a model "
-                    "with batch norm does not support: under batch statistics one example's "
-                    "gradient depends on the others in its batch (use a model without "
-                    "batch norm, or an upload-stage defense)")
+                    f"defense {d.name!r} acts at stage {stage!r}, which a model with batch "
+                    "norm does not support: under batch statistics one example's gradient "
+                    "depends on the others in its batch (use a model without batch norm, an "
+                    "upload-stage defense, or a layer defense defined under batch statistics: "
+                    "soteria with jacobian 'batched')")
     data_def = defenses.get("data", identity("data"))
     layer_def = defenses.get("layer", identity("layer"))
     upload_def = defenses.get("upload", identity("upload"))
@@ -192,7 +197,12 @@ def make_client_update(
             x, y = data.x[safe], data.y[safe]
             k_data, k_ex, k_layer = jax.random.split(jax.random.fold_in(k_steps, s), 3)
             st = dict(states)
-            ctx = DefenseContext(params=params, x=x, y=y, mask=mask, apply_fn=apply_fn,
+            if batch_norm_train_fn is None:
+                step_apply_fn = apply_fn
+            else:  # training mode under the statistics of this batch's real examples
+                def step_apply_fn(p, v):
+                    return batch_norm_train_fn(p, v, mask)[0]
+            ctx = DefenseContext(params=params, x=x, y=y, mask=mask, apply_fn=step_apply_fn,
                                  global_params=global_params, step=s, num_examples=data.n)
             xd = x
             if "data" in defenses:

@@ -45,7 +45,9 @@ class DefenseContext(NamedTuple):
       x: float32 [B, ...] the batch inputs.
       y: int32 [B] the batch labels.
       mask: float32 [B] 1 for real examples, 0 for padding.
-      apply_fn: ``apply_fn(params, x) -> logits``.
+      apply_fn: ``apply_fn(params, x) -> logits``. For a model with batch
+        norm, training mode normalised by the statistics of the batch's real
+        examples (``mask``), so it takes this step's whole batch only.
       global_params: the global parameters this round started from.
       step: int32 scalar, local step index.
       num_examples: float32 scalar, the client's real example count.
@@ -83,6 +85,12 @@ class Defense(NamedTuple):
         an "example" defense did to that part (DP-SGD's clipping and noise) is
         lost, so the engine refuses the two together
         (:func:`check_stage_compatibility`).
+      batch_statistics: True for a "layer" defense that is defined on a model
+        with batch norm, whose examples' gradients depend on their batch: it
+        reads the batch only through ``context.apply_fn`` on the whole batch
+        and never needs one example's gradient on its own (Soteria with its
+        batched Jacobian, the authors' code's computation). The engine refuses
+        every other "layer" defense on such a model.
       config_checks: callables ``check(cfg)`` that a
         :class:`~fedsim.simulation.Simulation` runs on its config as soon as its
         defenses are built (before anything compiles); each raises
@@ -116,6 +124,7 @@ class Defense(NamedTuple):
     begin_round: Callable[..., tuple[PyTree, PyTree]] | None = None
     local_training: Callable | None = None
     discards_example_stage: bool = False
+    batch_statistics: bool = False
     config_checks: tuple[Callable[[Any], None], ...] = ()
     spec: str = ""
     guarantees: tuple[Any, ...] = ()
@@ -176,7 +185,8 @@ def identity(stage: str) -> Defense:
         del key, context
         return value, state
 
-    return Defense(init=lambda params: (), apply=apply, stage=stage, name="identity")
+    return Defense(init=lambda params: (), apply=apply, stage=stage, name="identity",
+                   batch_statistics=True)
 
 
 def chain(*defenses: Defense) -> Defense:
@@ -236,6 +246,7 @@ def chain(*defenses: Defense) -> Defense:
     name = "+".join(d.name for d in defenses)
     return Defense(init=init, apply=apply, stage=stage, name=name, begin_round=begin,
                    discards_example_stage=any(d.discards_example_stage for d in defenses),
+                   batch_statistics=all(d.batch_statistics for d in defenses),
                    config_checks=tuple(c for d in defenses for c in d.config_checks),
                    spec="+".join(spec_of(d) for d in defenses),
                    guarantees=tuple(

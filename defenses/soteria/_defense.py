@@ -25,6 +25,19 @@ code (one mask per batch from summed ‖∇rᵢ‖/rᵢ). The replacement recomp
 overwrite: the engine refuses the pair (``Defense.discards_example_stage``). With the exact Jacobian (default) the defense is deterministic and
 the key is ignored; ``jacobian="sketch"`` (an approximation, see
 :func:`defenses.soteria.jacobian_row_norms`) draws its probes from the key.
+
+Under batch statistics (a model with batch norm, ``convnet_bn``), which the
+paper does not treat: one example's r and ∂l/∂b depend on its whole batch, so
+Alg 2's per-example gradient is not defined. With ``jacobian="batched"``
+(``Defense.batch_statistics``) the engine runs it as the authors' code does
+in its training mode: r, ∂l/∂b and the Jacobian row norms come from one
+forward pass of the batch under its real examples' statistics, the norms
+being those of each feature summed over the batch
+(:func:`defenses.soteria.jacobian_row_norms`), and the kernel gradient is
+still exactly ∂l/∂b · r′ᵀ, since the defended layer comes after every batch
+norm (it is the last layer of ``convnet_bn``). ``"per_example"`` and
+``"sketch"`` would run examples or probes through the batch's statistics
+differently, so the engine refuses them there.
 """
 
 from __future__ import annotations
@@ -66,7 +79,8 @@ def soteria_gradient(grad: PyTree, context: DefenseContext, p_fc: float, *,
 
     Returns:
       ``(grad′, info)``: the defended gradient and a dict with ``r`` [B, L],
-      ``r_prime`` [B, L] and ``keep`` (the {0,1} feature mask).
+      ``r_prime`` [B, L], ``keep`` (the {0,1} feature mask) and ``grad_norm``
+      [B, L] (the row norms ‖∇_X rᵢ‖ the scores used; 0 on padding rows).
     """
     path = parse_layer(layer)
     for field in ("params", "x", "y", "apply_fn"):
@@ -86,12 +100,13 @@ def soteria_gradient(grad: PyTree, context: DefenseContext, p_fc: float, *,
     (_, r), weighted_dldb = jax.value_and_grad(loss_of_shift, has_aux=True)(
         jnp.zeros((x.shape[0], num_out), kernel.dtype))
     grad_norm = jacobian_row_norms(context.apply_fn, params, x, path, chunk, jacobian,
-                                   key=key, probes=probes)
+                                   key=key, probes=probes, example_mask=mask)
     r_prime, keep = perturb_representation(r, grad_norm, p_fc, score=score, scope=scope,
                                            example_mask=mask)
     new_kernel = (r_prime.T @ weighted_dldb).astype(layer_params(grad, path)["kernel"].dtype)
     return replace_layer(grad, path, "kernel", new_kernel), {"r": r, "r_prime": r_prime,
-                                                             "keep": keep}
+                                                             "keep": keep,
+                                                             "grad_norm": grad_norm}
 
 
 @register_defense("soteria")
@@ -143,4 +158,7 @@ def soteria(p_fc: float, layer: str = "Dense_0", score: str = "exact",
     # engine refuses it beside an "example" defense (DP-SGD) it would undo.
     return Defense(init=lambda params: (), apply=apply, stage="layer",
                    name=f"soteria(p_fc={p_fc:g},{score},{scope}{sketch})",
-                   discards_example_stage=True)
+                   discards_example_stage=True,
+                   # The batched Jacobian reads the batch only through apply_fn on
+                   # all of it: defined under batch norm (see the module docstring).
+                   batch_statistics=jacobian == "batched")

@@ -132,8 +132,9 @@ def representation_jacobian(apply_fn: Callable, params: PyTree, x: jax.Array,
     * ``"batched"`` (default): ONE forward pass of the whole batch and L
       reverse passes (``jax.vmap`` over one-hot cotangents, ``chunk``
       features at a time). Row i of example j is ∂(Σ_b r_{b,i})/∂x_j, which
-      equals ∂r_{j,i}/∂x_j because examples do not interact in the forward
-      pass (true for every fedsim model: GroupNorm, no BatchNorm).
+      equals ∂r_{j,i}/∂x_j where examples do not interact in the forward
+      pass (every fedsim model but those with batch norm, such as
+      ``convnet_bn``; see :func:`jacobian_row_norms` for those).
     * ``"per_example"``: ``jax.jacrev`` of each example (L rows in one
       vectorised reverse pass), mapped over examples in chunks of ``chunk``
       with ``lax.map``; needs no independence assumption.
@@ -173,7 +174,7 @@ def representation_jacobian(apply_fn: Callable, params: PyTree, x: jax.Array,
 def jacobian_row_norms(apply_fn: Callable, params: PyTree, x: jax.Array,
                        path: str | tuple[str, ...], chunk: int = 8,
                        method: str = "batched", *, key: jax.Array | None = None,
-                       probes: int = 16) -> jax.Array:
+                       probes: int = 16, example_mask: jax.Array | None = None) -> jax.Array:
     """‖∇_X rᵢ‖₂ per example and feature, [B, L], without keeping [B, L, N].
 
     ``"batched"`` and ``"per_example"`` give the exact row norms of
@@ -181,6 +182,16 @@ def jacobian_row_norms(apply_fn: Callable, params: PyTree, x: jax.Array,
     ``"batched"`` the norms are taken inside the map, so only ``chunk`` rows of
     the Jacobian exist at a time. Their cost is L reverse passes per batch
     (~100× a plain step for LeNet/ConvNet, ``benchmarks/results/soteria_speed.md``).
+
+    Under batch statistics (a model with batch norm, whose ``apply_fn``
+    normalises by the batch) examples interact, and ``"batched"`` gives the
+    norm of ∂(Σ_b r_{b,i})/∂x_j, the sum over the batch's real examples b
+    (``example_mask``): what the authors' public code computes (one backward
+    pass of feature i summed over its batch), not the paper's per-example
+    ∇_X fᵢ, which batch statistics leave undefined. ``example_mask`` [B]
+    (``"batched"`` only; default all real) leaves padding rows out of that
+    sum; their own norms are then 0. Without batch statistics it changes no
+    real example's norm.
 
     ``"sketch"`` is an APPROXIMATION (not in the paper or the authors' code),
     for budget-limited training runs: since
@@ -204,9 +215,11 @@ def jacobian_row_norms(apply_fn: Callable, params: PyTree, x: jax.Array,
         return jnp.sqrt(jnp.sum(jac ** 2, axis=-1))
     r, vjp = jax.vjp(lambda v: representation(apply_fn, params, v, path), x)
     num_features = r.shape[1]
+    real = (jnp.ones(r.shape[:1], r.dtype) if example_mask is None
+            else (example_mask > 0).astype(r.dtype))
 
     def row_norms(i):
-        cot = jnp.zeros_like(r).at[:, i].set(1.0)
+        cot = jnp.zeros_like(r).at[:, i].set(real)
         (gx,) = vjp(cot)
         return jnp.sqrt(jnp.sum(gx.reshape(x.shape[0], -1) ** 2, axis=-1))
 

@@ -255,6 +255,12 @@ def test_batched_jacobian_equals_per_example_jacrev(chunk):
     chex.assert_trees_all_close(bat, per, atol=1e-6)
     norms = jacobian_row_norms(apply_fn, params, x, ("Dense_0",), chunk, "batched")
     chex.assert_trees_all_close(norms, jnp.sqrt(jnp.sum(per ** 2, -1)), atol=1e-6)
+    # The example mask leaves a real row's norm as it is (examples do not interact
+    # here) and gives padding 0 (tests/fedsim/test_batch_norm.py: where they do).
+    masked = jacobian_row_norms(apply_fn, params, x, ("Dense_0",), chunk, "batched",
+                                example_mask=mask)
+    np.testing.assert_array_equal(masked[:3], norms[:3])
+    np.testing.assert_array_equal(masked[3], 0.0)
     grad = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
     ctx = _ctx(params, apply_fn, x, y, mask)
     g_per, _ = soteria_gradient(grad, ctx, 0.4, jacobian="per_example")
@@ -309,6 +315,18 @@ def test_sketched_norms_estimate_the_exact_norms():
     out, _ = d.apply(grad, (), key=jax.random.key(2), context=_ctx(params, apply_fn, x, y, mask))
     chex.assert_tree_all_finite(out)
     np.testing.assert_array_equal(out["conv"]["kernel"], grad["conv"]["kernel"])
+
+
+def test_only_the_batched_jacobian_is_defined_under_batch_statistics():
+    from fedsim.hooks import chain, identity
+
+    assert build_defense("soteria", p_fc=0.1).batch_statistics
+    assert not build_defense("soteria", p_fc=0.1, jacobian="per_example").batch_statistics
+    sketch = build_defense("soteria", p_fc=0.1, jacobian="sketch")
+    assert not sketch.batch_statistics
+    # A chain is defined there only where each of its parts is.
+    assert chain(build_defense("soteria", p_fc=0.1), identity("layer")).batch_statistics
+    assert not chain(sketch, identity("layer")).batch_statistics
 
 
 def test_soteria_beside_an_example_stage_defense_is_refused():

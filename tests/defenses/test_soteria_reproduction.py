@@ -97,6 +97,8 @@ def test_per_step_keeps_the_defense_and_retags_it():
     d = update_gaussian(0.1)
     s = per_step(d)
     assert s.stage == "layer" and s.apply is d.apply and s.name.endswith("@step")
+    # It reads the step's gradient alone: a batch-norm model takes it.
+    assert s.batch_statistics and not d.batch_statistics
 
 
 def test_grid_points_cover_the_range_with_equal_counts():
@@ -408,6 +410,9 @@ def test_convnet_factory_names_and_builds_the_init_and_standardisation():
     assert (model.width, model.init_scheme, model.input_standardise) == (
         8, "torch", (0.2868, 0.3217))
     assert build_model("convnet_w8", 10).init_scheme == "lecun"
+    bn = convnet_factory(8, init="torch", batch_norm=True)
+    assert bn == "convnet_w8_torch_bn" and build_model(bn, 10).batch_norm
+    assert not build_model(convnet_factory(8, init="torch"), 10).batch_norm
 
 
 def test_convnet_factory_refuses_a_name_shared_by_two_standardisations():

@@ -12,8 +12,10 @@ import numpy as np
 import optax
 import pytest
 
+from defenses.soteria import jacobian_row_norms, representation, soteria, soteria_gradient
 from fedsim.client import LocalTraining, make_client_update
 from fedsim.config import ConfigError
+from fedsim.hooks import DefenseContext
 from fedsim.models import (MODEL_REGISTRY, BatchNorm, ConvNet, batch_norm_updates,
                            build_model, has_batch_norm, init_params, make_apply_fn,
                            make_eval_fn, make_train_fn, running_stats_mask)
@@ -193,8 +195,11 @@ def test_the_server_evaluates_with_the_running_statistics(tiny):
     ({"defenses": [{"name": "dp_gaussian", "noise_multiplier": 1.0}]},
      r"config key 'defenses': defense 'dp_gaussian.*' acts at stage 'example', which a model "
      r"with batch norm does not support"),
-    ({"defenses": [{"name": "soteria", "p_fc": 0.5}]},
-     r"config key 'defenses': defense 'soteria.*' acts at stage 'layer'"),
+    # Soteria's sketch runs random probes through the batch's statistics: refused
+    # (its batched Jacobian, the default, is defined there: tests below).
+    ({"defenses": [{"name": "soteria", "p_fc": 0.5, "jacobian": "sketch"}]},
+     r"config key 'defenses': defense 'soteria.*' acts at stage 'layer'.*soteria with "
+     r"jacobian 'batched'"),
     ({"defenses": [{"name": "priprune"}]},
      r"model 'convnet_bn' has batch norm, which the local training of a defense that brings "
      r"its own \(PriPrune\)"),
@@ -219,3 +224,104 @@ def test_client_level_dp_clips_and_noises_the_statistics_with_the_weights(tiny):
     norm = float(optax.global_norm(upload.observation.update))
     assert norm == pytest.approx(0.01, rel=1e-3)
     assert float(jnp.abs(upload.observation.update["BatchNorm_0"]["running_var"]).max()) > 0
+
+
+def _batch_norm_batch(padding=2):
+    """A 4-wide convnet_bn, a batch of 4 real rows and ``padding`` padding rows,
+    and its training mode under the real rows' statistics (what the engine gives
+    a layer defense as ``context.apply_fn``)."""
+    model = ConvNet(width=4, batch_norm=True)
+    params = init_params(model, SHAPE, jax.random.key(0))
+    x = jax.random.uniform(jax.random.key(1), (4 + padding, *SHAPE))
+    y = jnp.array([0, 3, 3, 7] + [0] * padding, jnp.int32)
+    mask = jnp.array([1.0] * 4 + [0.0] * padding)
+    train = make_train_fn(model)
+
+    def loss(p):
+        ce = optax.softmax_cross_entropy_with_integer_labels(train(p, x, mask)[0], y)
+        return jnp.sum(ce * mask) / jnp.sum(mask)
+
+    ctx = DefenseContext(params=params, x=x, y=y, mask=mask,
+                         apply_fn=lambda p, v: train(p, v, mask)[0])
+    return params, ctx, jax.grad(loss)(params)
+
+
+def test_soteria_under_batch_statistics_zeroes_feature_rows_of_the_batch_gradient():
+    params, ctx, clean = _batch_norm_batch()
+    # p_fc = 0: r and ∂l/∂b come from the real rows' statistics, so ∂l/∂b · rᵀ
+    # is the batch's own kernel gradient (padding in the statistics would move it).
+    same, _ = soteria_gradient(clean, ctx, 0.0, scope="batch")
+    chex.assert_trees_all_close(same, clean, rtol=1e-5, atol=1e-7)
+    # One mask for the batch: the kernel gradient is the clean one with the
+    # pruned features' rows zeroed, round(p_fc · L) of them; nothing else moves.
+    g, info = soteria_gradient(clean, ctx, 0.25, scope="batch")
+    keep = np.asarray(info["keep"]).reshape(-1)
+    assert keep.shape == (16,) and int((keep == 0).sum()) == 4
+    np.testing.assert_allclose(g["Dense_0"]["kernel"], keep[:, None] * clean["Dense_0"]["kernel"],
+                               rtol=1e-5, atol=1e-7)
+    assert float(jnp.abs(clean["Dense_0"]["kernel"][keep == 0]).max()) > 0
+    for path in ("Dense_0/bias", "Conv_3/kernel", "BatchNorm_2/scale"):
+        a, b = path.split("/")
+        np.testing.assert_array_equal(g[a][b], clean[a][b])
+    # Padding rows change none of it: the scores' row norms, the mask and the
+    # gradient are those of the real rows alone.
+    params4, ctx4, clean4 = _batch_norm_batch(padding=0)
+    g4, info4 = soteria_gradient(clean4, ctx4, 0.25, scope="batch")
+    np.testing.assert_allclose(info["grad_norm"][:4], info4["grad_norm"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(info["grad_norm"][4:], 0.0)
+    np.testing.assert_array_equal(info["keep"], info4["keep"])
+    np.testing.assert_allclose(g["Dense_0"]["kernel"], g4["Dense_0"]["kernel"], rtol=1e-5,
+                               atol=1e-7)
+
+
+def test_soteria_row_norms_under_batch_statistics_are_those_of_the_batch_summed_feature():
+    # What the authors' code computes (one backward pass of feature i summed over
+    # the batch), checked against the full Jacobian of that sum.
+    params, ctx, _ = _batch_norm_batch()
+    norms = jacobian_row_norms(ctx.apply_fn, params, ctx.x, "Dense_0", 8, "batched",
+                               example_mask=ctx.mask)
+    summed = lambda v: jnp.sum(representation(ctx.apply_fn, params, v, "Dense_0")  # noqa: E731
+                               * ctx.mask[:, None], axis=0)
+    jac = jax.jacrev(summed)(ctx.x).reshape(16, 6, -1)  # [L, B, N]
+    expected = jnp.sqrt(jnp.sum(jac ** 2, -1)).T
+    np.testing.assert_allclose(norms[:4], expected[:4], rtol=1e-4, atol=1e-7)
+    np.testing.assert_array_equal(norms[4:], 0.0)  # padding: not the batch's
+    # Examples interact: one example's own Jacobian is not it.
+    own = jax.jacrev(lambda v: representation(ctx.apply_fn, params, v, "Dense_0")[0])(ctx.x)
+    assert not np.allclose(norms[0], jnp.sqrt(jnp.sum(own.reshape(16, 6, -1)[:, 0] ** 2, -1)),
+                           rtol=1e-3)
+
+
+def test_soteria_on_a_batch_norm_model_gives_a_padded_client_the_same_update(tiny):
+    model = ConvNet(width=4, batch_norm=True)
+    params = init_params(model, SHAPE, jax.random.key(0))
+    x = jax.random.uniform(jax.random.key(1), (13, *SHAPE))
+    y = jnp.arange(13, dtype=jnp.int32) % 10
+    outs = []
+    for n_max in (13, 20):
+        update = make_client_update(make_apply_fn(model), optax.sgd(0.05),
+                                    LocalTraining("fedavg", 1, 5, n_max),
+                                    {"layer": soteria(0.25, scope="batch")},
+                                    batch_norm_train_fn=make_train_fn(model))
+        outs.append(jax.jit(update)(params, _data(x, y, n_max), {"layer": ()},
+                                    jax.random.key(2)))
+    chex.assert_trees_all_close(outs[0].update, outs[1].update, rtol=1e-5, atol=1e-6)
+    # From a config: the engine takes it on convnet_bn.
+    sim = Simulation(small_config(**{"model.name": tiny, "defenses": [
+        {"name": "soteria", "p_fc": 0.25, "score": "code", "scope": "batch"}]}),
+        dataset=small_dataset())
+    assert sim.batch_norm and sim.defenses["layer"].batch_statistics
+
+
+def test_at_its_initial_statistics_evaluation_mode_is_the_model_without_batch_norm():
+    # What the Soteria reproduction's --gs-batch-norm relies on: the authors attack
+    # the initial model in evaluation mode, where each batch norm (mean 0, variance 1,
+    # scale 1, bias 0) divides by √(1 + 1e-5) only; the convolutions and the dense
+    # layer are initialised alike with or without it.
+    with_bn = init_params(ConvNet(width=4, batch_norm=True), SHAPE, jax.random.key(3))
+    plain = init_params(ConvNet(width=4), SHAPE, jax.random.key(3))
+    assert set(plain) < set(with_bn)
+    chex.assert_trees_all_equal(plain, {k: with_bn[k] for k in plain})
+    x = jax.random.uniform(jax.random.key(1), (3, *SHAPE))
+    np.testing.assert_allclose(make_eval_fn(ConvNet(width=4, batch_norm=True))(with_bn, x),
+                               make_apply_fn(ConvNet(width=4))(plain, x), rtol=1e-4, atol=1e-6)
