@@ -112,7 +112,8 @@ def _data(x, y, n_max):
                       jnp.concatenate([jnp.ones(n), jnp.zeros(pad)]), jnp.int32(n))
 
 
-def test_a_padded_client_gives_the_same_update_statistics_included():
+def _padded_and_unpadded_updates(defenses=None, client_state=None):
+    """One client's 13 examples as a client of n_max 13 and of n_max 20 (batch 5)."""
     model = ConvNet(width=4, batch_norm=True)
     params = init_params(model, SHAPE, jax.random.key(0))
     x = jax.random.uniform(jax.random.key(1), (13, *SHAPE))
@@ -120,9 +121,15 @@ def test_a_padded_client_gives_the_same_update_statistics_included():
     outs = []
     for n_max in (13, 20):
         update = make_client_update(make_apply_fn(model), optax.sgd(0.05),
-                                    LocalTraining("fedavg", 1, 5, n_max), {},
+                                    LocalTraining("fedavg", 1, 5, n_max), defenses or {},
                                     batch_norm_train_fn=make_train_fn(model))
-        outs.append(jax.jit(update)(params, _data(x, y, n_max), {}, jax.random.key(2)))
+        outs.append(jax.jit(update)(params, _data(x, y, n_max), client_state or {},
+                                    jax.random.key(2)))
+    return outs
+
+
+def test_a_padded_client_gives_the_same_update_statistics_included():
+    outs = _padded_and_unpadded_updates()
     chex.assert_trees_all_close(outs[0].update, outs[1].update, rtol=1e-5, atol=1e-6)
     moved = outs[0].update["BatchNorm_0"]["running_mean"]
     assert float(jnp.abs(moved).max()) > 0  # Δ carries the statistics
@@ -293,18 +300,7 @@ def test_soteria_row_norms_under_batch_statistics_are_those_of_the_batch_summed_
 
 
 def test_soteria_on_a_batch_norm_model_gives_a_padded_client_the_same_update(tiny):
-    model = ConvNet(width=4, batch_norm=True)
-    params = init_params(model, SHAPE, jax.random.key(0))
-    x = jax.random.uniform(jax.random.key(1), (13, *SHAPE))
-    y = jnp.arange(13, dtype=jnp.int32) % 10
-    outs = []
-    for n_max in (13, 20):
-        update = make_client_update(make_apply_fn(model), optax.sgd(0.05),
-                                    LocalTraining("fedavg", 1, 5, n_max),
-                                    {"layer": soteria(0.25, scope="batch")},
-                                    batch_norm_train_fn=make_train_fn(model))
-        outs.append(jax.jit(update)(params, _data(x, y, n_max), {"layer": ()},
-                                    jax.random.key(2)))
+    outs = _padded_and_unpadded_updates({"layer": soteria(0.25, scope="batch")}, {"layer": ()})
     chex.assert_trees_all_close(outs[0].update, outs[1].update, rtol=1e-5, atol=1e-6)
     # From a config: the engine takes it on convnet_bn.
     sim = Simulation(small_config(**{"model.name": tiny, "defenses": [
