@@ -227,7 +227,9 @@ def make_client_update(
 
             def run(_):
                 new, loss, _ = do_step(params, opt_state, states, s, idx)
-                return new, (loss, 1.0)
+                # The reported loss is float32 whatever the parameters' dtype, so
+                # both branches agree (float64 parameters under jax_enable_x64).
+                return new, (loss.astype(jnp.float32), 1.0)
 
             def skip(_):
                 return (params, opt_state, states), (jnp.zeros((), jnp.float32), 0.0)
