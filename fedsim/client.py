@@ -86,7 +86,10 @@ def masked_mean_loss(apply_fn, params, x, y, mask):
 def epoch_order(key: PRNGKey, mask: jax.Array) -> jax.Array:
     """A random order of the real examples, padding last, independent of n_max."""
     n_max = mask.shape[0]
-    scores = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(key, i)))(jnp.arange(n_max))
+    # float32 scores whatever the default dtype: under jax_enable_x64 the default
+    # float64 draw takes other bits from the key, so another order.
+    scores = jax.vmap(lambda i: jax.random.uniform(
+        jax.random.fold_in(key, i), dtype=jnp.float32))(jnp.arange(n_max))
     scores = jnp.where(mask > 0, scores, 2.0 + jnp.arange(n_max))
     return jnp.argsort(scores)
 

@@ -64,3 +64,22 @@ def test_fedavg_steps_follow_a_shuffled_order(setup):
     chex.assert_trees_all_close(a.update, c.update)  # same key, same update
     diff = jax.tree_util.tree_map(lambda u, v: float(jnp.abs(u - v).max()), a.update, b.update)
     assert max(jax.tree_util.tree_leaves(diff)) > 1e-6  # another key, another order
+
+
+@pytest.mark.parametrize("unroll", [0, 32])
+def test_a_float64_client_follows_the_float32_clients_batch_order(setup, unroll):
+    # Under jax_enable_x64, jax.random.uniform's default dtype is float64, which
+    # draws other bits from the key: the batch order must not follow it, or a
+    # float64 reference of a run (benchmarks/diagnose_vmap_rounding.py) trains
+    # on other batches. The MLP is smooth, so the two differ by rounding.
+    apply_fn, params, x, y = setup
+    fn = make_client_update(apply_fn, optax.sgd(0.3),
+                            LocalTraining("fedavg", 2, 8, 40, unroll_steps=unroll))
+    data, key = _data(x, y, 40), jax.random.key(3)
+    out32 = jax.jit(fn)(params, data, {}, key)
+    to64 = lambda t: jax.tree_util.tree_map(  # noqa: E731
+        lambda a: a.astype(jnp.float64) if a.dtype == jnp.float32 else a, t)
+    with jax.enable_x64(True):
+        out64 = jax.jit(fn)(to64(params), to64(data), {}, key)
+        assert all(a.dtype == jnp.float64 for a in jax.tree_util.tree_leaves(out64.update))
+        chex.assert_trees_all_close(to64(out32.update), out64.update, atol=1e-6, rtol=0)
