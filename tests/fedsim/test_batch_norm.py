@@ -144,8 +144,8 @@ def test_strategies_agree_with_batch_norm(tiny):
     results = {}
     for strategy in ("loop", "vmap", "chunked"):
         # The unrolled step (the engine's default). Under small_config's scan the
-        # vmapped clients' single step moves 1.5e-4 from the clients alone, as far
-        # as every float32 program is from float64 there (the model amplifies
+        # vmapped clients' single step moves 1.5e-4 from the clients alone, about
+        # as far as each float32 program is from float64 there (the model amplifies
         # rounding; benchmarks/results/diagnose_vmap_rounding.md). The float64
         # test below holds both paths to rounding.
         sim = Simulation(small_config(**{"model.name": tiny, "training.lr": 0.05,
