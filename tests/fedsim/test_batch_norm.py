@@ -89,7 +89,8 @@ def test_no_gradient_reaches_the_running_statistics_in_either_mode():
         for is_stat, leaf in zip(jax.tree_util.tree_leaves(stats), jax.tree_util.tree_leaves(g)):
             assert bool(jnp.all(leaf == 0)) == is_stat
     # Training mode is the model the clients train and the attacks see; evaluation differs.
-    assert not np.allclose(make_apply_fn(model)(params, x), make_eval_fn(model)(params, x))
+    assert not np.allclose(jax.jit(make_apply_fn(model))(params, x),
+                           jax.jit(make_eval_fn(model))(params, x))
 
 
 def test_batch_norm_updates_replace_exactly_the_written_statistics():
@@ -285,18 +286,24 @@ def _batch_norm_batch(padding=2):
 
     ctx = DefenseContext(params=params, x=x, y=y, mask=mask,
                          apply_fn=lambda p, v: train(p, v, mask)[0])
-    return params, ctx, jax.grad(loss)(params)
+    # Jitted: op by op, the ConvNet's gradient takes several times as long to run.
+    return params, ctx, jax.jit(jax.grad(loss))(params)
+
+
+def _soteria_batch(grads, ctx, p_fc):
+    """soteria_gradient at batch scope, jitted (the context's arrays are constants)."""
+    return jax.jit(lambda g: soteria_gradient(g, ctx, p_fc, scope="batch"))(grads)
 
 
 def test_soteria_under_batch_statistics_zeroes_feature_rows_of_the_batch_gradient():
     params, ctx, clean = _batch_norm_batch()
     # p_fc = 0: r and ∂l/∂b come from the real rows' statistics, so ∂l/∂b · rᵀ
     # is the batch's own kernel gradient (padding in the statistics would move it).
-    same, _ = soteria_gradient(clean, ctx, 0.0, scope="batch")
+    same, _ = _soteria_batch(clean, ctx, 0.0)
     chex.assert_trees_all_close(same, clean, rtol=1e-5, atol=1e-7)
     # One mask for the batch: the kernel gradient is the clean one with the
     # pruned features' rows zeroed, round(p_fc · L) of them; nothing else moves.
-    g, info = soteria_gradient(clean, ctx, 0.25, scope="batch")
+    g, info = _soteria_batch(clean, ctx, 0.25)
     keep = np.asarray(info["keep"]).reshape(-1)
     assert keep.shape == (16,) and int((keep == 0).sum()) == 4
     np.testing.assert_allclose(g["Dense_0"]["kernel"], keep[:, None] * clean["Dense_0"]["kernel"],
@@ -308,7 +315,7 @@ def test_soteria_under_batch_statistics_zeroes_feature_rows_of_the_batch_gradien
     # Padding rows change none of it: the scores' row norms, the mask and the
     # gradient are those of the real rows alone.
     params4, ctx4, clean4 = _batch_norm_batch(padding=0)
-    g4, info4 = soteria_gradient(clean4, ctx4, 0.25, scope="batch")
+    g4, info4 = _soteria_batch(clean4, ctx4, 0.25)
     np.testing.assert_allclose(info["grad_norm"][:4], info4["grad_norm"], rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(info["grad_norm"][4:], 0.0)
     np.testing.assert_array_equal(info["keep"], info4["keep"])
@@ -320,16 +327,17 @@ def test_soteria_row_norms_under_batch_statistics_are_those_of_the_batch_summed_
     # What the authors' code computes (one backward pass of feature i summed over
     # the batch), checked against the full Jacobian of that sum.
     params, ctx, _ = _batch_norm_batch()
-    norms = jacobian_row_norms(ctx.apply_fn, params, ctx.x, "Dense_0", 8, "batched",
-                               example_mask=ctx.mask)
+    norms = jax.jit(lambda p, v: jacobian_row_norms(ctx.apply_fn, p, v, "Dense_0", 8, "batched",
+                                                    example_mask=ctx.mask))(params, ctx.x)
     summed = lambda v: jnp.sum(representation(ctx.apply_fn, params, v, "Dense_0")  # noqa: E731
                                * ctx.mask[:, None], axis=0)
-    jac = jax.jacrev(summed)(ctx.x).reshape(16, 6, -1)  # [L, B, N]
+    jac = jax.jit(jax.jacrev(summed))(ctx.x).reshape(16, 6, -1)  # [L, B, N]
     expected = jnp.sqrt(jnp.sum(jac ** 2, -1)).T
     np.testing.assert_allclose(norms[:4], expected[:4], rtol=1e-4, atol=1e-7)
     np.testing.assert_array_equal(norms[4:], 0.0)  # padding: not the batch's
     # Examples interact: one example's own Jacobian is not it.
-    own = jax.jacrev(lambda v: representation(ctx.apply_fn, params, v, "Dense_0")[0])(ctx.x)
+    own = jax.jit(jax.jacrev(lambda v: representation(ctx.apply_fn, params, v, "Dense_0")[0]))(
+        ctx.x)
     assert not np.allclose(norms[0], jnp.sqrt(jnp.sum(own.reshape(16, 6, -1)[:, 0] ** 2, -1)),
                            rtol=1e-3)
 
