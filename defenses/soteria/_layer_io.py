@@ -200,6 +200,9 @@ def jacobian_row_norms(apply_fn: Callable, params: PyTree, x: jax.Array,
     error of a norm is about 1/√(2·probes) (18 % at 16 probes), which can
     change which features rank in the top ε. Needs ``key``.
     """
+    if example_mask is not None and tuple(jnp.shape(example_mask)) != (x.shape[0],):
+        raise ValueError(f"jacobian_row_norms: example_mask must have shape ({x.shape[0]},), "
+                         f"one entry per row of x, got {tuple(jnp.shape(example_mask))}")
     if method == "sketch":
         if key is None:
             raise ValueError("soteria jacobian='sketch' needs a PRNG key")

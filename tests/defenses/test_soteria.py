@@ -261,6 +261,10 @@ def test_batched_jacobian_equals_per_example_jacrev(chunk):
                                 example_mask=mask)
     np.testing.assert_array_equal(masked[:3], norms[:3])
     np.testing.assert_array_equal(masked[3], 0.0)
+    if chunk == 1:  # a mask of another length is named, not broadcast
+        with pytest.raises(ValueError, match=r"example_mask must have shape \(4,\).*got \(3,\)"):
+            jacobian_row_norms(apply_fn, params, x, ("Dense_0",), chunk, "batched",
+                               example_mask=mask[:3])
     grad = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
     ctx = _ctx(params, apply_fn, x, y, mask)
     g_per, _ = soteria_gradient(grad, ctx, 0.4, jacobian="per_example")
