@@ -165,13 +165,13 @@ def test_strategies_agree_with_batch_norm(tiny):
 
 @pytest.mark.parametrize("unroll", [0, pytest.param(32, marks=pytest.mark.slow)])
 def test_vmapped_clients_equal_each_client_alone_in_float64(tiny, unroll):
-    # In float32 a vmap over clients of this model moves some clients' updates
-    # about 1e-4 from the same client alone on the scan path, and over ten local
-    # steps every float32 program is ~0.4 from float64
-    # (benchmarks/results/diagnose_vmap_rounding.md): no float32 tolerance tells a
-    # batching bug from rounding. In float64 the programs must agree to rounding,
-    # at B = 16 (ten steps; the small clients' last batches are padding only, so
-    # the scan's skip branch runs, as a select under vmap).
+    # In float32 a vmap over clients of this model moves a one-step update 1.5e-4
+    # from the same client alone on the scan path, about as far as each float32
+    # program lands from float64 (benchmarks/results/diagnose_vmap_rounding.md): a
+    # float32 tolerance loose enough for that cannot tell a batching bug from
+    # rounding. In float64 the programs must agree to rounding; here at B = 16
+    # (ten steps; the small clients' last batches are padding only, so the scan's
+    # skip branch runs, as a select under vmap).
     sim = Simulation(small_config(**{"model.name": tiny, "training.lr": 0.05,
                                      "training.unroll_steps": unroll}), dataset=small_dataset())
     params = sim.init_state().params
