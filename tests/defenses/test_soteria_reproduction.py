@@ -124,6 +124,29 @@ def test_acceptance_flags_an_incomplete_grid():
     assert acceptance(rows, "dlg")["verdict"] == "PASS (accuracy grid incomplete)"
 
 
+def test_an_incomplete_grid_is_decided_when_no_pending_accuracy_can_lift_a_bound():
+    # Soteria 0.4's accuracy is pending: at best it keeps accuracy with MSE 0.35.
+    rows = [_row("none", 0, 0.60, 0.001), _row("soteria", 0.2, 0.595, 0.3),
+            _row("soteria", 0.4, "pending", 0.35), _row("gc", 0.1, 0.60, 0.01),
+            _row("gc", 0.5, "pending", 0.5), _row("dp_gaussian", 1e-4, 0.61, 0.2)]
+    out = acceptance(rows, "dlg")
+    # A pending baseline counts as not keeping accuracy (it could only lower the ratio).
+    assert out["ratio_upper_bounds"] == {"gc": 0.35 / 0.01, "dp_gaussian": 0.35 / 0.2}
+    assert out["verdict"] == ("FAIL (accuracy grid incomplete; decided: no pending accuracy "
+                              "lifts the bound against dp_gaussian to 10×)")
+    # Where the pending setting could still lift every bound past 10×, it is open.
+    rows[-1]["mse"] = 0.032  # measured 0.3 / 0.032 = 9.4×, at most 0.35 / 0.032 = 10.9×
+    assert acceptance(rows, "dlg")["verdict"] == "FAIL (accuracy grid incomplete)"
+    # No measured Soteria setting keeps accuracy: the pending one still bounds it.
+    rows[1]["accuracy"], rows[-1]["mse"] = 0.5, 0.2
+    out = acceptance(rows, "dlg")
+    assert out["best"]["soteria"] is None and out["verdict"].startswith("FAIL (accuracy grid "
+                                                                       "incomplete; decided")
+    # A complete grid carries no bounds.
+    rows[2]["accuracy"], rows[4]["accuracy"] = 0.59, 0.4
+    assert "ratio_upper_bounds" not in acceptance(rows, "dlg")
+
+
 def test_mask_agreement_on_a_stub_simulation():
     from types import SimpleNamespace
 
@@ -630,3 +653,27 @@ def test_gs_architecture_reads_dp_sigma_as_asked_and_merges_only_one_reading(
     assert "read as the paper's variance" in md and "read as the noise scale" not in md
     arch.write_markdown({**res, "dp_sigma_reading": "scale"}, out / "scale.md")
     assert "read as the noise scale" in (out / "scale.md").read_text()
+
+
+def test_render_recomputes_the_verdicts_from_the_rows(tmp_path):
+    # A committed partial run (Soteria 0.41 / 0.8 pending), its acceptance made stale.
+    import json
+    import shutil
+    from pathlib import Path
+
+    from benchmarks.reproduce_sun2021 import render
+
+    src = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    path = tmp_path / "run.json"
+    shutil.copy(src / "sun2021_gs_torch_std_bn_scale_2000.json", path)
+    res = json.loads(path.read_text())
+    res["acceptance"]["gs"]["verdict"] = "stale"
+    res["acceptance"]["gs"].pop("ratio_upper_bounds", None)
+    path.write_text(json.dumps(res))
+    render(path)
+    gs = json.loads(path.read_text())["acceptance"]["gs"]
+    assert gs == acceptance(res["rows"], "gs") and gs["verdict"].startswith("FAIL (accuracy grid "
+                                                                           "incomplete; decided")
+    assert set(gs["ratio_upper_bounds"]) == {"gc", "dp_gaussian", "dp_laplace"}
+    md = (tmp_path / "run.md").read_text()
+    assert "whatever the pending accuracies" in md and gs["verdict"] in md
