@@ -23,7 +23,6 @@ Usage: ``python -m benchmarks.diagnose_convnet_rounding [--models mlp,lenet5,con
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ if str(ROOT) not in sys.path:
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.diagnostic_run import checked_models, run_record  # noqa: E402
 from benchmarks.results_io import write_json_and_markdown  # noqa: E402
 from fedsim.simulation import Simulation  # noqa: E402
 from tests.fedsim.helpers import small_config, small_dataset  # noqa: E402
@@ -72,19 +71,10 @@ def main(argv=None) -> dict:
                     help="comma-separated registry names (default: %(default)s)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
-    from fedsim.models import MODEL_REGISTRY
-
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in models if m not in MODEL_REGISTRY]
-    if not models or unknown:
-        ap.error(f"--models: unknown model(s) {unknown or args.models!r}; known: "
-                 f"{', '.join(sorted(MODEL_REGISTRY))}")
+    models = checked_models(ap, args.models)
     t0 = time.perf_counter()
     rows = [r for m in models for r in measure(m)]
-    result = {"rows": rows, "commit": git_commit(), "seconds": time.perf_counter() - t0,
-              "device": f"{jax.devices()[0].platform} ({platform.machine()})",
-              "command": "python -m benchmarks.diagnose_convnet_rounding"
-                         + ("" if models == list(MODELS) else f" --models {','.join(models)}")}
+    result = run_record(rows, "diagnose_convnet_rounding", models, MODELS, time.perf_counter() - t0)
     lines = ["# One client's update against a rounding-sized change of its start weights", "",
              f"Produced by `{result['command']}` at commit {result['commit']}, "
              f"{result['device']}, {result['seconds']:.0f} s. Every start weight times 1 + ε; "

@@ -26,7 +26,6 @@ writes ``diagnose_vmap_rounding.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ if str(ROOT) not in sys.path:
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.diagnostic_run import checked_models, run_record  # noqa: E402
 from benchmarks.results_io import write_json_and_markdown  # noqa: E402
 from fedsim.models import MODEL_REGISTRY, ConvNet  # noqa: E402
 from fedsim.simulation import Simulation  # noqa: E402
@@ -110,17 +109,10 @@ def main(argv=None) -> dict:
     for name, batch_norm in WIDTH4.items():
         MODEL_REGISTRY.setdefault(name, lambda num_classes=10, bn=batch_norm: ConvNet(
             num_classes, width=4, batch_norm=bn))
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in models if m not in MODEL_REGISTRY]
-    if not models or unknown:
-        ap.error(f"--models: unknown model(s) {unknown or args.models!r}; known: "
-                 f"{', '.join(sorted(MODEL_REGISTRY))}")
+    models = checked_models(ap, args.models)
     t0 = time.perf_counter()
     rows = [measure(m, b, u) for m in models for b in BATCH_SIZES for u in UNROLL]
-    result = {"rows": rows, "commit": git_commit(), "seconds": time.perf_counter() - t0,
-              "device": f"{jax.devices()[0].platform} ({platform.machine()})",
-              "command": "python -m benchmarks.diagnose_vmap_rounding"
-                         + ("" if models == list(MODELS) else f" --models {','.join(models)}")}
+    result = run_record(rows, "diagnose_vmap_rounding", models, MODELS, time.perf_counter() - t0)
     lines = ["# Vmapped clients against each client alone, in float32 and float64", "",
              f"Produced by `{result['command']}` at commit {result['commit']}, "
              f"{result['device']}, {result['seconds']:.0f} s. Each entry is the largest "
