@@ -19,7 +19,8 @@ batch 200 (one local step for every client) and 16 (up to 10 steps, the
 smaller clients' last batches padding only); the scan (0) and unrolled (32)
 paths; the MLP, LeNet-5 and the ConvNet at width 4 with and without batch norm.
 
-Usage: ``python -m benchmarks.diagnose_vmap_rounding [--models ...] [--out benchmarks/results]``;
+Usage: ``python -m benchmarks.diagnose_vmap_rounding [--models ...] [--batch-sizes 200,16]
+[--out benchmarks/results]``;
 writes ``diagnose_vmap_rounding.{json,md}``.
 """
 
@@ -104,15 +105,25 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(MODELS),
                     help="comma-separated model names (default: %(default)s)")
+    ap.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)),
+                    help="comma-separated local batch sizes (default: %(default)s)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
+    try:
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    except ValueError:
+        batch_sizes = []
+    if not batch_sizes or min(batch_sizes) < 1:
+        ap.error(f"--batch-sizes: expected positive integers, got {args.batch_sizes!r}")
     for name, batch_norm in WIDTH4.items():
         MODEL_REGISTRY.setdefault(name, lambda num_classes=10, bn=batch_norm: ConvNet(
             num_classes, width=4, batch_norm=bn))
     models = checked_models(ap, args.models)
     t0 = time.perf_counter()
-    rows = [measure(m, b, u) for m in models for b in BATCH_SIZES for u in UNROLL]
+    rows = [measure(m, b, u) for m in models for b in batch_sizes for u in UNROLL]
     result = run_record(rows, "diagnose_vmap_rounding", models, MODELS, time.perf_counter() - t0)
+    if batch_sizes != list(BATCH_SIZES):
+        result["command"] += f" --batch-sizes {','.join(map(str, batch_sizes))}"
     lines = ["# Vmapped clients against each client alone, in float32 and float64", "",
              f"Produced by `{result['command']}` at commit {result['commit']}, "
              f"{result['device']}, {result['seconds']:.0f} s. Each entry is the largest "
