@@ -80,8 +80,8 @@ def test_no_gradient_reaches_the_running_statistics_in_either_mode():
     params = init_params(model, SHAPE, jax.random.key(0))
     x = jax.random.uniform(jax.random.key(1), (4, *SHAPE))
     stats = running_stats_mask(params)
-    assert has_batch_norm(params) and not has_batch_norm(
-        init_params(ConvNet(width=4), SHAPE, jax.random.key(0)))
+    assert has_batch_norm(params) and not has_batch_norm(jax.eval_shape(
+        lambda: init_params(ConvNet(width=4), SHAPE, jax.random.key(0))))
     assert has_batch_norm(jax.eval_shape(lambda: init_params(build_model("convnet_bn"), SHAPE,
                                                              jax.random.key(0))))
     for fn in (make_apply_fn(model), make_eval_fn(model)):
