@@ -168,6 +168,24 @@ class PruningConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class AccountingConfig:
+    """δ of the privacy accountants a run attaches (``defenses.dp``); null keeps each default.
+
+    They change no training number, only the ε the metrics report, so a run
+    resumes only under the δ it was started with (hashed where set).
+    """
+    delta: float | None = _f(None, gt=0.0, lt=1.0,
+                             doc="record-level ε of an example-stage DP defense "
+                                 "(default 1 / largest client size)")
+    client_delta: float | None = _f(None, gt=0.0, lt=1.0,
+                                    doc="user-level ε of client_level_dp "
+                                        "(default 1 / number of clients)")
+    local_delta: float | None = _f(None, gt=0.0, lt=1.0,
+                                   doc="local-DP ε of clipped Gaussian update noise "
+                                       "(default 1 / number of clients)")
+
+
+@dataclasses.dataclass(frozen=True)
 class OutputConfig:
     dir: str | None = _f(None)
     checkpoint_every: int = _f(0, min=0)
@@ -188,6 +206,7 @@ class Config:
     defenses: list[dict] = _f([])
     pruning: PruningConfig = _f(None)
     observer: ObserverConfig = _f(None)
+    accounting: AccountingConfig = _f(None)
     output: OutputConfig = _f(None)
     attack: dict | None = _f(None)
 

@@ -115,8 +115,14 @@ def checked_delta(delta, who: str) -> float:
     return float(delta)
 
 
+def configured_delta(sim, key: str) -> float | None:
+    """The δ the simulation's config sets for an accountant (``accounting.<key>``), or None."""
+    value = getattr(getattr(getattr(sim, "cfg", None), "accounting", None), key, None)
+    return None if value is None else checked_delta(value, f"config key 'accounting.{key}'")
+
+
 def attach_once(sim, delta, *, stage: str, level: str, attribute: str, who: str,
-                default_delta, build) -> bool:
+                default_delta, build, config_key: str) -> bool:
     """Attach the accountant ``build`` makes for ``sim``'s DP defense of ``level``, once.
 
     The shared body of the ``attach_*accountant`` functions: with an
@@ -133,6 +139,8 @@ def attach_once(sim, delta, *, stage: str, level: str, attribute: str, who: str,
       who: the attaching function's name, for errors and warnings.
       default_delta: ``default_delta(sim) -> δ``.
       build: ``build(params, delta, given) -> accountant``.
+      config_key: the key of the config's ``accounting`` section whose δ,
+        when set, is used where ``delta`` is None (as one the caller chose).
 
     Returns:
       True if an accountant now reports at ``delta``; False if the stage has
@@ -155,6 +163,8 @@ def attach_once(sim, delta, *, stage: str, level: str, attribute: str, who: str,
         if defense is not None:
             warn_unreported(defense, level, who)
         return False
+    if delta is None:
+        delta = configured_delta(sim, config_key)
     given = delta is not None
     accountant = build(params, delta if given else default_delta(sim), given)
     sim.round_callbacks.append(accountant)

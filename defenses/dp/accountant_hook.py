@@ -18,7 +18,8 @@ What is accounted (record-level DP within each client's local training):
   best of 001's approaches 1 and 2. Both use the standard per-step
   composition. Clipping alone (σ = 0) has no ε (only ``dp_mechanism``).
 * δ defaults to 1 / max_c n_c (fixed for the run; reported as ``delta``);
-  ``attach_accountant(sim, delta=...)`` replaces it.
+  the config's ``accounting.delta`` or ``attach_accountant(sim, delta=...)``
+  replaces it.
 
 The ε of round r depends only on the cohorts of rounds 0..r, so it must not
 depend on whether the run was checkpointed and resumed in between: the
@@ -152,7 +153,8 @@ def attach_accountant(sim, delta: float | None = None) -> bool:
     return attach_once(
         sim, delta, stage="example", level="record", attribute="_dp_accountant",
         who="attach_accountant", build=build,
-        default_delta=lambda s: 1.0 / float(max(int(np.max(s.client_counts)), 2)))
+        default_delta=lambda s: 1.0 / float(max(int(np.max(s.client_counts)), 2)),
+        config_key="delta")
 
 
 # Every Simulation whose example-stage defense is a DP defense reports ε.

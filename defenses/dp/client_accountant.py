@@ -8,8 +8,8 @@ round callback here reports, after every round r,
 * ``client_level_epsilon``: the worst ε over the clients after rounds 0..r
   (:func:`defenses.accounting.dp_fedavg_epsilon`, RDP), at
 * ``client_level_delta``: δ, by default 1 / number of clients (as the
-  record-level accountant's 1 / largest client); :func:`attach_client_accountant`
-  replaces it.
+  record-level accountant's 1 / largest client); the config's
+  ``accounting.client_delta`` or :func:`attach_client_accountant` replaces it.
 
 What the account assumes, and where the engine departs from it:
 
@@ -164,7 +164,8 @@ def attach_client_accountant(sim, delta: float | None = None) -> bool:
     return attach_once(
         sim, delta, stage="upload", level="client", attribute="_client_level_accountant",
         who="attach_client_accountant", default_delta=lambda s: 1.0 / max(int(s.num_clients), 2),
-        build=lambda params, delta, given: ClientLevelAccountant(sim, params, delta, given))
+        build=lambda params, delta, given: ClientLevelAccountant(sim, params, delta, given),
+        config_key="client_delta")
 
 
 # Every Simulation whose upload stage runs DP-FedAvg reports its user-level ε.

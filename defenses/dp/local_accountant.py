@@ -15,7 +15,8 @@ any two updates in the ball as neighbours (local DP): sensitivity 2C.
 
 The round callback reports, after every round r, ``local_epsilon`` (the worst
 client's: the one with the most uploads so far) and ``local_delta`` (δ of the
-Gaussian, by default 1 / number of clients; 0 for Laplace). A client that
+Gaussian, by default 1 / number of clients, or the config's
+``accounting.local_delta``; 0 for Laplace). A client that
 uploads a NaN/Inf update (``training.on_nonfinite: skip_client``) still sent
 it, so it is counted. The upload counts travel through checkpoints as the
 record-level accountant's do.
@@ -120,7 +121,8 @@ def attach_local_accountant(sim, delta: float | None = None) -> bool:
     return attach_once(
         sim, delta, stage="upload", level="local", attribute="_local_accountant",
         who="attach_local_accountant", default_delta=lambda s: 1.0 / max(int(s.num_clients), 2),
-        build=lambda params, delta, given: LocalAccountant(sim, params, delta, given))
+        build=lambda params, delta, given: LocalAccountant(sim, params, delta, given),
+        config_key="local_delta")
 
 
 # Every Simulation whose uploads carry clipped noise reports its local-DP ε.

@@ -130,6 +130,48 @@ def test_delta_travels_with_the_checkpointed_state_unless_chosen_again(tmp_path)
     assert _callback_row(chosen, 1)["delta"] == 1e-7
 
 
+def test_the_configs_accounting_delta_is_the_accountants_and_survives_a_resume(tmp_path):
+    from defenses.dp import attach_accountant
+    from fedsim import checkpoint
+
+    configured = _accountant_sim(tmp_path, **{"accounting.delta": 1e-6})
+    given = _accountant_sim(tmp_path)
+    attach_accountant(given, delta=1e-6)
+    row = _callback_row(configured, 0)
+    assert row["delta"] == 1e-6 and row == _callback_row(given, 0)
+    # Chosen in the config, so kept over a checkpoint's other δ (as a δ given to
+    # attach_accountant is).
+    default = _accountant_sim(tmp_path)
+    _callback_row(default, 0)
+    resumed = _accountant_sim(tmp_path, **{"accounting.delta": 1e-6})
+    checkpoint.load_callback_states(resumed.round_callbacks,
+                                    checkpoint.callback_states(default.round_callbacks))
+    assert _callback_row(resumed, 1)["delta"] == 1e-6
+    # attach_accountant still replaces it.
+    assert attach_accountant(resumed, delta=1e-7) and _callback_row(resumed, 1)["delta"] == 1e-7
+
+
+@pytest.mark.parametrize("key", ["delta", "client_delta", "local_delta"])
+@pytest.mark.parametrize("bad", ["0", "1", "1.5", "-1e-5", "nan"])
+def test_an_accounting_delta_outside_0_1_is_a_config_error_naming_the_key(key, bad):
+    from fedsim.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"config key 'accounting.{key}'"):
+        small_config(**{f"accounting.{key}": bad})
+
+
+def test_an_accounting_delta_is_hashed_where_set_and_only_there():
+    from fedsim.checkpoint import accepted_fingerprints, config_fingerprint
+
+    plain = small_config()
+    assert config_fingerprint(plain) == config_fingerprint(
+        small_config(**{"accounting.delta": "null"}))
+    for key in ("delta", "client_delta", "local_delta"):
+        set_ = small_config(**{f"accounting.{key}": 1e-5})
+        assert config_fingerprint(set_) != config_fingerprint(plain)
+        assert config_fingerprint(plain) not in accepted_fingerprints(set_)
+
+
 def test_epsilon_client_is_a_client_when_every_epsilon_is_0(tmp_path):
     # σ = 1000, one full-batch FedSGD step: dp_accounting gives ε = 0 for every
     # client; the row named client -1 then.

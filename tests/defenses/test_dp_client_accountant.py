@@ -201,6 +201,19 @@ def test_attach_with_delta_replaces_the_default_and_bad_deltas_are_named(tmp_pat
             attach_client_accountant(sim, delta=bad)
 
 
+def test_the_configs_accounting_client_delta_is_the_user_level_delta(tmp_path):
+    sim = Simulation(_cfg(tmp_path, [_spec()], **{"accounting.client_delta": 1e-5}),
+                     dataset=small_dataset())
+    row = _callbacks(sim, 0)
+    assert row["client_level_delta"] == 1e-5
+    assert row["client_level_epsilon"] == pytest.approx(accounting.dp_fedavg_epsilon(
+        SIGMA, M / K, 1e-5, sampled_rounds=1).epsilon, rel=1e-9)
+    # The other accountants' keys leave it at its default.
+    other = Simulation(_cfg(tmp_path, [_spec()], **{"accounting.delta": 1e-5}),
+                       dataset=small_dataset())
+    assert _callbacks(other, 0)["client_level_delta"] == 1.0 / K
+
+
 def test_two_dp_fedavg_stages_in_one_chain_warn_that_no_epsilon_is_reported(tmp_path):
     cfg = _cfg(tmp_path, [_spec(), _spec(noise_multiplier=2.0)])
     with pytest.warns(UserWarning, match="several client-level DP mechanisms"):

@@ -69,6 +69,13 @@ def test_gaussian_uploads_compose_unsampled_at_multiplier_sigma_over_2c(tmp_path
     assert attach_local_accountant(sim, delta=1e-6) is True and acc.delta == 1e-6
 
 
+def test_the_configs_accounting_local_delta_is_the_local_delta(tmp_path):
+    sim = Simulation(_cfg(tmp_path, [{"name": "update_gaussian", "sigma": 0.9, "clip_norm": 0.5}],
+                          **{"accounting.local_delta": 1e-6}), dataset=small_dataset())
+    acc = _local(sim)
+    assert acc.delta == 1e-6 and acc(0, {})["local_delta"] == 1e-6
+
+
 def test_only_clipped_noise_guarantees_anything():
     assert update_gaussian(0.1).guarantees == ()
     assert update_laplace(0.1).guarantees == ()

@@ -80,9 +80,9 @@ def test_the_fingerprint_leaves_out_name_and_attack_and_old_checkpoints_still_re
                           "output.dir": str(tmp_path / "run"), **ENGINE_UNROLL})
     d = cfg.to_dict()
     # Configs had no pruning section and no observer.fill then (both came on 2026-11-27),
-    # nor training.unroll_steps (2026-11-28).
+    # nor training.unroll_steps (2026-11-28), nor an accounting section (2026-11-29).
     del d["output"], d["training"]["rounds"], d["pruning"], d["observer"]["fill"]
-    del d["training"]["unroll_steps"]
+    del d["training"]["unroll_steps"], d["accounting"]
     old = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert old != config_fingerprint(cfg)
     sim, state = _trained_state(cfg)
@@ -116,6 +116,7 @@ def test_observer_fill_is_hashed_only_where_it_is_not_the_rule_of_earlier_runs()
     d = uniform.to_dict()
     del d["output"], d["name"], d["attack"], d["training"]["rounds"], d["pruning"]
     del d["observer"]["fill"], d["training"]["unroll_steps"]  # a key since 2026-11-28
+    del d["accounting"]  # a section since 2026-11-29
     before = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert config_fingerprint(load_config(None, base + ["observer.fill=sorted_cut"])) == before
     assert config_fingerprint(uniform) != before
@@ -150,6 +151,7 @@ def test_a_defenses_whole_numbers_hash_alike_as_int_or_float_and_older_checkpoin
     for key in ("output", "name", "attack"):
         del d[key]
     del d["training"]["rounds"], d["pruning"], d["observer"]["fill"], d["training"]["unroll_steps"]
+    del d["accounting"]  # a section since 2026-11-29
     as_written = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert as_written != config_fingerprint(run) and as_written in accepted_fingerprints(run)
     sim, state = _trained_state(run)
