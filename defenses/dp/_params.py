@@ -159,12 +159,18 @@ def attach_once(sim, delta, *, stage: str, level: str, attribute: str, who: str,
         return True
     defense = sim.defenses.get(stage)
     params = None if defense is None else dp_parameters(defense, level=level)
+    configured = configured_delta(sim, config_key)
     if params is None:
         if defense is not None:
             warn_unreported(defense, level, who)
+        elif configured is not None:
+            import warnings
+            warnings.warn(f"config key 'accounting.{config_key}' is set, but the run has no "
+                          f"{stage}-stage defense with a {level}-level guarantee: no ε uses "
+                          "it", stacklevel=4)
         return False
     if delta is None:
-        delta = configured_delta(sim, config_key)
+        delta = configured
     given = delta is not None
     accountant = build(params, delta if given else default_delta(sim), given)
     sim.round_callbacks.append(accountant)

@@ -160,6 +160,14 @@ def test_an_accounting_delta_outside_0_1_is_a_config_error_naming_the_key(key, b
         small_config(**{f"accounting.{key}": bad})
 
 
+def test_an_accounting_delta_no_accountant_uses_is_warned_about(tmp_path):
+    with pytest.warns(UserWarning, match="'accounting.delta' is set, but the run has no "
+                                         "example-stage defense with a record-level guarantee"):
+        sim = _accountant_sim(tmp_path, specs=[{"name": "update_gaussian", "sigma": 0.1}],
+                              **{"accounting.delta": 1e-6})
+    assert "delta" not in _callback_row(sim, 0)
+
+
 def test_an_accounting_delta_is_hashed_where_set_and_only_there():
     from fedsim.checkpoint import accepted_fingerprints, config_fingerprint
 

@@ -208,9 +208,11 @@ def test_the_configs_accounting_client_delta_is_the_user_level_delta(tmp_path):
     assert row["client_level_delta"] == 1e-5
     assert row["client_level_epsilon"] == pytest.approx(accounting.dp_fedavg_epsilon(
         SIGMA, M / K, 1e-5, sampled_rounds=1).epsilon, rel=1e-9)
-    # The other accountants' keys leave it at its default.
-    other = Simulation(_cfg(tmp_path, [_spec()], **{"accounting.delta": 1e-5}),
-                       dataset=small_dataset())
+    # The other accountants' keys leave it at its default (and, with no DP-SGD
+    # here, are warned about).
+    with pytest.warns(UserWarning, match="'accounting.delta' is set"):
+        other = Simulation(_cfg(tmp_path, [_spec()], **{"accounting.delta": 1e-5}),
+                           dataset=small_dataset())
     assert _callbacks(other, 0)["client_level_delta"] == 1.0 / K
 
 
