@@ -175,13 +175,13 @@ class AccountingConfig:
     resumes only under the δ it was started with (hashed where set).
     """
     delta: float | None = _f(None, gt=0.0, lt=1.0,
-                             doc="record-level ε of an example-stage DP defense "
+                             doc="δ of the record-level ε of an example-stage DP defense "
                                  "(default 1 / largest client size)")
     client_delta: float | None = _f(None, gt=0.0, lt=1.0,
-                                    doc="user-level ε of client_level_dp "
+                                    doc="δ of the user-level ε of client_level_dp "
                                         "(default 1 / number of clients)")
     local_delta: float | None = _f(None, gt=0.0, lt=1.0,
-                                   doc="local-DP ε of clipped Gaussian update noise "
+                                   doc="δ of the local-DP ε of clipped Gaussian update noise "
                                        "(default 1 / number of clients)")
 
 
