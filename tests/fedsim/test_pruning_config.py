@@ -149,6 +149,7 @@ def test_without_pruning_nothing_changes_and_old_checkpoints_keep_their_fingerpr
     d.pop("pruning")
     d["observer"].pop("fill")  # came later on 2026-11-27; the default hashes as before
     d["training"].pop("unroll_steps")  # likewise (2026-11-28)
+    d.pop("accounting")  # likewise (2026-11-29)
     for key in ("output", "name", "attack"):
         d.pop(key)
     d["training"].pop("rounds")
@@ -361,6 +362,7 @@ def test_a_fixed_mask_keeps_its_state_layout_and_fingerprint(alternate):
                     if k not in ("reconfigurations", "reconfigure_every")}
     d["observer"].pop("fill")  # came later on 2026-11-27; the default hashes as before
     d["training"].pop("unroll_steps")  # likewise (2026-11-28)
+    d.pop("accounting")  # likewise (2026-11-29)
     for key in ("output", "name", "attack"):
         d.pop(key)
     d["training"].pop("rounds")
