@@ -12,6 +12,16 @@ from fedsim.data import synthetic_dataset
 ENGINE_UNROLL = {"training.unroll_steps": UNROLL_STEPS}
 
 
+def drop_later_config_keys(d: dict) -> dict:
+    """``d`` (a ``cfg.to_dict()``) without the keys configs gained after the
+    fingerprints the legacy-fingerprint tests rebuild: ``observer.fill``
+    (2026-11-27), ``training.unroll_steps`` (2026-11-28) and the ``accounting``
+    section (2026-11-29). A config key added later, and left out of the hash
+    where it keeps the earlier rule, belongs here too."""
+    del d["observer"]["fill"], d["training"]["unroll_steps"], d["accounting"]
+    return d
+
+
 def small_config(**overrides):
     base = {
         "name": "test", "seed": 0,

@@ -5,7 +5,7 @@ from fedsim.checkpoint import Checkpointer, CheckpointError, config_fingerprint,
 from fedsim.run import run_simulation
 from fedsim.simulation import Simulation
 
-from .helpers import ENGINE_UNROLL, small_config, small_dataset
+from .helpers import ENGINE_UNROLL, drop_later_config_keys, small_config, small_dataset
 
 
 def _trained_state(cfg):
@@ -79,10 +79,9 @@ def test_the_fingerprint_leaves_out_name_and_attack_and_old_checkpoints_still_re
     cfg = small_config(**{"training.rounds": 1, "output.checkpoint_every": 1,
                           "output.dir": str(tmp_path / "run"), **ENGINE_UNROLL})
     d = cfg.to_dict()
-    # Configs had no pruning section and no observer.fill then (both came on 2026-11-27),
-    # nor training.unroll_steps (2026-11-28), nor an accounting section (2026-11-29).
-    del d["output"], d["training"]["rounds"], d["pruning"], d["observer"]["fill"]
-    del d["training"]["unroll_steps"], d["accounting"]
+    # Configs had no pruning section then (2026-11-27), nor the keys that came later.
+    del d["output"], d["training"]["rounds"], d["pruning"]
+    drop_later_config_keys(d)
     old = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert old != config_fingerprint(cfg)
     sim, state = _trained_state(cfg)
@@ -115,8 +114,7 @@ def test_observer_fill_is_hashed_only_where_it_is_not_the_rule_of_earlier_runs()
     uniform = load_config(None, base)
     d = uniform.to_dict()
     del d["output"], d["name"], d["attack"], d["training"]["rounds"], d["pruning"]
-    del d["observer"]["fill"], d["training"]["unroll_steps"]  # a key since 2026-11-28
-    del d["accounting"]  # a section since 2026-11-29
+    drop_later_config_keys(d)
     before = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert config_fingerprint(load_config(None, base + ["observer.fill=sorted_cut"])) == before
     assert config_fingerprint(uniform) != before
@@ -150,8 +148,8 @@ def test_a_defenses_whole_numbers_hash_alike_as_int_or_float_and_older_checkpoin
     d = run.to_dict()
     for key in ("output", "name", "attack"):
         del d[key]
-    del d["training"]["rounds"], d["pruning"], d["observer"]["fill"], d["training"]["unroll_steps"]
-    del d["accounting"]  # a section since 2026-11-29
+    del d["training"]["rounds"], d["pruning"]
+    drop_later_config_keys(d)
     as_written = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert as_written != config_fingerprint(run) and as_written in accepted_fingerprints(run)
     sim, state = _trained_state(run)

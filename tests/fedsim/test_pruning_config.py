@@ -17,8 +17,8 @@ from fedsim import hooks
 from fedsim.checkpoint import _hash, config_fingerprint
 from fedsim.config import ConfigError
 from fedsim.simulation import Simulation
-from tests.fedsim.helpers import (ENGINE_UNROLL, random_zeroing_upload, small_config,
-                                  small_dataset)
+from tests.fedsim.helpers import (ENGINE_UNROLL, drop_later_config_keys, random_zeroing_upload,
+                                  small_config, small_dataset)
 
 OBSERVED = {"observer.clients": "[0, 1, 2, 3, 4, 5]", "observer.rounds": "[0, 1]",
             "training.clients_per_round": 6}
@@ -147,9 +147,7 @@ def test_without_pruning_nothing_changes_and_old_checkpoints_keep_their_fingerpr
     # Configs gained the section on 2026-11-27: a dense one hashes as before it.
     d = cfg.to_dict()
     d.pop("pruning")
-    d["observer"].pop("fill")  # came later on 2026-11-27; the default hashes as before
-    d["training"].pop("unroll_steps")  # likewise (2026-11-28)
-    d.pop("accounting")  # likewise (2026-11-29)
+    drop_later_config_keys(d)  # came later; their defaults hash as before them
     for key in ("output", "name", "attack"):
         d.pop(key)
     d["training"].pop("rounds")
@@ -360,9 +358,7 @@ def test_a_fixed_mask_keeps_its_state_layout_and_fingerprint(alternate):
     d = cfg.to_dict()
     d["pruning"] = {k: v for k, v in d["pruning"].items()
                     if k not in ("reconfigurations", "reconfigure_every")}
-    d["observer"].pop("fill")  # came later on 2026-11-27; the default hashes as before
-    d["training"].pop("unroll_steps")  # likewise (2026-11-28)
-    d.pop("accounting")  # likewise (2026-11-29)
+    drop_later_config_keys(d)  # came later; their defaults hash as before them
     for key in ("output", "name", "attack"):
         d.pop(key)
     d["training"].pop("rounds")
