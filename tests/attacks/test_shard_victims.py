@@ -30,14 +30,18 @@ from attacks.gradient_inversion import InversionConfig, invert_victims
 from fedsim.client import masked_mean_loss
 from fedsim.models import build_model, init_params, make_apply_fn
 V = 6
-m = build_model("lenet5"); f = make_apply_fn(m); p = init_params(m, (16, 16, 1), jax.random.key(0))
+m = build_model("mlp"); f = make_apply_fn(m); p = init_params(m, (16, 16, 1), jax.random.key(0))
 rng = np.random.default_rng(0)
 x = jnp.asarray(rng.random((V, 2, 16, 16, 1)), jnp.float32)
 y = jnp.asarray(rng.integers(0, 10, (V, 2)), jnp.int32)
 g = jax.vmap(lambda xi, yi: jax.grad(masked_mean_loss, argnums=1)(f, p, xi, yi, jnp.ones(2)))(x, y)
 keys = jax.random.split(jax.random.key(1), V)
-# Plain Adam: signed Adam would turn float rounding into sign flips.
-cfg = InversionConfig(iterations=20, signed=False)
+# Plain Adam on the l2 loss without TV: signed Adam would turn float rounding
+# into sign flips, and on this MLP the cosine loss moves the sharded run
+# 2.5e-4 from the one-device run after 20 steps (rounding of the differently
+# blocked matmuls, amplified by Adam's normalisation), where the l2 loss keeps
+# the two runs equal. The MLP keeps the five compiles cheap.
+cfg = InversionConfig(iterations=20, signed=False, loss="l2", tv=0.0)
 kw = dict(batch_size=2, input_shape=(16, 16, 1), num_classes=10)
 """
 
