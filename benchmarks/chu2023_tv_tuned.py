@@ -31,9 +31,10 @@ Usage::
     python benchmarks/chu2023_tv_tuned.py                  # SNIP and SynFlow p = 0.1
     python benchmarks/chu2023_tv_tuned.py --render benchmarks/results/chu2023_tv_tuned.json
 
-→ ``benchmarks/results/chu2023_tv_tuned.{json,md}``. A run interrupted after some
-(seed, setting) cells keeps them: the JSON is written after each cell, and the
-same command resumes from it.
+→ ``benchmarks/results/chu2023_tv_tuned.{json,md}``. The JSON is written after each
+(seed, setting) cell, and a later run with the same ``--runs`` reuses its saved
+arms (each records the commit it ran at): an interrupted run resumes, and a
+wider ``--tv-grid`` runs only the new weights.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from benchmarks.provenance import git_commit  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = ("chu2023_A_alg1.json", "chu2023_A_alg1_seed1.json", "chu2023_A_alg1_seed2.json")
 SETTINGS = ("snip:0.1", "synflow:0.1")
-TV_GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+TV_GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 ATTACKS = ("gi", "sgi")
 
 
@@ -82,9 +83,10 @@ def parse_grid(text: str) -> list[float]:
     return grid
 
 
-def run_cell(result: dict, scheme: str, p: float, grid: list[float]) -> dict:
-    """Both attacks at every TV weight of ``grid`` on one (seed, setting) of a part-A
-    Alg 1 result: per attack and weight, each victim's PSNR and NMI."""
+def run_cell(result: dict, scheme: str, p: float, todo: list[tuple[str, float]],
+             commit: str) -> dict:
+    """The arms ``todo`` ((attack, TV weight) pairs) on one (seed, setting) of a part-A
+    Alg 1 result: per arm, each victim's PSNR and NMI. ``commit`` is recorded per arm."""
     from attacks import inverting_gradients, sgi
     from benchmarks.diagnose_gi_tv_scaling import tv_factor
     from benchmarks.diagnose_sgi_vs_gi import check_recorded, rebuild
@@ -99,22 +101,37 @@ def run_cell(result: dict, scheme: str, p: float, grid: list[float]) -> dict:
     key, key_name = part_a_key(result["seed"], "tv_grid", scheme, p)
     mask = sgi_mask_of(argparse.Namespace(**result["settings"]))
     arms = []
-    for attack in ATTACKS:
-        for tv in grid:
-            t0 = time.perf_counter()
-            c = {**cfg, "tv": tv}
-            recs = (inverting_gradients.run_many(obs, c, key) if attack == "gi" else
-                    sgi.run_many(obs, {**c, "upload": "weights", "mask": mask}, key))
-            scores = [score(r.x, x) for r, x in zip(recs, truths)]
-            arms.append({"attack": attack, "tv": tv,
-                         "psnr_victims": [float(b) for _, b in scores],
-                         "nmi_victims": [float(a) for a, _ in scores],
-                         "seconds": time.perf_counter() - t0})
-            print(f"  seed {result['seed']} {scheme} p={p} {attack} tv={tv:g}: PSNR "
-                  f"{np.mean(arms[-1]['psnr_victims']):.2f}", flush=True)
+    for attack, tv in todo:
+        t0 = time.perf_counter()
+        c = {**cfg, "tv": tv}
+        recs = (inverting_gradients.run_many(obs, c, key) if attack == "gi" else
+                sgi.run_many(obs, {**c, "upload": "weights", "mask": mask}, key))
+        scores = [score(r.x, x) for r, x in zip(recs, truths)]
+        arms.append({"attack": attack, "tv": tv,
+                     "psnr_victims": [float(b) for _, b in scores],
+                     "nmi_victims": [float(a) for a, _ in scores],
+                     "seconds": time.perf_counter() - t0, "commit": commit})
+        print(f"  seed {result['seed']} {scheme} p={p} {attack} tv={tv:g}: PSNR "
+              f"{np.mean(arms[-1]['psnr_victims']):.2f}", flush=True)
     return {"seed": result["seed"], "scheme": scheme, "p": p, "key": key_name,
             "attack": cfg, "tv_factor_victims": tv_factor(obs), "arms": arms,
-            "source_commit": result.get("commit"), "commit": git_commit()}
+            "source_commit": result.get("commit")}
+
+
+def missing_arms(cell: dict | None, grid: list[float]) -> list[tuple[str, float]]:
+    """The (attack, TV weight) pairs of ``grid`` that ``cell`` (None: no cell yet) lacks."""
+    have = {(a["attack"], a["tv"]) for a in (cell or {}).get("arms", [])}
+    return [(a, tv) for a in ATTACKS for tv in grid if (a, tv) not in have]
+
+
+def merge_cell(old: dict | None, new: dict, grid: list[float]) -> dict:
+    """``new`` with ``old``'s arms on ``grid`` added (the same seed, setting and key),
+    arms sorted by attack and weight."""
+    arms = [a for a in (old or {}).get("arms", []) if a["tv"] in grid] + new["arms"]
+    if old is not None and old["key"] != new["key"]:
+        raise ValueError(f"seed {new['seed']} {new['scheme']} p={new['p']}: the saved arms "
+                         f"used key {old['key']}, not {new['key']}")
+    return {**new, "arms": sorted(arms, key=lambda a: (ATTACKS.index(a["attack"]), a["tv"]))}
 
 
 def _psnr(cell: dict, attack: str, tv: float) -> list[float]:
@@ -187,8 +204,10 @@ def markdown(out: dict) -> str:
              f"masks and victims, rebuilt), attack budget {out['attack']} with the TV weight "
              f"varied over {', '.join(f'{t:g}' for t in grid)}. One paired key per (seed, "
              "setting) for both attacks and every weight. Produced by "
-             f"`python benchmarks/chu2023_tv_tuned.py {' '.join(out['argv'])}` at commit "
-             f"{out['commit']}.", "",
+             f"`python benchmarks/chu2023_tv_tuned.py {' '.join(out['argv'])}` (last run at "
+             f"commit {out['commit']}; arms run at "
+             + ", ".join(sorted({str(a.get('commit')) for c in out['cells']
+                                 for a in c['arms']})) + ").", "",
              "**held-out**: each seed's victims are scored at the weight that was best (mean "
              "PSNR) on the other seeds' victims, per attack: the verdict. **in-sample**: each "
              "attack at its best weight over all victims. SGI − GI is paired per victim; mean "
@@ -293,30 +312,39 @@ def main(argv=None) -> dict:
     dest.mkdir(parents=True, exist_ok=True)
     json_path = dest / f"{args.stem}.json"
     argv_list = list(argv if argv is not None else sys.argv[1:])
-    cells = []
-    if json_path.exists():  # resume: keep the cells of the same grid and runs
+    commit = git_commit()  # at the start: the code that runs is this commit's
+    saved = {}
+    if json_path.exists():  # resume: reuse the saved arms of the same runs
         old = json.loads(json_path.read_text())
-        if old.get("grid") == grid and old.get("runs") == names:
-            cells = [c for c in old["cells"] if (c["scheme"], c["p"]) in settings]
+        if old.get("runs") == names:
+            saved = {(c["seed"], c["scheme"], c["p"]): c for c in old["cells"]}
+            for c in saved.values():  # arms saved before commits were recorded per arm
+                for a in c["arms"]:
+                    a.setdefault("commit", c.get("commit"))
     shared = runs[0]["settings"]["attack"].get("tv")
     rest = not_run(runs, settings)
+    cells = []
+
+    def write():
+        out = {"runs": names, "grid": grid, "attack": attack, "argv": argv_list,
+               "commit": commit, "cells": cells, "settings": analyse(cells, grid, shared),
+               "not_run": rest}
+        json_path.write_text(json.dumps(out, indent=1, default=float))
+        return out
+
     for result in runs:
         for scheme, p in settings:
-            if any((c["seed"], c["scheme"], c["p"]) == (result["seed"], scheme, p)
-                   for c in cells):
+            old = saved.get((result["seed"], scheme, p))
+            todo = missing_arms(old, grid)
+            if not todo:
+                cells.append({**old, "arms": [a for a in old["arms"] if a["tv"] in grid]})
                 continue
             try:
-                cells.append(run_cell(result, scheme, p, grid))
+                cells.append(merge_cell(old, run_cell(result, scheme, p, todo, commit), grid))
             except ValueError as e:
                 ap.error(f"--settings {scheme}:{p:g}: {e}")
-            out = {"runs": names, "grid": grid, "attack": attack, "argv": argv_list,
-                   "commit": git_commit(), "cells": cells,
-                   "settings": analyse(cells, grid, shared), "not_run": rest}
-            json_path.write_text(json.dumps(out, indent=1, default=float))
-    out = {"runs": names, "grid": grid, "attack": attack, "argv": argv_list,
-           "commit": git_commit(), "cells": cells, "settings": analyse(cells, grid, shared),
-           "not_run": rest}
-    json_path.write_text(json.dumps(out, indent=1, default=float))
+            write()
+    out = write()
     md = markdown(out)
     json_path.with_suffix(".md").write_text(md)
     print(md)

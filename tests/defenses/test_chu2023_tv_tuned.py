@@ -82,6 +82,9 @@ def test_not_run_reports_the_smallest_gap_left_out():
 
 def test_markdown_and_render(tmp_path):
     cells = three_seeds()
+    for c in cells:
+        for a in c["arms"]:
+            a["commit"] = "def"
     out = {"runs": ["a.json", "b.json", "c.json"], "grid": GRID, "attack": {"iterations": 200},
            "argv": ["--tv-grid", "1e-3,1e-2"], "commit": "abc", "cells": cells,
            "settings": tuned.analyse(cells, GRID, 1e-3),
@@ -92,6 +95,7 @@ def test_markdown_and_render(tmp_path):
             in md)
     assert "| held-out | 0.01, 0.01, 0.01 | 0.01, 0.01, 0.01 |" in md
     assert "the other 17 p-axis settings" in md and "at least +5.00 dB" in md
+    assert "(last run at commit abc; arms run at def)" in md
     path = tmp_path / "x.json"
     path.write_text(json.dumps(out))
     tuned.main(["--render", str(path)])
@@ -115,3 +119,18 @@ def test_render_of_a_missing_file(capsys, tmp_path):
     with pytest.raises(SystemExit):
         tuned.main(["--render", str(tmp_path / "none.json")])
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_wider_grid_runs_only_the_new_weights():
+    old = cell(0, {1e-3: [20]}, {1e-3: [19]})
+    old["key"] = "k"
+    assert tuned.missing_arms(None, GRID) == [("gi", 1e-3), ("gi", 1e-2), ("sgi", 1e-3),
+                                              ("sgi", 1e-2)]
+    assert tuned.missing_arms(old, GRID) == [("gi", 1e-2), ("sgi", 1e-2)]
+    new = {**cell(0, {1e-2: [21]}, {1e-2: [22]}), "key": "k"}
+    merged = tuned.merge_cell(old, new, GRID)
+    assert [(a["attack"], a["tv"]) for a in merged["arms"]] == [("gi", 1e-3), ("gi", 1e-2),
+                                                                ("sgi", 1e-3), ("sgi", 1e-2)]
+    assert tuned.missing_arms(merged, GRID) == []
+    with pytest.raises(ValueError, match="used key k, not other"):
+        tuned.merge_cell(old, {**new, "key": "other"}, GRID)
