@@ -56,6 +56,8 @@ RUNS = ("chu2023_A_alg1.json", "chu2023_A_alg1_seed1.json", "chu2023_A_alg1_seed
 SETTINGS = ("snip:0.1", "synflow:0.1")
 TV_GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 ATTACKS = ("gi", "sgi")
+#: SGI with each victim's own TV weight, GI's times that victim's s = ‖Δ‖ / ‖Δ ⊙ m‖.
+SCALED = "sgi_scaled"
 
 
 def parse_settings(text: str) -> list[tuple[str, float]]:
@@ -101,7 +103,20 @@ def run_cell(result: dict, scheme: str, p: float, todo: list[tuple[str, float]],
     key, key_name = part_a_key(result["seed"], "tv_grid", scheme, p)
     mask = sgi_mask_of(argparse.Namespace(**result["settings"]))
     arms = []
+    factors = tv_factor(obs)
     for attack, tv in todo:
+        if attack == SCALED:  # victim v's reconstruction from a run at tv · s_v
+            t0 = time.perf_counter()
+            tvs = [tv * f for f in factors]
+            per = [score(sgi.run_many(obs, {**cfg, "tv": t, "upload": "weights", "mask": mask},
+                                      key)[v].x, truths[v]) for v, t in enumerate(tvs)]
+            arms.append({"attack": SCALED, "tv": tv, "tv_victims": tvs,
+                         "psnr_victims": [float(b) for _, b in per],
+                         "nmi_victims": [float(a) for a, _ in per],
+                         "seconds": time.perf_counter() - t0, "commit": commit})
+            print(f"  seed {result['seed']} {scheme} p={p} SGI at {tv:g} × s_v: PSNR "
+                  f"{np.mean(arms[-1]['psnr_victims']):.2f}", flush=True)
+            continue
         t0 = time.perf_counter()
         c = {**cfg, "tv": tv}
         recs = (inverting_gradients.run_many(obs, c, key) if attack == "gi" else
@@ -114,24 +129,35 @@ def run_cell(result: dict, scheme: str, p: float, todo: list[tuple[str, float]],
         print(f"  seed {result['seed']} {scheme} p={p} {attack} tv={tv:g}: PSNR "
               f"{np.mean(arms[-1]['psnr_victims']):.2f}", flush=True)
     return {"seed": result["seed"], "scheme": scheme, "p": p, "key": key_name,
-            "attack": cfg, "tv_factor_victims": tv_factor(obs), "arms": arms,
+            "attack": cfg, "tv_factor_victims": factors, "arms": arms,
             "source_commit": result.get("commit")}
 
 
-def missing_arms(cell: dict | None, grid: list[float]) -> list[tuple[str, float]]:
-    """The (attack, TV weight) pairs of ``grid`` that ``cell`` (None: no cell yet) lacks."""
+def missing_arms(cell: dict | None, grid: list[float],
+                 scaled_from: float | None = None) -> list[tuple[str, float]]:
+    """The (attack, TV weight) pairs of ``grid`` that ``cell`` (None: no cell yet) lacks,
+    and the per-victim scaled SGI arm from GI's weight ``scaled_from`` if asked."""
     have = {(a["attack"], a["tv"]) for a in (cell or {}).get("arms", [])}
-    return [(a, tv) for a in ATTACKS for tv in grid if (a, tv) not in have]
+    want = [(a, tv) for a in ATTACKS for tv in grid]
+    if scaled_from is not None:
+        want.append((SCALED, scaled_from))
+    return [arm for arm in want if arm not in have]
 
 
 def merge_cell(old: dict | None, new: dict, grid: list[float]) -> dict:
     """``new`` with ``old``'s arms on ``grid`` added (the same seed, setting and key),
     arms sorted by attack and weight."""
-    arms = [a for a in (old or {}).get("arms", []) if a["tv"] in grid] + new["arms"]
+    arms = [a for a in (old or {}).get("arms", []) if _kept(a, grid)] + new["arms"]
     if old is not None and old["key"] != new["key"]:
         raise ValueError(f"seed {new['seed']} {new['scheme']} p={new['p']}: the saved arms "
                          f"used key {old['key']}, not {new['key']}")
-    return {**new, "arms": sorted(arms, key=lambda a: (ATTACKS.index(a["attack"]), a["tv"]))}
+    order = ATTACKS + (SCALED,)
+    return {**new, "arms": sorted(arms, key=lambda a: (order.index(a["attack"]), a["tv"]))}
+
+
+def _kept(arm: dict, grid: list[float]) -> bool:
+    """Whether a saved arm belongs to a run on ``grid`` (a scaled arm always does)."""
+    return arm["attack"] == SCALED or arm["tv"] in grid
 
 
 def _psnr(cell: dict, attack: str, tv: float) -> list[float]:
@@ -180,8 +206,25 @@ def analyse(cells: list[dict], grid: list[float], shared_tv: float | None) -> li
             same = {a: shared_tv for a in ATTACKS}
             entry["shared"] = {"tv": shared_tv, **_paired(mine, same),
                                **_mean_psnr(mine, {a: [shared_tv] * len(mine) for a in ATTACKS})}
+        scaled = sorted({a["tv"] for c in mine for a in c["arms"] if a["attack"] == SCALED})
+        for tv in scaled:
+            if tv not in grid or not all(any(a["attack"] == SCALED and a["tv"] == tv
+                                             for a in c["arms"]) for c in mine):
+                continue
+            entry.setdefault("scaled", []).append(_scaled_entry(mine, tv))
         out.append(entry)
     return out
+
+
+def _scaled_entry(cells: list[dict], tv: float) -> dict:
+    """SGI at tv × s_v per victim against GI at tv, paired per victim."""
+    from benchmarks.reproduce_chu2023 import _paired_summary
+    sc = [v for c in cells for v in _psnr(c, SCALED, tv)]
+    gi = [v for c in cells for v in _psnr(c, "gi", tv)]
+    return {"tv": tv, "gi_psnr": float(np.mean(gi)), "sgi_psnr": float(np.mean(sc)),
+            "tv_victims": [t for c in cells for a in c["arms"]
+                           if a["attack"] == SCALED and a["tv"] == tv for t in a["tv_victims"]],
+            **_paired_summary(np.subtract(sc, gi))}
 
 
 def _paired(cells: list[dict], tv: dict) -> dict:
@@ -239,6 +282,22 @@ def markdown(out: dict) -> str:
                 f"{psnr} | {r['mean']:+.2f} | {r['ci'][0]:+.2f} to {r['ci'][1]:+.2f} | "
                 f"{r['verdict']} | {'yes' if r['mean'] >= 0 else 'no'} |")
     lines += ["", "Held-out TV weights are listed per seed, in the order of the seeds column."]
+    scaled = [(e, r) for e in out["settings"] for r in e.get("scaled", [])]
+    if scaled:
+        lines += ["", "## SGI at GI's weight × s per victim", "",
+                  "If the dummy's gradient is 0 on the pruned coordinates, GI at TV weight t "
+                  "is SGI at t · s_v for victim v (s_v = ‖Δ‖ / ‖Δ ⊙ m‖, "
+                  "`diagnose_gi_tv_scaling.py`). Each victim's SGI reconstruction comes from a "
+                  "run of all its seed's victims at that victim's weight (same key), so it "
+                  "stays paired with GI's.", "",
+                  "| setting | GI TV | SGI TV per victim | GI PSNR | SGI PSNR | SGI − GI | "
+                  "95 % CI | victims resolve |", "|---|---|---|---|---|---|---|---|"]
+        for e, r in scaled:
+            lines.append(
+                f"| {e['scheme']} p = {e['p']:g} | {r['tv']:g} | "
+                f"{min(r['tv_victims']):.3g}–{max(r['tv_victims']):.3g} | {r['gi_psnr']:.2f} | "
+                f"{r['sgi_psnr']:.2f} | {r['mean']:+.2f} | {r['ci'][0]:+.2f} to "
+                f"{r['ci'][1]:+.2f} | {r['verdict']} |")
     rest = out.get("not_run")
     if rest:
         lines.append(
@@ -282,6 +341,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--tv-grid", default=",".join(f"{t:g}" for t in TV_GRID))
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--stem", default="chu2023_tv_tuned")
+    ap.add_argument("--scaled-from", type=float, metavar="TV",
+                    help="also run SGI at TV × s_v for each victim v (s_v = ‖Δ‖ / ‖Δ ⊙ m‖): "
+                         "GI's weight TV as SGI would see it per victim, if the dummy's "
+                         "gradient is 0 on the pruned coordinates; compared with GI at TV")
     ap.add_argument("--render", metavar="JSON", help="rewrite the markdown of a results JSON")
     args = ap.parse_args(argv)
     if args.render:
@@ -291,6 +354,8 @@ def main(argv=None) -> dict:
         out = json.loads(path.read_text())
         path.with_suffix(".md").write_text(markdown(out))
         return out
+    if args.scaled_from is not None and args.scaled_from <= 0:
+        ap.error(f"--scaled-from {args.scaled_from:g}: a TV weight must be > 0")
     try:
         settings = parse_settings(args.settings)
     except ValueError as e:
@@ -335,9 +400,9 @@ def main(argv=None) -> dict:
     for result in runs:
         for scheme, p in settings:
             old = saved.get((result["seed"], scheme, p))
-            todo = missing_arms(old, grid)
+            todo = missing_arms(old, grid, args.scaled_from)
             if not todo:
-                cells.append({**old, "arms": [a for a in old["arms"] if a["tv"] in grid]})
+                cells.append({**old, "arms": [a for a in old["arms"] if _kept(a, grid)]})
                 continue
             try:
                 cells.append(merge_cell(old, run_cell(result, scheme, p, todo, commit), grid))

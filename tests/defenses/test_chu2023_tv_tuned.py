@@ -134,3 +134,42 @@ def test_a_wider_grid_runs_only_the_new_weights():
     assert tuned.missing_arms(merged, GRID) == []
     with pytest.raises(ValueError, match="used key k, not other"):
         tuned.merge_cell(old, {**new, "key": "other"}, GRID)
+
+
+def test_the_per_victim_scaled_arm_is_paired_with_gi_at_its_weight():
+    cells = three_seeds()
+    for c, ps in zip(cells, ([30, 20], [25, 25], [21, 27])):
+        c["arms"].append({"attack": tuned.SCALED, "tv": 1e-3, "tv_victims": [0.01, 0.02],
+                          "psnr_victims": ps, "nmi_victims": [0.5, 0.5]})
+    (entry,) = tuned.analyse(cells, GRID, shared_tv=1e-3)
+    (scaled,) = entry["scaled"]
+    # GI at 1e-3: 20, 22 | 20, 20 | 21, 21.
+    assert scaled["diffs"] == [10, -2, 5, 5, 0, 6]
+    assert scaled["gi_psnr"] == pytest.approx(124 / 6) and len(scaled["tv_victims"]) == 6
+    # The grid's choices do not see the scaled arm.
+    assert entry["in_sample"]["tv"] == {"gi": 1e-2, "sgi": 1e-2}
+    out = {"runs": ["a"], "grid": GRID, "attack": {}, "argv": [], "commit": "abc",
+           "cells": cells, "settings": [entry], "not_run": None}
+    md = tuned.markdown(out)
+    assert "| snip p = 0.1 | 0.001 | 0.01–0.02 | 20.67 | 24.67 | +4.00 |" in md
+    # A seed without the arm leaves it out of the comparison.
+    del cells[2]["arms"][-1]
+    (entry,) = tuned.analyse(cells, GRID, shared_tv=1e-3)
+    assert "scaled" not in entry
+
+
+def test_scaled_arm_is_asked_for_once_and_kept_on_any_grid():
+    old = {**cell(0, {1e-3: [20]}, {1e-3: [19]}), "key": "k"}
+    assert tuned.missing_arms(old, [1e-3], scaled_from=1e-3) == [(tuned.SCALED, 1e-3)]
+    new = {**cell(0, {}, {}), "key": "k"}
+    new["arms"] = [{"attack": tuned.SCALED, "tv": 1e-3, "psnr_victims": [25]}]
+    merged = tuned.merge_cell(old, new, [1e-3])
+    assert tuned.missing_arms(merged, [1e-3], scaled_from=1e-3) == []
+    assert [a["attack"] for a in tuned.merge_cell(merged, {**new, "arms": []}, [1e-2])["arms"]] \
+        == [tuned.SCALED]
+
+
+def test_scaled_from_must_be_positive(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        tuned.main(["--results", str(tmp_path), "--scaled-from", "0"])
+    assert "--scaled-from 0: a TV weight must be > 0" in capsys.readouterr().err
