@@ -89,45 +89,29 @@ def run_cell(result: dict, scheme: str, p: float, todo: list[tuple[str, float]],
              commit: str) -> dict:
     """The arms ``todo`` ((attack, TV weight) pairs) on one (seed, setting) of a part-A
     Alg 1 result: per arm, each victim's PSNR and NMI. ``commit`` is recorded per arm."""
-    from attacks import inverting_gradients, sgi
-    from benchmarks.diagnose_gi_tv_scaling import tv_factor
-    from benchmarks.diagnose_sgi_vs_gi import check_recorded, rebuild
-    from benchmarks.reproduce_chu2023 import part_a_key, score, sgi_mask_of
+    from benchmarks.diagnose_gi_tv_scaling import attack_scores, rebuilt_setting, tv_factor
+    from benchmarks.reproduce_chu2023 import part_a_key
 
-    built = list(rebuild(result, "alg1", only=(scheme, p)))
-    if not built:
-        raise ValueError(f"{scheme} p={p} is not on the p axis of seed {result['seed']}'s run")
-    _, _, obs, truths, stats = built[0]
-    check_recorded(result, {(scheme, p): [s["pruned_grad_share"] for s in stats]})
-    cfg = dict(result["settings"]["attack"])
+    obs, truths, cfg = rebuilt_setting(result, scheme, p)
     key, key_name = part_a_key(result["seed"], "tv_grid", scheme, p)
-    mask = sgi_mask_of(argparse.Namespace(**result["settings"]))
     arms = []
     factors = tv_factor(obs)
     for attack, tv in todo:
-        if attack == SCALED:  # victim v's reconstruction from a run at tv · s_v
-            t0 = time.perf_counter()
-            tvs = [tv * f for f in factors]
-            per = [score(sgi.run_many(obs, {**cfg, "tv": t, "upload": "weights", "mask": mask},
-                                      key)[v].x, truths[v]) for v, t in enumerate(tvs)]
-            arms.append({"attack": SCALED, "tv": tv, "tv_victims": tvs,
-                         "psnr_victims": [float(b) for _, b in per],
-                         "nmi_victims": [float(a) for a, _ in per],
-                         "seconds": time.perf_counter() - t0, "commit": commit})
-            print(f"  seed {result['seed']} {scheme} p={p} SGI at {tv:g} × s_v: PSNR "
-                  f"{np.mean(arms[-1]['psnr_victims']):.2f}", flush=True)
-            continue
         t0 = time.perf_counter()
-        c = {**cfg, "tv": tv}
-        recs = (inverting_gradients.run_many(obs, c, key) if attack == "gi" else
-                sgi.run_many(obs, {**c, "upload": "weights", "mask": mask}, key))
-        scores = [score(r.x, x) for r, x in zip(recs, truths)]
-        arms.append({"attack": attack, "tv": tv,
+        if attack == SCALED:  # victim v's reconstruction from a run at tv · s_v
+            tvs = [tv * f for f in factors]
+            scores = [attack_scores("sgi", obs, truths, {**cfg, "tv": t}, key, result)[v]
+                      for v, t in enumerate(tvs)]
+        else:
+            tvs = None
+            scores = attack_scores(attack, obs, truths, {**cfg, "tv": tv}, key, result)
+        arms.append({"attack": attack, "tv": tv, **({"tv_victims": tvs} if tvs else {}),
                      "psnr_victims": [float(b) for _, b in scores],
                      "nmi_victims": [float(a) for a, _ in scores],
                      "seconds": time.perf_counter() - t0, "commit": commit})
-        print(f"  seed {result['seed']} {scheme} p={p} {attack} tv={tv:g}: PSNR "
-              f"{np.mean(arms[-1]['psnr_victims']):.2f}", flush=True)
+        print(f"  seed {result['seed']} {scheme} p={p} {attack} tv={tv:g}"
+              f"{' × s_v' if tvs else ''}: PSNR {np.mean(arms[-1]['psnr_victims']):.2f}",
+              flush=True)
     return {"seed": result["seed"], "scheme": scheme, "p": p, "key": key_name,
             "attack": cfg, "tv_factor_victims": factors, "arms": arms,
             "source_commit": result.get("commit")}

@@ -44,18 +44,39 @@ def tv_factor(observations) -> list[float]:
     return [norm(o.update) / norm(from_weight_upload(o).update) for o in observations]
 
 
-def run(result: dict, scheme: str, p: float) -> dict:
-    """The three arms on ``(scheme, p)`` of an Alg 1 part-A result."""
-    from attacks import inverting_gradients, sgi
+def rebuilt_setting(result: dict, scheme: str, p: float):
+    """``(observations, true images, attack settings)`` of ``(scheme, p)`` of an Alg 1
+    part-A result: its model, mask and victims rebuilt and checked against the
+    shares the rows recorded."""
     from benchmarks.diagnose_sgi_vs_gi import check_recorded, rebuild
-    from benchmarks.reproduce_chu2023 import part_a_key, score, sgi_mask_of
 
     built = list(rebuild(result, "alg1", only=(scheme, p)))
     if not built:
-        raise ValueError(f"{scheme} p={p} is not on the result's p axis")
+        raise ValueError(f"{scheme} p={p} is not on the p axis of seed {result['seed']}'s run")
     _, _, obs, truths, stats = built[0]
     check_recorded(result, {(scheme, p): [s["pruned_grad_share"] for s in stats]})
-    cfg = dict(result["settings"]["attack"])
+    return obs, truths, dict(result["settings"]["attack"])
+
+
+def attack_scores(attack: str, obs, truths, cfg: dict, key, result: dict) -> list:
+    """``(NMI, PSNR)`` per victim of GI (``"gi"``) or SGI (``"sgi"``, weight uploads, the
+    mask rule of ``result``'s settings) run on ``obs`` with ``cfg`` and ``key``."""
+    from attacks import inverting_gradients, sgi
+    from benchmarks.reproduce_chu2023 import score, sgi_mask_of
+
+    if attack == "gi":
+        recs = inverting_gradients.run_many(obs, cfg, key)
+    else:
+        mask = sgi_mask_of(argparse.Namespace(**result["settings"]))
+        recs = sgi.run_many(obs, {**cfg, "upload": "weights", "mask": mask}, key)
+    return [score(r.x, x) for r, x in zip(recs, truths)]
+
+
+def run(result: dict, scheme: str, p: float) -> dict:
+    """The three arms on ``(scheme, p)`` of an Alg 1 part-A result."""
+    from benchmarks.reproduce_chu2023 import part_a_key
+
+    obs, truths, cfg = rebuilt_setting(result, scheme, p)
     factors = tv_factor(obs)
     s = float(np.mean(factors))
     key, key_name = part_a_key(result["seed"], "tv_probe", scheme, p)
@@ -63,11 +84,7 @@ def run(result: dict, scheme: str, p: float) -> dict:
     for name, attack, tv in (("gi", "gi", cfg["tv"]), ("sgi", "sgi", cfg["tv"]),
                              ("sgi_tv_scaled", "sgi", cfg["tv"] * s)):
         t0 = time.perf_counter()
-        c = {**cfg, "tv": tv}
-        recs = (inverting_gradients.run_many(obs, c, key) if attack == "gi"
-                else sgi.run_many(obs, {**c, "upload": "weights", "mask": sgi_mask_of(
-                    argparse.Namespace(**result["settings"]))}, key))
-        sc = [score(r.x, x) for r, x in zip(recs, truths)]
+        sc = attack_scores(attack, obs, truths, {**cfg, "tv": tv}, key, result)
         arms[name] = {"attack": attack, "tv": tv, "psnr_victims": [b for _, b in sc],
                       "nmi_victims": [a for a, _ in sc], "psnr": float(np.mean([b for _, b in sc])),
                       "nmi": float(np.mean([a for a, _ in sc])),
