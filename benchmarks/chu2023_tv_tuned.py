@@ -26,9 +26,17 @@ Two ways of choosing each attack's TV weight, both reported:
 SGI − GI is then paired per victim (same victims, same key) and pooled over
 seeds: mean and 95 % t interval, as part A's paired table computes them.
 
+With ``--scaled-from t`` SGI also runs at t · s_v for each victim v, where
+s_v = ‖Δ‖ / ‖Δ ⊙ m‖ (``diagnose_gi_tv_scaling.tv_factor``, read off the upload):
+the weight GI at t has for that victim if the dummy's gradient is 0 on the pruned
+coordinates. It is compared with GI at t, paired per victim.
+
 Usage::
 
     python benchmarks/chu2023_tv_tuned.py                  # SNIP and SynFlow p = 0.1
+    python benchmarks/chu2023_tv_tuned.py --stem chu2023_tv_tuned_fine \
+        --tv-grid 1e-4,2e-4,3e-4,5e-4,1e-3,2e-3,3e-3,5e-3,1e-2,2e-2,3e-2,5e-2,1e-1 \
+        --scaled-from 1e-3                                 # the committed fine run
     python benchmarks/chu2023_tv_tuned.py --render benchmarks/results/chu2023_tv_tuned.json
 
 → ``benchmarks/results/chu2023_tv_tuned.{json,md}``. The JSON is written after each
@@ -284,10 +292,10 @@ def markdown(out: dict) -> str:
                 f"{r['ci'][1]:+.2f} | {r['verdict']} |")
     rest = out.get("not_run")
     if rest:
-        lines.append(
-            f"Not run here: the other {rest['settings']} p-axis settings of these runs. At "
+        lines += [
+            "", f"Not run here: the other {rest['settings']} p-axis settings of these runs. At "
             f"the shared weight SGI − GI is at least {rest['min_gap']:+.2f} dB at each of them "
-            f"in each run ({rest['where']}, the runs' own rows).")
+            f"in each run ({rest['where']}, the runs' own rows)."]
     return "\n".join(lines + [""])
 
 
