@@ -344,6 +344,13 @@ def main(argv=None) -> dict:
         if not path.exists():
             ap.error(f"--render {args.render}: no such file")
         out = json.loads(path.read_text())
+        try:  # the runs at hand: recount what was not run (an interrupted run's cells)
+            runs = _load_runs(Path(args.results), out["runs"])
+        except FileNotFoundError:
+            runs = None
+        if runs is not None:
+            out["not_run"] = not_run(runs, {(c["scheme"], c["p"]) for c in out["cells"]})
+            path.write_text(json.dumps(out, indent=1, default=float))
         path.with_suffix(".md").write_text(markdown(out))
         return out
     if args.scaled_from is not None and args.scaled_from <= 0:
@@ -379,13 +386,12 @@ def main(argv=None) -> dict:
                 for a in c["arms"]:
                     a.setdefault("commit", c.get("commit"))
     shared = runs[0]["settings"]["attack"].get("tv")
-    rest = not_run(runs, settings)
     cells = []
 
-    def write():
+    def write():  # "not_run" counts the settings without cells, so an interrupted run says so
         out = {"runs": names, "grid": grid, "attack": attack, "argv": argv_list,
                "commit": commit, "cells": cells, "settings": analyse(cells, grid, shared),
-               "not_run": rest}
+               "not_run": not_run(runs, {(c["scheme"], c["p"]) for c in cells})}
         json_path.write_text(json.dumps(out, indent=1, default=float))
         return out
 

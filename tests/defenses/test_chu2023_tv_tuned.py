@@ -173,3 +173,18 @@ def test_scaled_from_must_be_positive(capsys, tmp_path):
     with pytest.raises(SystemExit):
         tuned.main(["--results", str(tmp_path), "--scaled-from", "0"])
     assert "--scaled-from 0: a TV weight must be > 0" in capsys.readouterr().err
+
+
+def test_render_recounts_the_settings_not_run_from_the_runs_at_hand(tmp_path):
+    rows = [_row("random", 0.1, "gi", [10, 10]), _row("random", 0.1, "sgi", [20, 22]),
+            _row("snip", 0.1, "gi", [26, 26]), _row("snip", 0.1, "sgi", [24, 24])]
+    (tmp_path / "a.json").write_text(json.dumps({"seed": 0, "rows": rows}))
+    cells = [cell(0, {1e-3: [20, 22]}, {1e-3: [19, 19]})]  # snip p = 0.1 only
+    out = {"runs": ["a.json"], "grid": [1e-3], "attack": {}, "argv": [], "commit": "abc",
+           "cells": cells, "settings": tuned.analyse(cells, [1e-3], 1e-3),
+           "not_run": {"settings": 0, "min_gap": 0.0, "where": "stale"}}
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(out))
+    tuned.main(["--render", str(path), "--results", str(tmp_path)])
+    assert json.loads(path.read_text())["not_run"]["where"] == "random p = 0.1, seed 0"
+    assert "the other 1 p-axis settings" in path.with_suffix(".md").read_text()
