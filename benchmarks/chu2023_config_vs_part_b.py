@@ -105,6 +105,7 @@ def main(argv=None) -> dict:
     fl = fl_config(argparse.Namespace(**{**vars(args), "observer_fill": cfg.observer.fill}),
                    recorded["seed"], rounds, observe)
     fl_recorded = fl_config(args, recorded["seed"], rounds, observe)
+    commit = git_commit()  # at start: the code this process loaded
     t0 = time.perf_counter()
     ref = train_b(argparse.Namespace(**{**vars(args), "pseudo_start": "masked"}), ds, fl,
                   "priprune")
@@ -132,7 +133,7 @@ def main(argv=None) -> dict:
     config_as_recorded = [a == b for a, b in zip(acc_cfg, acc_rec)]
     first_diff = next((i for i, s in enumerate(same_as_recorded) if not s), None)
     result = {
-        "commit": git_commit(), "device": f"{jax.default_backend()} ({platform.machine()})",
+        "commit": commit, "device": f"{jax.default_backend()} ({platform.machine()})",
         "rounds": rounds, "config": str(CONFIG.relative_to(ROOT)),
         "recorded_commit": recorded["commit"], "recorded_pseudo_start": recorded_start,
         "config_equals_train_b_every_round": all(equal),

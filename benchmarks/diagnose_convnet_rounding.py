@@ -35,6 +35,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from benchmarks.diagnostic_run import checked_models, run_record  # noqa: E402
+from benchmarks.provenance import git_commit  # noqa: E402
 from benchmarks.results_io import write_json_and_markdown  # noqa: E402
 from fedsim.simulation import Simulation  # noqa: E402
 from tests.fedsim.helpers import small_config, small_dataset  # noqa: E402
@@ -72,9 +73,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     models = checked_models(ap, args.models)
+    commit = git_commit()  # at start: the code this process loaded
     t0 = time.perf_counter()
     rows = [r for m in models for r in measure(m)]
-    result = run_record(rows, "diagnose_convnet_rounding", models, MODELS, time.perf_counter() - t0)
+    result = run_record(rows, "diagnose_convnet_rounding", models, MODELS, time.perf_counter() - t0,
+                        commit)
     lines = ["# One client's update against a rounding-sized change of its start weights", "",
              f"Produced by `{result['command']}` at commit {result['commit']}, "
              f"{result['device']}, {result['seconds']:.0f} s. Every start weight times 1 + ε; "

@@ -134,11 +134,12 @@ def main(argv=None) -> None:
         ap.error(f"--results {args.results}: no chu2023_A_alg1.json (run reproduce_chu2023.py "
                  "--quick --parts A --a-protocol alg1 first)")
     result = json.loads(path.read_text())
+    commit = git_commit()  # at start: the code this process loaded
     try:
         out = run(result, args.scheme, args.p)
     except ValueError as e:
         ap.error(f"--scheme {args.scheme} --p {args.p}: {e}")
-    out.update(file=path.name, source_commit=result.get("commit"), commit=git_commit())
+    out.update(file=path.name, source_commit=result.get("commit"), commit=commit)
     dest = Path(args.out)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "gi_tv_scaling.json").write_text(json.dumps(out, indent=1, default=float))

@@ -223,6 +223,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not args.results.is_file():
         ap.error(f"--results {args.results}: no such file")
+    commit = git_commit()  # at start: the code this process loaded
     t0 = time.perf_counter()
     results = json.loads(args.results.read_text())
     a = gs_settings(results)
@@ -254,7 +255,7 @@ def main(argv=None):
     ours = [round(s["last_rounds_mean"], 4) for s in runs["none"]["summary"]]
     committed = [round(v, 4) for v in committed_accuracies(results, "gs", "none", 0.0)]
     res = {"command": " ".join(["benchmarks/diagnose_gs_accuracy_chaos.py"] + (argv or sys.argv[1:])),
-           "commit": git_commit(), "results_file": str(args.results),
+           "commit": commit, "results_file": str(args.results),
            "results_commit": results["parts_run"]["gs"].get("git_commit", "unknown"),
            "settings": vars(a), "fl_seeds": fl_seeds, "lr_factor": LR_FACTOR,
            "chance_exit": CHANCE_EXIT, "gc_share": share, "runs": runs,

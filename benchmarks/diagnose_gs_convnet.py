@@ -133,6 +133,7 @@ def main(argv=None):
                      f"got {getattr(a, opt)!r}")
         picked[opt] = vals
 
+    commit = git_commit()  # at start: the code this process loaded
     t0 = time.perf_counter()
     from fedsim.data import load_dataset
     ds = load_dataset("fashion_mnist", image_size=a.image_size)
@@ -188,7 +189,7 @@ def main(argv=None):
 
     command = " ".join(["python -m benchmarks.diagnose_gs_convnet"] +
                        (argv if argv is not None else sys.argv[1:]))
-    res = {"command": command, "git_commit": git_commit(), "seed": a.seed,
+    res = {"command": command, "git_commit": commit, "seed": a.seed,
            "device": f"{jax.default_backend()} ({platform.machine()}, {os.cpu_count()} cpus)",
            "jax": jax.__version__, "width": a.width, "image_size": a.image_size,
            "iterations": a.iterations, "victims": victims, "pixel_mean": mean,

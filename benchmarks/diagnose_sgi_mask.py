@@ -109,6 +109,7 @@ def main(argv=None) -> dict:
     if pairs[order[0]]["sgi"].get("attack_key") != key_name:
         raise SystemExit(f"the rows' attack key is not {key_name}")
     config = result["settings"]["attack"]
+    commit = git_commit()  # at start: the code this process loaded
     t0 = time.perf_counter()
     with models.conv_implementation(args.conv):
         x_gi = attack(obs_all, config, key, None, range(V))
@@ -135,7 +136,7 @@ def main(argv=None) -> dict:
                      "sgi_model_nmi_victims": [a for a, _ in sc["model"]]})
     holds = {m: [r for r in rows if r[f"sgi_{m}_psnr"] >= r["gi_psnr"]]
              for m in ("support_recorded", "support", "model")}
-    out = {"commit": git_commit(), "device": f"cpu ({platform.machine()})",
+    out = {"commit": commit, "device": f"cpu ({platform.machine()})",
            "result": Path(args.result).name, "result_commit": result["commit"],
            "convolution": args.conv, "attack": config, "attack_key": key_name,
            "victims_per_setting": V, "seconds": seconds,

@@ -39,6 +39,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from benchmarks.diagnostic_run import checked_models, run_record  # noqa: E402
+from benchmarks.provenance import git_commit  # noqa: E402
 from benchmarks.results_io import write_json_and_markdown  # noqa: E402
 from fedsim.models import MODEL_REGISTRY, ConvNet  # noqa: E402
 from fedsim.simulation import Simulation  # noqa: E402
@@ -119,9 +120,11 @@ def main(argv=None) -> dict:
         MODEL_REGISTRY.setdefault(name, lambda num_classes=10, bn=batch_norm: ConvNet(
             num_classes, width=4, batch_norm=bn))
     models = checked_models(ap, args.models)
+    commit = git_commit()  # at start: the code this process loaded
     t0 = time.perf_counter()
     rows = [measure(m, b, u) for m in models for b in batch_sizes for u in UNROLL]
-    result = run_record(rows, "diagnose_vmap_rounding", models, MODELS, time.perf_counter() - t0)
+    result = run_record(rows, "diagnose_vmap_rounding", models, MODELS, time.perf_counter() - t0,
+                        commit)
     if batch_sizes != list(BATCH_SIZES):
         result["command"] += f" --batch-sizes {','.join(map(str, batch_sizes))}"
     lines = ["# Vmapped clients against each client alone, in float32 and float64", "",

@@ -7,7 +7,6 @@ import platform
 
 import jax
 
-from benchmarks.provenance import git_commit
 
 
 def checked_models(ap: argparse.ArgumentParser, text: str) -> list[str]:
@@ -23,9 +22,11 @@ def checked_models(ap: argparse.ArgumentParser, text: str) -> list[str]:
 
 
 def run_record(rows: list, module: str, models: list[str], default: tuple[str, ...],
-               seconds: float) -> dict:
-    """The results JSON: rows, commit, seconds, device, and the command that reruns it."""
-    return {"rows": rows, "commit": git_commit(), "seconds": seconds,
+               seconds: float, commit: str) -> dict:
+    """The results JSON: rows, ``commit`` (:func:`git_commit` read when the run
+    started, so a commit made while it ran is not recorded), seconds, device, and
+    the command that reruns it."""
+    return {"rows": rows, "commit": commit, "seconds": seconds,
             "device": f"{jax.devices()[0].platform} ({platform.machine()})",
             "command": f"python -m benchmarks.{module}"
                        + ("" if models == list(default) else f" --models {','.join(models)}")}

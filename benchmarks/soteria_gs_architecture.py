@@ -472,6 +472,7 @@ def main(argv=None):
         seed=a.seed, victims=a.victims, image_size=a.image_size, lr=0.01, attack_lr=1.0,
         gs_iters=a.iterations, gs_lr=a.attack_lr, gs_extra=gs_extra, soteria_gs=p_fc,
         gc_gs=[0.01], sigmas_gs=[1e-4], dp_sigma=a.dp_sigma, baselines=baselines)
+    commit = git_commit()  # at start: the code this process loaded
     t0 = time.perf_counter()
 
     def log(msg):
@@ -490,7 +491,7 @@ def main(argv=None):
              "attack": "gs", **metrics[(d, p)]} for d, p in grid]
     command = " ".join(["python -m benchmarks.soteria_gs_architecture"] +
                        (argv if argv is not None else sys.argv[1:]))
-    res = {"command": command, "git_commit": git_commit(), "seed": a.seed,
+    res = {"command": command, "git_commit": commit, "seed": a.seed,
            "device": f"{jax.default_backend()} ({platform.machine()}, {os.cpu_count()} cpus)",
            "jax": jax.__version__, "model": model, "width": a.width,
            "image_size": a.image_size, "fc_inputs": fc_inputs, "iterations": a.iterations,

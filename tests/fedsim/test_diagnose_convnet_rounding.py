@@ -7,10 +7,16 @@ import pytest
 from benchmarks import diagnose_convnet_rounding as D
 
 
-def test_the_mlps_update_moves_by_roundings_size_and_the_files_say_how_they_were_made(tmp_path):
+def test_the_mlps_update_moves_by_roundings_size_and_the_files_say_how_they_were_made(
+        tmp_path, monkeypatch):
+    # The commit is read once, when the run starts: a commit made while it runs
+    # (a later read) is not the code that ran.
+    reads = iter(f"commit-{i}" for i in range(100))
+    monkeypatch.setattr(D, "git_commit", lambda: next(reads))
     result = D.main(["--models", "mlp", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "diagnose_convnet_rounding.json").read_text())
     assert saved["rows"] == result["rows"]
+    assert saved["commit"] == "commit-0"
     assert [(r["client"], r["epsilon"]) for r in saved["rows"]] == [(0, 1e-7), (0, 1e-6),
                                                                     (3, 1e-7), (3, 1e-6)]
     for r in saved["rows"]:

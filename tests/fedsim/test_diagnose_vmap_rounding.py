@@ -7,11 +7,16 @@ import pytest
 from benchmarks import diagnose_vmap_rounding as D
 
 
-def test_the_mlps_vmapped_and_single_clients_agree_and_sit_near_float64(tmp_path):
+def test_the_mlps_vmapped_and_single_clients_agree_and_sit_near_float64(tmp_path, monkeypatch):
     # Ten local steps (B = 16): where the batch order must match across precisions.
+    # The commit is read once, when the run starts: a commit made while it runs
+    # (a later read) is not the code that ran.
+    reads = iter(f"commit-{i}" for i in range(100))
+    monkeypatch.setattr(D, "git_commit", lambda: next(reads))
     result = D.main(["--models", "mlp", "--batch-sizes", "16", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "diagnose_vmap_rounding.json").read_text())
     assert saved["rows"] == result["rows"]
+    assert saved["commit"] == "commit-0"
     assert [(r["batch_size"], r["unroll_steps"]) for r in saved["rows"]] == [(16, 0), (16, 32)]
     for r in saved["rows"]:
         assert r["model"] == "mlp" and len(r["clients"]) == 3
