@@ -58,6 +58,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, too
 
 from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.results_file import read_or_exit  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = ("chu2023_A_alg1.json", "chu2023_A_alg1_seed1.json", "chu2023_A_alg1_seed2.json")
@@ -341,9 +342,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.render:
         path = Path(args.render)
-        if not path.exists():
-            ap.error(f"--render {args.render}: no such file")
-        out = json.loads(path.read_text())
+        out = read_or_exit(ap, path, "--render")
         try:  # the runs at hand: recount what was not run (an interrupted run's cells)
             runs = _load_runs(Path(args.results), out["runs"])
         except FileNotFoundError:

@@ -59,6 +59,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's fedsim, not an installed one
 from benchmarks.provenance import git_commit, short_commit  # noqa: E402
+from benchmarks.results_file import read_or_exit  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = ROOT / "configs" / "quickstart.yaml"
@@ -215,9 +216,7 @@ def main(argv=None):
     base_ks = _ks(ap, "--baseline-ks", args.baseline_ks) if args.baseline_ks else ks
     if args.render:
         path = Path(args.out) / "compile_time_cpu.json"
-        if not path.is_file():
-            ap.error(f"--render needs {path}")
-        result = json.loads(path.read_text())
+        result = read_or_exit(ap, path, "--render (reads --out's compile_time_cpu.json)")
         result["summary"] = summarize(result["rows"], result["rounds_full"])
         path.write_text(json.dumps(result, indent=1))
         (Path(args.out) / "compile_time_cpu.md").write_text(markdown(result))

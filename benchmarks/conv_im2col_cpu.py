@@ -57,6 +57,7 @@ if str(ROOT) not in sys.path:
 from attacks import dlg, inverting_gradients  # noqa: E402
 from attacks.api import observation_from_gradient  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.results_file import read_or_exit  # noqa: E402
 from fedsim import models  # noqa: E402
 from fedsim.client import cross_entropy  # noqa: E402
 
@@ -295,9 +296,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.render:
         path = Path(args.render)
-        if not path.is_file():
-            ap.error(f"--render: no such file {path}")
-        result = json.loads(path.read_text())
+        result = read_or_exit(ap, path, "--render")
         path.with_suffix(".md").write_text(render_markdown(result))
         return result
     for name, values in (("--train-batches", args.train_batches),

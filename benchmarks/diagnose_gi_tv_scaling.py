@@ -122,6 +122,7 @@ def markdown(out: dict) -> str:
 
 def main(argv=None) -> None:
     from benchmarks.provenance import git_commit
+    from benchmarks.results_file import read_or_exit
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(RESULTS), help="folder holding chu2023_A_alg1.json")
     ap.add_argument("--out", default=str(RESULTS),
@@ -133,7 +134,7 @@ def main(argv=None) -> None:
     if not path.exists():
         ap.error(f"--results {args.results}: no chu2023_A_alg1.json (run reproduce_chu2023.py "
                  "--quick --parts A --a-protocol alg1 first)")
-    result = json.loads(path.read_text())
+    result = read_or_exit(ap, path, "--results")
     commit = git_commit()  # at start: the code this process loaded
     try:
         out = run(result, args.scheme, args.p)

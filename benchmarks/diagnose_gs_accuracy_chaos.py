@@ -53,6 +53,7 @@ import numpy as np
 
 from benchmarks import reproduce_sun2021 as sun
 from benchmarks.provenance import git_commit, short_commit
+from benchmarks.results_file import read_or_exit
 from defenses.pruning import magnitude_prune
 from fedsim.client import masked_mean_loss
 from fedsim.data import load_dataset
@@ -225,7 +226,7 @@ def main(argv=None):
         ap.error(f"--results {args.results}: no such file")
     commit = git_commit()  # at start: the code this process loaded
     t0 = time.perf_counter()
-    results = json.loads(args.results.read_text())
+    results = read_or_exit(ap, args.results, "--results")
     a = gs_settings(results)
     dataset = load_dataset(a.dataset, image_size=a.image_size)
     if a.gs_max_test:

@@ -262,7 +262,9 @@ def main(argv=None) -> None:
     if not path.exists():
         ap.error(f"--results {path}: no such file (run `python -m benchmarks.reproduce_chu2023 "
                  "--quick --parts B` first)")
-    result = json.loads(path.read_text())
+    from benchmarks.results_file import read_or_exit
+
+    result = read_or_exit(ap, path, "--results")
     if not any(r.get("part") == "B" for r in result.get("rows", [])):
         ap.error(f"--results {path}: no part-B rows")
     import jax

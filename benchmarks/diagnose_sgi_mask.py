@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.provenance import git_commit, short_commit  # noqa: E402
+from benchmarks.results_file import read_or_exit  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -93,7 +94,7 @@ def main(argv=None) -> dict:
     from benchmarks.reproduce_chu2023 import part_a_key, score
     from fedsim import models
 
-    result = json.loads(Path(args.result).read_text())
+    result = read_or_exit(ap, args.result, "--result")
     if result["settings"].get("a_protocol", "pruned_model") != "pruned_model":
         raise SystemExit("diagnose_sgi_mask: a part A made under the pruned_model protocol")
     pairs = p_axis(result["rows"])

@@ -57,6 +57,7 @@ from attacks.metrics import mse as mse_metric, psnr as psnr_metric  # noqa: E402
 from attacks.representation import (fc_kernels, infer_classes, infer_representations,  # noqa: E402
                                     largest_gap_ratio, representation_correlation)
 from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.results_file import read_or_exit  # noqa: E402
 from defenses.dp.update_noise import update_gaussian, update_laplace  # noqa: E402
 from defenses.pruning import magnitude_prune  # noqa: E402
 from defenses.soteria import representation, soteria, soteria_gradient  # noqa: E402
@@ -808,6 +809,7 @@ def main(argv=None):
                     help="only re-render markdown/PNGs from an existing results JSON")
     a = ap.parse_args(argv)
     if a.render:
+        read_or_exit(ap, a.render, "--render")  # a bad file is named before render reads it
         render(a.render)
         return
     q = a.quick

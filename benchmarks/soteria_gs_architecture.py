@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import reproduce_sun2021 as sun  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.results_file import read_or_exit  # noqa: E402
 from defenses.soteria import num_pruned_features, representation  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.models import CONVNET_INITS  # noqa: E402
@@ -441,7 +442,7 @@ def main(argv=None):
     if a.render:
         # The bound is derived from the rows: recompute it (an older JSON may lack
         # the per-baseline bounds) and rewrite both files.
-        res = json.loads(Path(a.render).read_text())
+        res = read_or_exit(ap, a.render, "--render")
         res["bound"] = ratio_bound(res["rows"], res.get("baselines", BASELINES))
         Path(a.render).write_text(json.dumps(res, indent=1))
         write_markdown(res, Path(a.render).with_suffix(".md"))

@@ -57,6 +57,7 @@ from attacks import inverting_gradients  # noqa: E402
 from attacks.api import observation_from_gradient  # noqa: E402
 from benchmarks.conv_im2col_cpu import dlg_objective, time_run_many, time_traced  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.results_file import read_or_exit  # noqa: E402
 from fedsim import models  # noqa: E402
 from fedsim.client import cross_entropy  # noqa: E402
 
@@ -198,9 +199,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.render:
         path = Path(args.render)
-        if not path.is_file():
-            ap.error(f"--render: no such file {path}")
-        path.with_suffix(".md").write_text(render_markdown(json.loads(path.read_text())))
+        path.with_suffix(".md").write_text(render_markdown(read_or_exit(ap, path, "--render")))
         return None
     for name in ("attack_batches", "attack_instances", "train_batches", "train_instances",
                  "end_to_end_batches"):
