@@ -14,9 +14,12 @@ Usage: ``python benchmarks/sgi_attack_noise.py`` → ``benchmarks/results/sgi_at
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, too
+
+from benchmarks.results_file import read_or_exit  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -80,7 +83,7 @@ def main(argv=None):
     if missing:
         ap.error(f"missing {', '.join(missing)}: run benchmarks/diagnose_sgi_p_trend.py and "
                  "benchmarks/reproduce_chu2023.py --quick --parts A --a-trained-rounds 30")
-    trend, trained = (json.loads(f.read_text()) for f in files)
+    trend, trained = (read_or_exit(ap, f, "--results") for f in files)
     try:
         pairs = paired_states(trend, trained)
     except ValueError as e:
