@@ -297,6 +297,10 @@ def markdown(out: dict) -> str:
             "", f"Not run here: the other {rest['settings']} p-axis settings of these runs. At "
             f"the shared weight SGI − GI is at least {rest['min_gap']:+.2f} dB at each of them "
             f"in each run ({rest['where']}, the runs' own rows)."]
+    for miss in out.get("not_rebuilt", []):
+        lines += ["", f"Not rebuilt, so skipped (and counted above if no other seed ran it): "
+                      f"{miss['scheme']} p = {miss['p']:g} at seed {miss['seed']}. "
+                      f"{miss['reason']}."]
     return "\n".join(lines + [""])
 
 
@@ -385,12 +389,13 @@ def main(argv=None) -> dict:
                 for a in c["arms"]:
                     a.setdefault("commit", c.get("commit"))
     shared = runs[0]["settings"]["attack"].get("tv")
-    cells = []
+    cells, not_rebuilt = [], []
 
     def write():  # "not_run" counts the settings without cells, so an interrupted run says so
         out = {"runs": names, "grid": grid, "attack": attack, "argv": argv_list,
                "commit": commit, "cells": cells, "settings": analyse(cells, grid, shared),
-               "not_run": not_run(runs, {(c["scheme"], c["p"]) for c in cells})}
+               "not_run": not_run(runs, {(c["scheme"], c["p"]) for c in cells}),
+               "not_rebuilt": not_rebuilt}
         json_path.write_text(json.dumps(out, indent=1, default=float))
         return out
 
@@ -402,7 +407,18 @@ def main(argv=None) -> dict:
                 cells.append({**old, "arms": [a for a in old["arms"] if _kept(a, grid)]})
                 continue
             try:
-                cells.append(merge_cell(old, run_cell(result, scheme, p, todo, commit), grid))
+                new = run_cell(result, scheme, p, todo, commit)
+            except ValueError as e:
+                # This run's models are not what the current code rebuilds (a scheme
+                # fixed since the run was made): skipped and recorded, the rest goes on.
+                not_rebuilt.append({"seed": result["seed"], "scheme": scheme, "p": p,
+                                    "reason": str(e)})
+                print(f"  seed {result['seed']} {scheme} p={p}: not rebuilt, skipped: {e}",
+                      flush=True)
+                write()
+                continue
+            try:
+                cells.append(merge_cell(old, new, grid))
             except ValueError as e:
                 ap.error(f"--settings {scheme}:{p:g}: {e}")
             write()

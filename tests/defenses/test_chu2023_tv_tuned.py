@@ -188,3 +188,33 @@ def test_render_recounts_the_settings_not_run_from_the_runs_at_hand(tmp_path):
     tuned.main(["--render", str(path), "--results", str(tmp_path)])
     assert json.loads(path.read_text())["not_run"]["where"] == "random p = 0.1, seed 0"
     assert "the other 1 p-axis settings" in path.with_suffix(".md").read_text()
+
+
+def test_a_setting_the_code_no_longer_rebuilds_is_skipped_recorded_and_the_rest_runs(
+        tmp_path, monkeypatch, capsys):
+    # A part-A run made before a scheme was fixed: its models are not what the current
+    # code rebuilds there. That setting is recorded and skipped; the others still run.
+    rows = [_row("random", 0.1, "gi", [10, 10]), _row("random", 0.1, "sgi", [20, 22]),
+            _row("snip", 0.1, "gi", [26, 26]), _row("snip", 0.1, "sgi", [24, 24])]
+    (tmp_path / "a.json").write_text(json.dumps(
+        {"seed": 0, "rows": rows, "settings": {"attack": {"tv": 1e-3, "iterations": 2}}}))
+
+    def fake_run_cell(result, scheme, p, todo, commit):
+        if scheme == "random":
+            raise ValueError("random p=0.1: recomputed pruned shares differ: not part A's models")
+        return {**cell(0, {1e-3: [20, 22]}, {1e-3: [19, 19]}), "key": "k"}
+
+    monkeypatch.setattr(tuned, "run_cell", fake_run_cell)
+    out = tuned.main(["--results", str(tmp_path), "--runs", "a.json", "--out", str(tmp_path),
+                      "--settings", "random:0.1,snip:0.1", "--tv-grid", "1e-3"])
+    assert [(c["scheme"], c["p"]) for c in out["cells"]] == [("snip", 0.1)]
+    assert out["not_rebuilt"] == [{"seed": 0, "scheme": "random", "p": 0.1, "reason":
+                                   "random p=0.1: recomputed pruned shares differ: not part "
+                                   "A's models"}]
+    assert out["not_run"]["where"] == "random p = 0.1, seed 0"
+    assert json.loads((tmp_path / "chu2023_tv_tuned.json").read_text())["not_rebuilt"] \
+        == out["not_rebuilt"]
+    md = (tmp_path / "chu2023_tv_tuned.md").read_text()
+    assert "Not rebuilt, so skipped (and counted above if no other seed ran it): random " \
+           "p = 0.1 at seed 0. random p=0.1: recomputed" in md
+    assert "not rebuilt, skipped" in capsys.readouterr().out
