@@ -94,14 +94,26 @@ def parse_grid(text: str) -> list[float]:
     return grid
 
 
+class NotRebuilt(ValueError):
+    """The current code does not rebuild a part-A run's setting (its key streams or
+    its models differ: a scheme fixed since the run was made)."""
+
+
 def run_cell(result: dict, scheme: str, p: float, todo: list[tuple[str, float]],
              commit: str) -> dict:
     """The arms ``todo`` ((attack, TV weight) pairs) on one (seed, setting) of a part-A
-    Alg 1 result: per arm, each victim's PSNR and NMI. ``commit`` is recorded per arm."""
+    Alg 1 result: per arm, each victim's PSNR and NMI. ``commit`` is recorded per arm.
+
+    Raises:
+        NotRebuilt: the setting's models or key streams are not the run's.
+    """
     from benchmarks.diagnose_gi_tv_scaling import attack_scores, rebuilt_setting, tv_factor
     from benchmarks.reproduce_chu2023 import part_a_key
 
-    obs, truths, cfg = rebuilt_setting(result, scheme, p)
+    try:
+        obs, truths, cfg = rebuilt_setting(result, scheme, p)
+    except ValueError as e:
+        raise NotRebuilt(str(e)) from None
     key, key_name = part_a_key(result["seed"], "tv_grid", scheme, p)
     arms = []
     factors = tv_factor(obs)
@@ -371,6 +383,15 @@ def main(argv=None) -> dict:
         runs = _load_runs(Path(args.results), names)
     except FileNotFoundError as e:
         ap.error(str(e))
+    from benchmarks.diagnose_sgi_vs_gi import p_axis
+
+    for name, r in zip(names, runs):  # a setting off a run's p axis is a typo: say so now
+        try:
+            off = [f"{s}:{q:g}" for s, q in settings if (s, q) not in p_axis(r["rows"])]
+        except (KeyError, ValueError) as e:
+            ap.error(f"--runs {name}: not a part-A result ({e})")
+        if off:
+            ap.error(f"--settings {','.join(off)}: not on the p axis of {name}")
     attack = {k: v for k, v in runs[0]["settings"]["attack"].items() if k != "tv"}
     if any({k: v for k, v in r["settings"]["attack"].items() if k != "tv"} != attack
            for r in runs):
@@ -408,7 +429,7 @@ def main(argv=None) -> dict:
                 continue
             try:
                 new = run_cell(result, scheme, p, todo, commit)
-            except ValueError as e:
+            except NotRebuilt as e:
                 # This run's models are not what the current code rebuilds (a scheme
                 # fixed since the run was made): skipped and recorded, the rest goes on.
                 not_rebuilt.append({"seed": result["seed"], "scheme": scheme, "p": p,

@@ -66,7 +66,7 @@ def test_a_tie_takes_the_smaller_weight():
 
 
 def _row(base, p, attack, psnrs):
-    return {"model": "conv2", "B": 8, "base": base, "p": p, "attack": attack,
+    return {"part": "A", "model": "conv2", "B": 8, "base": base, "p": p, "attack": attack,
             "psnr": float(np.mean(psnrs)), "psnr_victims": psnrs, "nmi_victims": [0.5] * 2}
 
 
@@ -201,7 +201,8 @@ def test_a_setting_the_code_no_longer_rebuilds_is_skipped_recorded_and_the_rest_
 
     def fake_run_cell(result, scheme, p, todo, commit):
         if scheme == "random":
-            raise ValueError("random p=0.1: recomputed pruned shares differ: not part A's models")
+            raise tuned.NotRebuilt("random p=0.1: recomputed pruned shares differ: not part A's "
+                                   "models")
         return {**cell(0, {1e-3: [20, 22]}, {1e-3: [19, 19]}), "key": "k"}
 
     monkeypatch.setattr(tuned, "run_cell", fake_run_cell)
@@ -218,3 +219,16 @@ def test_a_setting_the_code_no_longer_rebuilds_is_skipped_recorded_and_the_rest_
     assert "Not rebuilt, so skipped (and counted above if no other seed ran it): random " \
            "p = 0.1 at seed 0. random p=0.1: recomputed" in md
     assert "not rebuilt, skipped" in capsys.readouterr().out
+
+
+def test_a_setting_off_the_runs_p_axis_is_named_before_anything_runs(tmp_path, monkeypatch,
+                                                                     capsys):
+    rows = [_row("snip", 0.1, "gi", [26, 26]), _row("snip", 0.1, "sgi", [24, 24]),
+            _row("random", 0.1, "gi", [10, 10]), _row("random", 0.1, "sgi", [20, 22])]
+    (tmp_path / "a.json").write_text(json.dumps(
+        {"seed": 0, "rows": rows, "settings": {"attack": {"tv": 1e-3}}}))
+    monkeypatch.setattr(tuned, "run_cell", lambda *a: pytest.fail("ran a cell"))
+    with pytest.raises(SystemExit):
+        tuned.main(["--results", str(tmp_path), "--runs", "a.json", "--out", str(tmp_path),
+                    "--settings", "snip:0.1,snip:0.2"])
+    assert "--settings snip:0.2: not on the p axis of a.json" in capsys.readouterr().err
