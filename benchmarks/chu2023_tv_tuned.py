@@ -383,11 +383,11 @@ def main(argv=None) -> dict:
         runs = _load_runs(Path(args.results), names)
     except FileNotFoundError as e:
         ap.error(str(e))
-    from benchmarks.diagnose_sgi_vs_gi import p_axis
+    from benchmarks.diagnose_sgi_vs_gi import p_axis_of
 
     for name, r in zip(names, runs):  # a setting off a run's p axis is a typo: say so now
         try:
-            off = [f"{s}:{q:g}" for s, q in settings if (s, q) not in p_axis(r["rows"])]
+            off = [f"{s}:{q:g}" for s, q in settings if (s, q) not in p_axis_of(r)]
         except (KeyError, ValueError) as e:
             ap.error(f"--runs {name}: not a part-A result ({e})")
         if off:

@@ -90,14 +90,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
 
-    from benchmarks.diagnose_sgi_vs_gi import p_axis, rebuild
+    from benchmarks.diagnose_sgi_vs_gi import p_axis_of, rebuild
     from benchmarks.reproduce_chu2023 import part_a_key, score
     from fedsim import models
 
     result = read_or_exit(ap, args.result, "--result")
     if result["settings"].get("a_protocol", "pruned_model") != "pruned_model":
         raise SystemExit("diagnose_sgi_mask: a part A made under the pruned_model protocol")
-    pairs = p_axis(result["rows"])
+    pairs = p_axis_of(result)
     order = part_a_order(pairs, result["settings"]["rates"])
     B = pairs[order[0]]["sgi"]["B"]
     built = {(s, p): (obs, xs) for s, p, obs, xs, _ in rebuild(result, "pruned_model")}

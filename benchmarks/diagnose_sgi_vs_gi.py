@@ -40,20 +40,36 @@ from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def p_axis(rows: list[dict]) -> dict:
-    """{(scheme, p): {"gi": row, "sgi": row}} of part A's p axis (Conv-2 at the batch
-    size of the Random rows, which appear on no other axis)."""
+def p_axis(rows: list[dict], batch: int | None = None) -> dict:
+    """{(scheme, p): {"gi": row, "sgi": row}} of part A's p axis: Conv-2 at ``batch``
+    (the run's ``p_axis_batch`` setting), or where that is not given at the batch size
+    ``reproduce_chu2023.rows_p_axis_batch`` reads off the rows."""
+    from benchmarks.reproduce_chu2023 import rows_p_axis_batch
+
     a = [r for r in rows if r["part"] == "A"]
     if not a:
         raise ValueError("no part-A rows")
-    bp = next((r["B"] for r in a if r["base"] == "random"), None)
+    if batch is None:
+        bp = rows_p_axis_batch(a)
+    else:
+        random_b = {r["B"] for r in a if r["base"] == "random"}  # on the p axis only
+        if random_b - {batch}:
+            raise ValueError(f"the rows' Random pruning ran at B = {sorted(random_b)}, not at "
+                             f"the recorded p_axis_batch {batch}")
+        bp = batch
     if bp is None:
-        raise ValueError("no Random rows: the p axis is identified by its Random settings")
+        raise ValueError("no Conv-2 rows: no p axis")
     out: dict = {}
     for r in a:
         if r["model"] == "conv2" and r["B"] == bp:
             out.setdefault((r["base"], r["p"]), {})[r["attack"]] = r
     return out
+
+
+def p_axis_of(result: dict) -> dict:
+    """:func:`p_axis` of a part-A result, at the batch its settings record (a run of some
+    schemes only, ``reproduce_chu2023 --schemes``, may have no Random rows)."""
+    return p_axis(result["rows"], result.get("settings", {}).get("p_axis_batch"))
 
 
 def rebuild(result: dict, protocol: str, only=None):
@@ -83,7 +99,7 @@ def rebuild(result: dict, protocol: str, only=None):
     init_key, init_name = part_a_key(seed, "init", "conv2")
     params = init_params(model, ds.input_shape, init_key)
     its = result["settings"]["synflow_iterations"]
-    for (scheme, p), pair in sorted(p_axis(result["rows"]).items()):
+    for (scheme, p), pair in sorted(p_axis_of(result).items()):
         if only is not None and (scheme, p) != tuple(only):
             continue
         row = pair["sgi"]
@@ -110,7 +126,7 @@ def recompute_shares(result: dict, protocol: str) -> dict:
 def table(result: dict, shares: dict) -> list[dict]:
     """One entry per p-axis setting: share, the SGI − GI gaps and the recorded diagnostics."""
     out = []
-    for (scheme, p), pair in sorted(p_axis(result["rows"]).items()):
+    for (scheme, p), pair in sorted(p_axis_of(result).items()):
         g, s = pair["gi"], pair["sgi"]
         entry = {"scheme": scheme, "p": p, "pruned_grad_share": float(np.mean(shares[(scheme, p)])),
                  "pruned_grad_share_victims": shares[(scheme, p)],
@@ -126,7 +142,7 @@ def table(result: dict, shares: dict) -> list[dict]:
 def check_recorded(result: dict, shares: dict, tol: float = 1e-4) -> None:
     """Raise unless the recomputed shares equal the ones the rows recorded (same models);
     settings absent from ``shares`` are not compared."""
-    for (scheme, p), pair in p_axis(result["rows"]).items():
+    for (scheme, p), pair in p_axis_of(result).items():
         rec = pair["sgi"].get("pruned_grad_share_victims")
         if rec is None or (scheme, p) not in shares:
             continue

@@ -236,17 +236,22 @@ def part_a(args, ds, rows, seed):
     xp, yp = jnp.asarray(ds.x_train[probe_idx]), jnp.asarray(ds.y_train[probe_idx])
     jobs = []  # (model, B, scheme, p)
     Bp = args.p_axis_batch  # the paper's Fig 2(a)-(c): FEMNIST, batch 20
-    for s in SCHEMES:
+    # --schemes: a p-axis run of some schemes only (a refresh of one scheme's rows). The
+    # B and model-size axes are PruneFL's, so they run only with PruneFL. The p-axis
+    # group comes first either way, so its victims are the same draws as a full run's.
+    schemes = list(getattr(args, "schemes", None) or SCHEMES)
+    for s in schemes:
         for p in args.rates:
             jobs.append(("conv2", Bp, s, p))
-    if 0.3 not in args.rates:  # the reference point of the B and model-size axes
-        jobs.append(("conv2", Bp, "prunefl", 0.3))
-    for B in args.batch_sizes:
-        if B != Bp:
-            jobs.append(("conv2", B, "prunefl", 0.3))
-    for model in args.model_sizes:
-        if model != "conv2" and not getattr(args, "a_trained_rounds", 0):  # trained: Conv-2 only
-            jobs.append((model, Bp, "prunefl", 0.3))
+    if "prunefl" in schemes:
+        if 0.3 not in args.rates:  # the reference point of the B and model-size axes
+            jobs.append(("conv2", Bp, "prunefl", 0.3))
+        for B in args.batch_sizes:
+            if B != Bp:
+                jobs.append(("conv2", B, "prunefl", 0.3))
+        for model in args.model_sizes:
+            if model != "conv2" and not getattr(args, "a_trained_rounds", 0):  # trained: Conv-2
+                jobs.append((model, Bp, "prunefl", 0.3))
     groups = {}
     for j in jobs:
         groups.setdefault((j[0], j[1]), []).append(j)
@@ -1142,7 +1147,8 @@ def other_seed_tables(result) -> list[str]:
 # Options added after a run was made are absent from its settings: their value then.
 _SETTING_DEFAULTS = {"a_trained_rounds": 0, "upload": "weights", "a_protocol": "pruned_model",
                      "dataset": DEFAULT_DATASET, "partition": "dirichlet", "pseudo_start": "kept",
-                     "observer_fill": "sorted_cut", "sgi_mask": "support", "b_model": "conv2"}
+                     "observer_fill": "sorted_cut", "sgi_mask": "support", "b_model": "conv2",
+                     "schemes": list(SCHEMES)}
 
 
 def settings_diff(other: dict, main: dict, skip_extra=()) -> list[tuple[str, object, object]]:
@@ -1253,6 +1259,21 @@ def _b_mean(rows, defense, attack, key, last_round, part="B", rate=None):
     return float(np.mean(sel)) if sel else None
 
 
+def rows_p_axis_batch(a: list[dict]) -> int | None:
+    """The batch size of part A's Conv-2 p axis, from part-A rows ``a`` alone: the batch
+    Random pruning ran at (it is on the p axis only), or in a run without Random
+    (``--schemes``) the Conv-2 batch size with the most (scheme, p) settings (the other
+    batch sizes carry PruneFL p = 0.3 only); None without Conv-2 rows."""
+    bp = next((r["B"] for r in a if r["base"] == "random"), None)
+    if bp is not None:
+        return bp
+    settings = {}
+    for r in a:
+        if r["model"] == "conv2":
+            settings.setdefault(r["B"], set()).add((r["base"], r["p"]))
+    return max(settings, key=lambda b: len(settings[b])) if settings else None
+
+
 def acceptance_checks(rows):
     """The issue's acceptance checks, each PASS/FAIL computed from the rows."""
     checks = []
@@ -1263,7 +1284,7 @@ def acceptance_checks(rows):
     if keys:
         # The p axis (Fig 2(a), Fig 7): every scheme at every p, Conv-2, one batch
         # size (Random pruning appears on no other axis).
-        bp = next(r["B"] for r in a if r["base"] == "random")
+        bp = rows_p_axis_batch(a)
         p_keys = [k for k in keys if k[:2] == ("conv2", bp)]
         ok = [k for k in p_keys if get(k, "sgi")["psnr"] >= get(k, "gi")["psnr"]]
         bad = [f"{k[2]}/p={k[3]}" for k in p_keys if k not in ok]
@@ -1431,11 +1452,11 @@ def _paired_summary(d) -> dict:
 
 
 def _p_axis_rows(a) -> list[dict]:
-    """Part A's Conv-2 p-axis rows (the batch size Random pruning is run at), or none
-    when a run lacks that axis or predates the per-victim scores."""
-    if not any(r["base"] == "random" for r in a):
+    """Part A's Conv-2 p-axis rows (:func:`rows_p_axis_batch`), or none when a run lacks
+    that axis or predates the per-victim scores."""
+    bp = rows_p_axis_batch(a)
+    if bp is None:
         return []
-    bp = next(r["B"] for r in a if r["base"] == "random")
     sel = [r for r in a if r["model"] == "conv2" and r["B"] == bp]
     return sel if all("psnr_victims" in r and "nmi_victims" in r for r in sel) else []
 
@@ -1993,6 +2014,12 @@ def main(argv=None):
                          "the dense model and prunes it afterwards, uploading masked weights (GI "
                          "sees -w at the pruned coordinates, SGI masks them off); writes "
                          "chu2023_A_alg1.json")
+    ap.add_argument("--schemes", default=None, metavar="LIST",
+                    help="part A: run the p axis of these base schemes only (comma list of "
+                         f"{', '.join(SCHEMES)}; default all; the B and model-size axes run "
+                         "only with prunefl): a refresh of one scheme's rows, e.g. after a fix "
+                         "to it; --combine leaves such a run out of the part-A variants it "
+                         "reports and pools")
     ap.add_argument("--b-model", choices=B_MODELS, default="conv2",
                     help="the model parts B, C and D train (default conv2; vgg11 is the "
                          "paper's CIFAR-10 model, ~7x Conv-2's FLOPs: a side run that writes "
@@ -2033,6 +2060,23 @@ def main(argv=None):
             ap.error("--a-protocol is a part-A variant: use it with --parts A")
         if args.a_trained_rounds:
             ap.error("--a-protocol alg1 attacks the initial dense model: drop --a-trained-rounds")
+    if args.schemes is None:
+        args.schemes = list(SCHEMES)
+    else:
+        if args.parts != "A" or args.combine:
+            ap.error("--schemes restricts part A's p axis: use it with --parts A")
+        wanted = [s.strip() for s in args.schemes.split(",")]
+        unknown = [s for s in wanted if s not in SCHEMES]
+        if unknown or not wanted:
+            ap.error(f"--schemes: unknown scheme(s) {', '.join(map(repr, unknown))}; "
+                     f"choose from {', '.join(SCHEMES)}")
+        if len(set(wanted)) != len(wanted):
+            ap.error(f"--schemes names a scheme twice: {args.schemes!r}")
+        args.schemes = [s for s in SCHEMES if s in wanted]  # SCHEMES' order, as a full run
+        if args.schemes != list(SCHEMES) and args.tag is None and args.out is None:
+            ap.error("--schemes writes part A's rows of some schemes only: name the file with "
+                     "--tag or write it elsewhere with --out, so it does not replace the "
+                     "part's whole-axis file")
     # Local, not a module global: a second main() in the same process (tests) must
     # not inherit the first one's --out.
     out_dir = Path(args.out) if args.out else RESULTS
@@ -2075,12 +2119,15 @@ def main(argv=None):
                   "settings_B": b["settings"]}
         result["other_seeds_B"] = other_b_runs(out_dir, stem, ds)
         result["fig4_B"] = fig4_runs(out_dir, stem, ds)
+        # A --schemes run (some schemes' rows only) is not a replication of the whole
+        # p axis: pooled with the others it would cut every pooled table to its schemes.
         result["other_A"] = [
             {"file": f.name, "commit": o.get("commit"), "seconds": o["seconds"],
              "settings": o["settings"], "rows": o["rows"], "checks": acceptance_checks(o["rows"])}
             for f, o in ((f, json.loads(f.read_text()))
                          for f in sorted(out_dir.glob(f"{stem}_A_trained*.json"))
-                         + sorted(out_dir.glob(f"{stem}_A_alg1*.json")))]
+                         + sorted(out_dir.glob(f"{stem}_A_alg1*.json")))
+            if o["settings"].get("schemes", list(SCHEMES)) == list(SCHEMES)]
         result.update(stem=stem, dataset=args.dataset, partition=args.partition)
         finalize(result, ds, out_dir)
         return

@@ -909,8 +909,18 @@ def test_sgi_vs_gi_relates_gaps_to_the_pruned_share():
     with pytest.raises(ValueError, match="not part A's models"):
         check_recorded({"rows": recorded}, shares)
     check_recorded({"rows": recorded}, {k: [0.01 * k[1]] for k in shares})
-    with pytest.raises(ValueError, match="no Random rows"):
-        table({"rows": [r for r in rows if r["base"] != "random"]}, shares)
+    # Without Random (a --schemes run) the p axis is the Conv-2 batch size with the
+    # most settings; a recorded p_axis_batch overrides that and must agree with Random.
+    no_random = [r for r in rows if r["base"] != "random"]
+    assert [(e["scheme"], e["p"]) for e in table({"rows": no_random}, shares)] \
+        == [("prunefl", 0.9), ("snip", 0.1), ("snip", 0.3)]
+    assert [(e["scheme"], e["p"]) for e in table(
+        {"rows": no_random, "settings": {"p_axis_batch": 1}},
+        {("prunefl", 0.3): [0.3]})] == [("prunefl", 0.3)]
+    with pytest.raises(ValueError, match="not at the recorded p_axis_batch 1"):
+        table({"rows": rows, "settings": {"p_axis_batch": 1}}, shares)
+    with pytest.raises(ValueError, match="no Conv-2 rows"):
+        table({"rows": [{**r, "model": "lenet5"} for r in no_random]}, shares)
 
 
 def test_sgi_vs_gi_needs_part_a_results(capsys, tmp_path):
