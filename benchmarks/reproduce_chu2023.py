@@ -2043,23 +2043,6 @@ def main(argv=None):
     if args.image_size is not None and args.image_size < 12:
         ap.error(f"--image-size must be >= 12 (part A's LeNet-5 has no feature map left "
                  f"below that), got {args.image_size}")
-    stem = output_stem(args.dataset, args.partition)
-    if args.tag is not None:
-        if not re.fullmatch(r"[A-Za-z0-9]+(_[A-Za-z0-9]+)*", args.tag):
-            ap.error(f"--tag must be letters, digits and single underscores, got {args.tag!r}")
-        if args.combine or ("A" in args.parts and "B" in args.parts):
-            ap.error("--tag names the file of a --parts run (not A and B together, not --combine)")
-    if args.b_model != "conv2" and (args.combine or not set(args.parts) & set("BCD")):
-        ap.error("--b-model is the model of parts B, C and D: use it with --parts B (or C, D)")
-    if args.a_trained_rounds < 0:
-        ap.error(f"--a-trained-rounds must be >= 0, got {args.a_trained_rounds}")
-    if args.a_trained_rounds and ("A" not in args.parts or "B" in args.parts):
-        ap.error("--a-trained-rounds is a part-A variant: use it with --parts A")
-    if args.a_protocol != "pruned_model":
-        if "A" not in args.parts or "B" in args.parts:
-            ap.error("--a-protocol is a part-A variant: use it with --parts A")
-        if args.a_trained_rounds:
-            ap.error("--a-protocol alg1 attacks the initial dense model: drop --a-trained-rounds")
     if args.schemes is None:
         args.schemes = list(SCHEMES)
     else:
@@ -2077,6 +2060,23 @@ def main(argv=None):
             ap.error("--schemes writes part A's rows of some schemes only: name the file with "
                      "--tag or write it elsewhere with --out, so it does not replace the "
                      "part's whole-axis file")
+    stem = output_stem(args.dataset, args.partition)
+    if args.tag is not None:
+        if not re.fullmatch(r"[A-Za-z0-9]+(_[A-Za-z0-9]+)*", args.tag):
+            ap.error(f"--tag must be letters, digits and single underscores, got {args.tag!r}")
+        if args.combine or ("A" in args.parts and "B" in args.parts):
+            ap.error("--tag names the file of a --parts run (not A and B together, not --combine)")
+    if args.b_model != "conv2" and (args.combine or not set(args.parts) & set("BCD")):
+        ap.error("--b-model is the model of parts B, C and D: use it with --parts B (or C, D)")
+    if args.a_trained_rounds < 0:
+        ap.error(f"--a-trained-rounds must be >= 0, got {args.a_trained_rounds}")
+    if args.a_trained_rounds and ("A" not in args.parts or "B" in args.parts):
+        ap.error("--a-trained-rounds is a part-A variant: use it with --parts A")
+    if args.a_protocol != "pruned_model":
+        if "A" not in args.parts or "B" in args.parts:
+            ap.error("--a-protocol is a part-A variant: use it with --parts A")
+        if args.a_trained_rounds:
+            ap.error("--a-protocol alg1 attacks the initial dense model: drop --a-trained-rounds")
     # Local, not a module global: a second main() in the same process (tests) must
     # not inherit the first one's --out.
     out_dir = Path(args.out) if args.out else RESULTS

@@ -60,6 +60,36 @@ def test_p_axis_checks_use_the_p_axis_batch_only():
     assert not _check(acceptance_checks(bad), "SGI >= GI in PSNR")["pass"]
 
 
+def test_p_axis_checks_of_a_run_without_random_rows():
+    # A --schemes run (here SNIP only, with PruneFL's B axis at B = 1 beside it): the p
+    # axis is the Conv-2 batch size with the most settings.
+    rows = []
+    for p, v in ((0.1, 0.9), (0.5, 0.8), (0.9, 0.7)):
+        rows += [_a("snip", p, "sgi", v, 30 * v), _a("snip", p, "gi", v - 0.1, 30 * v - 3)]
+    rows += [_a("prunefl", 0.3, "sgi", 0.5, 10, B=1), _a("prunefl", 0.3, "gi", 0.6, 12, B=1)]
+    checks = acceptance_checks(rows)
+    assert _check(checks, "SGI >= GI in PSNR")["pass"]
+    assert "B=8" in _check(checks, "SGI >= GI in PSNR")["check"]
+    assert _check(checks, "SGI >= GI in PSNR")["detail"] == "3/3 hold"
+    assert "1/1 schemes: snip" in _check(checks, "SGI NMI falls")["detail"]
+    assert not _check(checks, "(information")["pass"]  # B = 1 is the other axis
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--schemes", "feddst,fedst", "--parts", "A", "--tag", "x"], "unknown scheme(s) 'fedst'"),
+    (["--schemes", "feddst", "--tag", "x"], "use it with --parts A"),
+    (["--schemes", "feddst", "--parts", "AB", "--tag", "x"], "use it with --parts A"),
+    (["--schemes", "feddst", "--parts", "A"], "name the file with --tag"),
+    (["--schemes", "feddst,feddst", "--parts", "A", "--tag", "x"], "names a scheme twice"),
+])
+def test_schemes_option_errors_name_the_problem(argv, message, capsys, tmp_path):
+    from benchmarks.reproduce_chu2023 import main
+    with pytest.raises(SystemExit):
+        main(["--smoke", *argv] + (["--out", str(tmp_path)] if "--tag" in argv else []))
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("reading,passes", [("global model", False),
                                             ("client models, whole", False),
                                             ("client models, own", True)])
@@ -864,11 +894,30 @@ def test_part_a_smoke_under_alg1_uploads_is_combined_as_a_variant(tmp_path):
     assert all(len(r["pruned_weight_ratio_victims"]) == len(r["psnr_victims"]) for r in rows)
     # GI's −w targets: nonzero wherever something is pruned.
     assert all(min(r["pruned_weight_ratio_victims"]) > 0 for r in rows)
+    # A refresh of FedDST's rows alone: the same victims, masks and models as the whole
+    # run's FedDST rows, and --combine leaves it out of the variants it pools.
+    main(["--smoke", "--parts", "A", "--a-protocol", "alg1", "--schemes", "feddst",
+          "--tag", "feddst", "--out", str(tmp_path)])
+    only = json.loads((tmp_path / "chu2023_A_alg1_feddst.json").read_text())
+    assert only["settings"]["schemes"] == ["feddst"]
+    assert res["settings"]["schemes"] == ["random", "snip", "grasp", "synflow", "prunefl",
+                                          "feddst"]
+    whole = {(r["p"], r["attack"]): r for r in rows if r["base"] == "feddst"}
+    assert sorted(whole) == sorted((r["p"], r["attack"]) for r in only["rows"])
+    assert {r["base"] for r in only["rows"]} == {"feddst"}
+    for r in only["rows"]:
+        w = whole[(r["p"], r["attack"])]
+        assert r["victim_indices"] == w["victim_indices"] and r["mask_key"] == w["mask_key"]
+        np.testing.assert_allclose(r["pruned_grad_share_victims"],
+                                   w["pruned_grad_share_victims"], rtol=1e-6)
     main(["--smoke", "--parts", "A", "--out", str(tmp_path)])
     main(["--smoke", "--parts", "B", "--out", str(tmp_path)])
     main(["--combine", "--out", str(tmp_path)])
     md = (tmp_path / "chu2023.md").read_text()
     assert "## A under Alg 1 weight uploads (chu2023_A_alg1.json" in md
+    assert "chu2023_A_alg1_feddst.json" not in md
+    combined = json.loads((tmp_path / "chu2023.json").read_text())
+    assert [o["file"] for o in combined["other_A"]] == ["chu2023_A_alg1.json"]
     assert "‖w ⊙ (1−m)‖ / ‖lr·g ⊙ m‖" in md
 
 
