@@ -26,6 +26,12 @@ settings, and the refresh's group has fewer of them. Victims, initial model and 
 are the same, and checked: a refresh whose victims or key-stream names differ from
 the base's is refused.
 
+The refresh must be run with the base run's settings: runs made before an option
+existed recorded none for it and read as its value then (``reproduce_chu2023``'s
+``_SETTING_DEFAULTS``), so a refresh of the committed part-A runs (before Nov 27 2026)
+passes ``--sgi-mask support --observer-fill sorted_cut --pseudo-start kept``; a
+difference is named.
+
 Usage::
 
     python -m benchmarks.chu2023_refresh \\
@@ -141,7 +147,7 @@ def compare_checks(old_rows: list[dict], new_rows: list[dict]) -> list[dict]:
     """Part A's acceptance checks on the old and the refreshed rows, side by side."""
     from benchmarks.reproduce_chu2023 import acceptance_checks
 
-    part_a = lambda rows: [c for c in acceptance_checks([r for r in rows if r["part"] == "A"])]
+    part_a = lambda rows: acceptance_checks([r for r in rows if r["part"] == "A"])  # noqa: E731
     return [{"check": o["check"], "old": o["pass"], "new": n["pass"], "old_detail": o["detail"],
              "new_detail": n["detail"]}
             for o, n in zip(part_a(old_rows), part_a(new_rows), strict=True)]
