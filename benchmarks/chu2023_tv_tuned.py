@@ -58,7 +58,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script, too
 
 from benchmarks.provenance import git_commit  # noqa: E402
-from benchmarks.results_file import read_or_exit  # noqa: E402
+from benchmarks.results_file import ResultsFileError, read_or_exit, read_results_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = ("chu2023_A_alg1.json", "chu2023_A_alg1_seed1.json", "chu2023_A_alg1_seed2.json")
@@ -331,13 +331,19 @@ def not_run(runs: list[dict], settings) -> dict | None:
 
 
 def _load_runs(folder: Path, names) -> list[dict]:
+    """The part-A results ``names`` in ``folder``.
+
+    Raises:
+        FileNotFoundError: one is missing.
+        ResultsFileError: one is not a JSON object (truncated, not JSON, not text).
+    """
     runs = []
     for name in names:
         path = folder / name
         if not path.exists():
             raise FileNotFoundError(f"--results {folder}: no {name} (run reproduce_chu2023.py "
                                     "--quick --parts A --a-protocol alg1 at that seed first)")
-        runs.append(json.loads(path.read_text()))
+        runs.append(read_results_json(path, "--runs"))
     return runs
 
 
@@ -363,6 +369,8 @@ def main(argv=None) -> dict:
             runs = _load_runs(Path(args.results), out["runs"])
         except FileNotFoundError:
             runs = None
+        except ResultsFileError as e:
+            ap.error(str(e))
         if runs is not None:
             out["not_run"] = not_run(runs, {(c["scheme"], c["p"]) for c in out["cells"]})
             path.write_text(json.dumps(out, indent=1, default=float))
@@ -381,7 +389,7 @@ def main(argv=None) -> dict:
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
     try:
         runs = _load_runs(Path(args.results), names)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ResultsFileError) as e:
         ap.error(str(e))
     from benchmarks.diagnose_sgi_vs_gi import p_axis_of
 

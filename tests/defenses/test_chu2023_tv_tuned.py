@@ -115,6 +115,19 @@ def test_bad_arguments_are_named(argv, message, capsys, tmp_path):
     assert message in capsys.readouterr().err
 
 
+def test_a_malformed_run_file_is_named(capsys, tmp_path):
+    (tmp_path / "cut.json").write_text('{"rows": [')
+    with pytest.raises(SystemExit):
+        tuned.main(["--results", str(tmp_path), "--out", str(tmp_path), "--runs", "cut.json"])
+    err = capsys.readouterr().err
+    assert "--runs" in err and "cut.json: not valid JSON (line 1" in err
+    # --render recounts the runs it names: a malformed one is named there too.
+    (tmp_path / "r.json").write_text(json.dumps({"runs": ["cut.json"], "cells": []}))
+    with pytest.raises(SystemExit):
+        tuned.main(["--render", str(tmp_path / "r.json"), "--results", str(tmp_path)])
+    assert "cut.json: not valid JSON" in capsys.readouterr().err
+
+
 def test_render_of_a_missing_file(capsys, tmp_path):
     with pytest.raises(SystemExit):
         tuned.main(["--render", str(tmp_path / "none.json")])
