@@ -12,6 +12,7 @@ in place of the base's for the refreshed schemes, and reports, old beside new:
 
 * per refreshed (scheme, p): the pruned share of the victims' gradients, GI and SGI
   PSNR / NMI (victim means), and SGI − GI in PSNR paired over the victims;
+* per refreshed scheme: the per-victim slopes over p (``p_trend``);
 * part A's acceptance checks (``reproduce_chu2023.acceptance_checks``) on the base run
   and on the base run with the refreshed rows, and which verdicts moved;
 * over the pairs (two or more, one protocol): SGI − GI with the victims pooled
@@ -143,6 +144,15 @@ def setting_table(base: dict, refresh: dict, schemes: list[str]) -> list[dict]:
             for s, p in sorted(new)]
 
 
+def trend_table(base: dict, refresh: dict, schemes: list[str]) -> dict:
+    """``p_trend`` of the refreshed schemes on the old and the new rows of one pair."""
+    from benchmarks.reproduce_chu2023 import p_trend
+
+    of = lambda rows: [x for x in p_trend([r for r in rows if r["part"] == "A"])  # noqa: E731
+                       if x["base"] in schemes]
+    return {"old": of(base["rows"]), "new": of(refresh["rows"])}
+
+
 def compare_checks(old_rows: list[dict], new_rows: list[dict]) -> list[dict]:
     """Part A's acceptance checks on the old and the refreshed rows, side by side."""
     from benchmarks.reproduce_chu2023 import acceptance_checks
@@ -194,6 +204,7 @@ def analyse(bases: list[dict], refreshes: list[dict], names: list[tuple[str, str
         out_pairs.append({"base": bn, "refresh": rn, "seed": b.get("seed"),
                           "base_commit": b.get("commit"), "refresh_commit": r.get("commit"),
                           "settings": setting_table(b, r, s),
+                          "p_trend": trend_table(b, r, s),
                           "checks": compare_checks(b["rows"], rows)})
     return {"schemes": schemes, "protocol": sorted(protocols)[0][0], "pairs": out_pairs,
             "pooled": pooled(merged, schemes) if len(merged) >= 2 else None}
@@ -228,6 +239,12 @@ def markdown(report: dict) -> str:
                          f"{n['gi_psnr']:.2f} | {o['sgi_psnr']:.2f} → {n['sgi_psnr']:.2f} | "
                          f"{o['sgi_nmi']:.3f} → {n['sgi_nmi']:.3f} | "
                          f"{_ci(o['sgi_minus_gi'])} | {_ci(n['sgi_minus_gi'])} |")
+        lines += ["", "Slopes over p (per unit p; NMI, or dB for PSNR), mean over the victims "
+                  "(95 % t interval) and its verdict.", "",
+                  "| scheme | attack | metric | old | new |", "|---|---|---|---|---|"]
+        for o, n in zip(pair["p_trend"]["old"], pair["p_trend"]["new"], strict=True):
+            lines.append(f"| {o['base']} | {o['attack'].upper()} | {o['metric'].upper()} | "
+                         f"{_ci(o)} | {_ci(n)} |")
         moved = [c for c in pair["checks"] if c["old"] != c["new"]]
         lines += ["", "| part-A check | base | with the refresh |", "|---|---|---|"]
         lines += [f"| {c['check']} | {verdict(c['old'])}: {c['old_detail']} | "

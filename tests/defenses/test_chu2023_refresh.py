@@ -75,6 +75,13 @@ def test_the_refresh_moves_the_check_and_pools_over_seeds():
     assert low["old"]["sgi_minus_gi"]["verdict"] == "GI better"
     assert low["new"]["sgi_minus_gi"]["mean"] == pytest.approx(5.0)
     assert [x["p"] for x in first["settings"]] == list(RATES)  # FedDST's p axis only
+    # FedDST's SGI PSNR rose with p in the stale rows (10.5 → 20.5 → 16.5 dB) and falls now.
+    slope = {label: next(x for x in first["p_trend"][label]
+                         if (x["attack"], x["metric"]) == ("sgi", "psnr"))
+             for label in ("old", "new")}
+    assert slope["old"]["mean"] == pytest.approx(7.5) and slope["old"]["verdict"] == "rises"
+    assert slope["new"]["mean"] == pytest.approx(-10.0) and slope["new"]["verdict"] == "falls"
+    assert {x["base"] for x in first["p_trend"]["new"]} == {"feddst"}
     pooled_new = report["pooled"]["new"]["sgi_minus_gi_psnr"]
     assert {x["base"] for x in pooled_new} == {"feddst"}
     assert len(next(x for x in pooled_new if x["p"] == 0.1)["diffs"]) == 6  # 2 seeds x 3
@@ -84,6 +91,7 @@ def test_the_refresh_moves_the_check_and_pools_over_seeds():
     assert all(x["verdict"] == "falls" for x in trend)
     md = markdown({"commit": "abc", "argv": ["--base", "b"], **report})
     assert "| feddst | 0.1 | 0.200 → 0.110 |" in md
+    assert "| feddst | SGI | PSNR | +7.50 (+7.50 to +7.50) rises | -10.00" in md
     assert "Verdicts that moved: 3 of" in md and "## Pooled over seeds 0, 1" in md
 
 
