@@ -133,6 +133,7 @@ def setting_table(base: dict, refresh: dict, schemes: list[str]) -> list[dict]:
             share = by["sgi"].get("pruned_grad_share_victims")
             out[(scheme, p)] = {"pruned_grad_share": None if share is None
                                 else float(np.mean(share)),
+                                "pruned_grad_share_victims": share,
                                 "gi_psnr": x["gi_psnr"], "sgi_psnr": x["sgi_psnr"],
                                 "gi_nmi": by["gi"]["nmi"], "sgi_nmi": by["sgi"]["nmi"],
                                 "sgi_minus_gi": {k: x[k] for k in ("diffs", "mean", "ci",
@@ -140,8 +141,22 @@ def setting_table(base: dict, refresh: dict, schemes: list[str]) -> list[dict]:
         return out
 
     old, new = per(base["rows"]), per(refresh["rows"])
-    return [{"scheme": s, "p": p, "old": old[(s, p)], "new": new[(s, p)]}
+    return [{"scheme": s, "p": p, "old": old[(s, p)], "new": new[(s, p)],
+             "masks": same_masks(old[(s, p)]["pruned_grad_share_victims"],
+                                 new[(s, p)]["pruned_grad_share_victims"])}
             for s, p in sorted(new)]
+
+
+def same_masks(old_shares, new_shares) -> str:
+    """"same" where both runs record the victims' pruned gradient shares and they agree
+    (the same model and mask give the same shares), "other" where they differ (the
+    scheme's mask changed: the fix, or an older way of drawing it), "unverified" where
+    a run records none (runs before the shares were recorded)."""
+    if old_shares is None or new_shares is None:
+        return "unverified"
+    same = len(old_shares) == len(new_shares) and np.allclose(old_shares, new_shares,
+                                                              rtol=1e-4, atol=1e-7)
+    return "same" if same else "other"
 
 
 def trend_table(base: dict, refresh: dict, schemes: list[str]) -> dict:
@@ -221,21 +236,25 @@ def markdown(report: dict) -> str:
              "", f"Produced by `python -m benchmarks.chu2023_refresh {' '.join(report['argv'])}`"
              f" at {short_commit(report['commit'])}. Each base run's rows of "
              f"{', '.join(report['schemes'])} are replaced by its refresh's (same seed, "
-             "initial model, victims and mask key streams, checked; the attacks' random "
-             "starts differ, see the script's docstring); every other row is the base "
-             "run's. SGI − GI: mean over victims (95 % t interval) and its verdict.", ""]
+             "initial model, victims and mask key-stream names, checked; the attacks' "
+             "random starts differ, see the script's docstring); every other row is the "
+             "base run's. Masks: 'same' where both runs' recorded pruned shares of the "
+             "victims' gradients agree, 'other' where they differ (the mask changed), "
+             "'unverified' where the base run records none. SGI − GI: mean over victims "
+             "(95 % t interval) and its verdict.", ""]
     for pair in report["pairs"]:
         lines += [f"## Seed {pair['seed']}: {pair['refresh']} in {pair['base']}", "",
                   f"Commits: base {short_commit(str(pair['base_commit']))}, refresh "
                   f"{short_commit(str(pair['refresh_commit']))}.", "",
-                  "| scheme | p | pruned share old → new | GI PSNR old → new | "
+                  "| scheme | p | pruned share old → new | masks | GI PSNR old → new | "
                   "SGI PSNR old → new | SGI NMI old → new | SGI − GI old | SGI − GI new |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|"]
         for x in pair["settings"]:
             o, n = x["old"], x["new"]
             share = lambda v: "–" if v is None else f"{v:.3f}"  # noqa: E731
             lines.append(f"| {x['scheme']} | {x['p']:g} | {share(o['pruned_grad_share'])} → "
-                         f"{share(n['pruned_grad_share'])} | {o['gi_psnr']:.2f} → "
+                         f"{share(n['pruned_grad_share'])} | {x['masks']} | "
+                         f"{o['gi_psnr']:.2f} → "
                          f"{n['gi_psnr']:.2f} | {o['sgi_psnr']:.2f} → {n['sgi_psnr']:.2f} | "
                          f"{o['sgi_nmi']:.3f} → {n['sgi_nmi']:.3f} | "
                          f"{_ci(o['sgi_minus_gi'])} | {_ci(n['sgi_minus_gi'])} |")

@@ -75,6 +75,8 @@ def test_the_refresh_moves_the_check_and_pools_over_seeds():
     assert low["old"]["sgi_minus_gi"]["verdict"] == "GI better"
     assert low["new"]["sgi_minus_gi"]["mean"] == pytest.approx(5.0)
     assert [x["p"] for x in first["settings"]] == list(RATES)  # FedDST's p axis only
+    assert {x["masks"] for x in first["settings"]} == {"other"}  # every share differs here
+
     # FedDST's SGI PSNR rose with p in the stale rows (10.5 → 20.5 → 16.5 dB) and falls now.
     slope = {label: next(x for x in first["p_trend"][label]
                          if (x["attack"], x["metric"]) == ("sgi", "psnr"))
@@ -90,7 +92,7 @@ def test_the_refresh_moves_the_check_and_pools_over_seeds():
         (a, m) for a in ("sgi", "gi") for m in ("nmi", "psnr")}
     assert all(x["verdict"] == "falls" for x in trend)
     md = markdown({"commit": "abc", "argv": ["--base", "b"], **report})
-    assert "| feddst | 0.1 | 0.200 → 0.110 |" in md
+    assert "| feddst | 0.1 | 0.200 → 0.110 | other |" in md
     assert "| feddst | SGI | PSNR | +7.50 (+7.50 to +7.50) rises | -10.00" in md
     assert "Verdicts that moved: 3 of" in md and "## Pooled over seeds 0, 1" in md
 
@@ -141,3 +143,19 @@ def test_main_writes_the_report_and_names_bad_input(tmp_path, capsys):
         with pytest.raises(SystemExit):
             main([*argv, "--results", str(tmp_path)])
         assert message in capsys.readouterr().err
+
+
+def test_masks_are_compared_through_the_recorded_shares():
+    from benchmarks.chu2023_refresh import same_masks, setting_table
+    assert same_masks([0.5, 0.4], [0.5, 0.4 + 1e-9]) == "same"
+    assert same_masks([0.2, 0.21], [0.11, 0.12]) == "other"
+    assert same_masks([0.2], [0.2, 0.2]) == "other"
+    assert same_masks(None, [0.11]) == "unverified"
+    base, refresh = _run(0, share=0.5), _run(0, ["feddst"], share=0.5)
+    for r in base["rows"]:
+        if r["base"] == "feddst" and r["p"] == 0.1:
+            r["pruned_grad_share_victims"] = [0.2] * 3
+        if r["base"] == "feddst" and r["p"] == 0.9:
+            del r["pruned_grad_share_victims"]
+    masks = {x["p"]: x["masks"] for x in setting_table(base, refresh, ["feddst"])}
+    assert masks == {0.1: "other", 0.5: "same", 0.9: "unverified"}
