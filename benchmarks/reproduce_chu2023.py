@@ -42,6 +42,7 @@ import argparse
 import json
 import platform
 import re
+import sys
 import time
 import weakref
 from pathlib import Path
@@ -1168,6 +1169,47 @@ def _same_b_settings(other: dict, main: dict, skip_extra=()) -> str:
     return "yes" if not diff else "differ in " + ", ".join(k for k, _, _ in diff)
 
 
+def _is_part_run(o) -> bool:
+    return (isinstance(o, dict) and isinstance(o.get("settings"), dict)
+            and isinstance(o.get("rows"), list) and "seconds" in o)
+
+
+def _is_partial(o) -> bool:
+    """A part-A run of some schemes only (``--schemes``)."""
+    return o["settings"].get("schemes", list(SCHEMES)) != list(SCHEMES)
+
+
+def part_a_variants(out: Path, stem: str = "chu2023") -> tuple[list[tuple[Path, dict]],
+                                                                 list[str]]:
+    """The part-A variants ``--combine`` reports beside the main part A, and the part-A
+    runs of some schemes only it leaves out.
+
+    Variants: the whole-axis runs ``<stem>_A_trained*.json`` and ``<stem>_A_alg1*.json``
+    in ``out``, as (path, result) pairs. Left out of them, with a line on stderr: a run
+    of some schemes only (``--schemes``: pooled with the others it would cut every
+    pooled table to its schemes) and a file that is not a part run (no ``settings``,
+    ``rows`` or ``seconds``, such as a report whose name matches). The second list
+    names every ``<stem>_A_*.json`` run of some schemes only (a refresh, read with
+    ``benchmarks/chu2023_refresh.py``)."""
+    variants = []
+    for f in sorted(out.glob(f"{stem}_A_trained*.json")) + sorted(out.glob(f"{stem}_A_alg1*.json")):
+        o = json.loads(f.read_text())
+        if not _is_part_run(o):
+            print(f"--combine: {f.name} left out: not a part run (no settings, rows or "
+                  "seconds)", file=sys.stderr)
+        elif _is_partial(o):
+            print(f"--combine: {f.name} left out: a run of {', '.join(o['settings']['schemes'])} "
+                  "only (--schemes), not a whole p axis", file=sys.stderr)
+        else:
+            variants.append((f, o))
+    partial = []
+    for f in sorted(out.glob(f"{stem}_A_*.json")):
+        o = json.loads(f.read_text())
+        if _is_part_run(o) and _is_partial(o):
+            partial.append(f.name)
+    return variants, partial
+
+
 def combine_mismatches(parts: dict, stem: str = "chu2023") -> list[str]:
     """What keeps part files from being merged by ``--combine``: per part (``parts``:
     name → its results file; part B is the reference), the top-level seed, mode, image
@@ -1702,6 +1744,12 @@ def other_a_tables(result) -> list[str]:
         lines += ["", "Checks on these rows (same rules as the acceptance checks above):", ""]
         lines += [f"- **{'PASS' if c['pass'] else 'FAIL'}** {c['check']}: {c['detail']}"
                   for c in o["checks"]]
+    if result.get("partial_A"):
+        lines += ["", "Part-A runs of some schemes only (`--schemes`: a scheme's rows rerun, "
+                  "e.g. after a fix to it), left out of the tables and pools above: "
+                  + ", ".join(f"`{n}`" for n in result["partial_A"]) + ". "
+                  "`python -m benchmarks.chu2023_refresh` reports each beside the run it "
+                  "refreshes, old rows against new (`docs/pruning.md`)."]
     return lines
 
 
@@ -2119,15 +2167,11 @@ def main(argv=None):
                   "settings_B": b["settings"]}
         result["other_seeds_B"] = other_b_runs(out_dir, stem, ds)
         result["fig4_B"] = fig4_runs(out_dir, stem, ds)
-        # A --schemes run (some schemes' rows only) is not a replication of the whole
-        # p axis: pooled with the others it would cut every pooled table to its schemes.
+        variants, result["partial_A"] = part_a_variants(out_dir, stem)
         result["other_A"] = [
             {"file": f.name, "commit": o.get("commit"), "seconds": o["seconds"],
              "settings": o["settings"], "rows": o["rows"], "checks": acceptance_checks(o["rows"])}
-            for f, o in ((f, json.loads(f.read_text()))
-                         for f in sorted(out_dir.glob(f"{stem}_A_trained*.json"))
-                         + sorted(out_dir.glob(f"{stem}_A_alg1*.json")))
-            if o["settings"].get("schemes", list(SCHEMES)) == list(SCHEMES)]
+            for f, o in variants]
         result.update(stem=stem, dataset=args.dataset, partition=args.partition)
         finalize(result, ds, out_dir)
         return

@@ -60,6 +60,34 @@ def test_p_axis_checks_use_the_p_axis_batch_only():
     assert not _check(acceptance_checks(bad), "SGI >= GI in PSNR")["pass"]
 
 
+def test_combine_reports_whole_axis_variants_and_names_partial_runs(tmp_path, capsys):
+    import json
+
+    from benchmarks.reproduce_chu2023 import SCHEMES, part_a_variants
+
+    def run(schemes=None, **extra):
+        settings = {"a_protocol": "alg1"} if schemes is None else {"a_protocol": "alg1",
+                                                                     "schemes": schemes}
+        return {"settings": settings, "rows": [], "seconds": 1.0, **extra}
+
+    files = {"chu2023_A_alg1.json": run(),                      # before --schemes existed
+             "chu2023_A_alg1_seed1.json": run(list(SCHEMES)),
+             "chu2023_A_alg1_feddst.json": run(["feddst"]),
+             "chu2023_A_trained30_feddst.json": run(["feddst"]),
+             "chu2023_A_feddst.json": run(["feddst"]),           # no variant glob matches
+             "chu2023_A_alg1_feddst_refresh.json": {"schemes": ["feddst"], "pairs": []},
+             "chu2023_B.json": run(["feddst"])}                   # not part A
+    for name, o in files.items():
+        (tmp_path / name).write_text(json.dumps(o))
+    variants, partial = part_a_variants(tmp_path)
+    assert [f.name for f, _ in variants] == ["chu2023_A_alg1.json", "chu2023_A_alg1_seed1.json"]
+    assert partial == ["chu2023_A_alg1_feddst.json", "chu2023_A_feddst.json",
+                       "chu2023_A_trained30_feddst.json"]
+    err = capsys.readouterr().err
+    assert "chu2023_A_alg1_feddst_refresh.json left out: not a part run" in err
+    assert "chu2023_A_alg1_feddst.json left out: a run of feddst only" in err
+
+
 def test_p_axis_checks_of_a_run_without_random_rows():
     # A --schemes run (here SNIP only, with PruneFL's B axis at B = 1 beside it): the p
     # axis is the Conv-2 batch size with the most settings.
@@ -915,9 +943,11 @@ def test_part_a_smoke_under_alg1_uploads_is_combined_as_a_variant(tmp_path):
     main(["--combine", "--out", str(tmp_path)])
     md = (tmp_path / "chu2023.md").read_text()
     assert "## A under Alg 1 weight uploads (chu2023_A_alg1.json" in md
-    assert "chu2023_A_alg1_feddst.json" not in md
+    assert "(chu2023_A_alg1_feddst.json" not in md  # no table of its own
+    assert "left out of the tables and pools above: `chu2023_A_alg1_feddst.json`." in md
     combined = json.loads((tmp_path / "chu2023.json").read_text())
     assert [o["file"] for o in combined["other_A"]] == ["chu2023_A_alg1.json"]
+    assert combined["partial_A"] == ["chu2023_A_alg1_feddst.json"]
     assert "‖w ⊙ (1−m)‖ / ‖lr·g ⊙ m‖" in md
 
 
