@@ -141,6 +141,11 @@ def setting_table(base: dict, refresh: dict, schemes: list[str]) -> list[dict]:
         return out
 
     old, new = per(base["rows"]), per(refresh["rows"])
+    for name, table in (("base", old), ("refresh", new)):
+        if not table:
+            raise ValueError(f"the {name} run's p-axis rows of {', '.join(schemes)} carry no "
+                             "per-victim PSNR / NMI (runs made before they were recorded): "
+                             "nothing to pair")
     return [{"scheme": s, "p": p, "old": old[(s, p)], "new": new[(s, p)],
              "masks": same_masks(old[(s, p)]["pruned_grad_share_victims"],
                                  new[(s, p)]["pruned_grad_share_victims"])}

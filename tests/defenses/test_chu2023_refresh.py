@@ -113,6 +113,15 @@ def test_a_refresh_of_another_run_is_refused(change, message):
         check_pair(base, refresh)
 
 
+def test_rows_without_per_victim_scores_are_named():
+    base, refresh = _pair(0)
+    for r in base["rows"]:
+        del r["psnr_victims"]
+    with pytest.raises(ValueError, match="the base run's p-axis rows of feddst carry no "
+                                         "per-victim PSNR"):
+        analyse([base], [refresh], [("b.json", "r.json")])
+
+
 def test_mixed_protocols_and_schemes_are_refused():
     (b0, r0), (b1, r1) = _pair(0), _pair(1)
     b1["settings"]["a_protocol"] = "pruned_model"
