@@ -3,9 +3,13 @@
 ``fedsim.models.init_params`` used to call flax's ``model.init`` eagerly: every
 initializer (one truncated normal per shape, ...) and every layer of the forward
 pass on zeros compiled its own small program. It now jits the whole
-initialisation, one program per (model, input shape). This benchmark measures
-both in fresh processes (a first initialisation, as at the start of a run), per
-model, with JAX's persistent compilation cache:
+initialisation, one program per (model, input shape), on CPU at XLA's backend
+optimisation level 2 (``INIT_CPU_COMPILER_OPTIONS``): at the default level 3 the
+program's compile took most of its time. This benchmark measures the three ways
+(``eager``; ``jit``, what ``init_params`` runs now; ``jit_default``, the same
+program at XLA's default options, what it ran before) in fresh processes (a
+first initialisation, as at the start of a run), per model, with JAX's
+persistent compilation cache:
 
 * ``off``: no persistent cache (a process that compiles everything);
 * ``cold``: the cache on, empty (compiles and writes what takes over JAX's
@@ -15,7 +19,7 @@ model, with JAX's persistent compilation cache:
 
 Per process it records the seconds of the initialisation alone (imports and
 model construction excluded), the number of XLA compiles it made, and a digest
-of the parameters' bytes: the two ways must give the same bits
+of the parameters' bytes: every way must give the same bits
 (``same_bits``), as ``tests/fedsim/test_models.py`` also checks.
 
 Usage::
@@ -47,14 +51,14 @@ from benchmarks.results_io import write_json_and_markdown  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_MODELS = ("mlp:16x16x1,lenet:32x32x3,lenet5:28x28x1,conv2:28x28x1,convnet:32x32x3,"
                   "alexnet:32x32x3,vgg11:32x32x3,resnet10:32x32x3")
-WAYS = ("eager", "jit")
+WAYS = ("eager", "jit", "jit_default")
 CACHES = ("off", "cold", "warm")
 
 # Runs in the fresh process: argv = model name, shape "HxWxC", way.
 CHILD = r"""
 import hashlib, json, sys, time
 import jax, jax.numpy as jnp, numpy as np
-from fedsim.models import build_model, init_params
+from fedsim.models import _init_eager, build_model, init_params
 name, shape, way = sys.argv[1], tuple(int(d) for d in sys.argv[2].split("x")), sys.argv[3]
 compiles = []
 jax.monitoring.register_event_duration_secs_listener(
@@ -66,8 +70,10 @@ before = len(compiles)  # the key's own programs are not the initialisation's
 t0 = time.perf_counter()
 if way == "eager":
     params = model.init(key, jnp.zeros((1, *shape), jnp.float32))["params"]
-else:
+elif way == "jit":
     params = init_params(model, shape, key)
+else:  # jit_default: the same program at XLA's default compiler options
+    params = jax.jit(_init_eager, static_argnums=(0, 1))(model, shape, key)
 params = jax.block_until_ready(params)
 seconds = time.perf_counter() - t0
 digest = hashlib.sha256()
@@ -100,11 +106,11 @@ def run_child(name: str, shape: str, way: str, cache_dir: Path | None) -> dict:
 
 
 def measure(models: list[tuple[str, str]], passes: int) -> list[dict]:
-    """Every model × way × cache setting, ``passes`` times; the two ways alternate
-    which goes first from pass to pass."""
+    """Every model × way × cache setting, ``passes`` times; the ways take turns
+    going first from pass to pass."""
     rows = []
     for p in range(passes):
-        ways = WAYS if p % 2 == 0 else WAYS[::-1]
+        ways = WAYS[p % len(WAYS):] + WAYS[:p % len(WAYS)]
         for name, shape in models:
             for way in ways:
                 with tempfile.TemporaryDirectory(prefix="fedsim-init-") as tmp:
@@ -118,7 +124,8 @@ def measure(models: list[tuple[str, str]], passes: int) -> list[dict]:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per model and cache setting: medians over passes of both ways, and their ratio."""
+    """Per model and cache setting: medians over passes of every way present, and
+    the ratios of ``jit`` to the others."""
     out = []
     keys = list(dict.fromkeys((r["model"], r["shape"], r["cache"]) for r in rows))
     for name, shape, cache in keys:
@@ -126,10 +133,15 @@ def summarize(rows: list[dict]) -> list[dict]:
         for way in WAYS:
             rs = [r for r in rows if (r["model"], r["shape"], r["cache"], r["way"]) ==
                   (name, shape, cache, way)]
+            if not rs:  # a file from before jit_default was measured
+                continue
             cell[f"{way}_s"] = statistics.median(r["seconds"] for r in rs)
             cell[f"{way}_compiles"] = statistics.median(r["compiles"] for r in rs)
+            cell[f"{way}_compile_s"] = statistics.median(r["compile_seconds"] for r in rs)
             cell["n"] = len(rs)
         cell["jit_over_eager"] = cell["jit_s"] / cell["eager_s"]
+        if "jit_default_s" in cell:
+            cell["jit_over_jit_default"] = cell["jit_s"] / cell["jit_default_s"]
         out.append(cell)
     return out
 
@@ -147,20 +159,35 @@ def markdown(result: dict) -> str:
         "# Model initialisation on CPU: op by op vs one jitted program "
         "(`benchmarks/init_time_cpu.py`)", "",
         f"A first `init_params` in a fresh process, medians over {result['passes']} passes "
-        f"(the two ways alternate which runs first). `eager`: flax's `model.init` op by op "
-        f"(what `init_params` ran before); `jit`: `init_params` now, one program per (model, "
-        f"input shape). Compile cache: `off` none, `cold` JAX's persistent cache on and "
-        f"empty, `warm` the same directory again. {result['device']}. Code: "
-        f"{short_commit(result['commit'])}"
-        f"{' (with uncommitted changes)' if result['dirty'] else ''}.", "",
-        "| model | input | compile cache | eager (s) | jit (s) | jit / eager "
-        "| XLA compiles eager | jit |", "|---|---|---|---|---|---|---|---|"]
+        f"(the ways take turns going first). `eager`: flax's `model.init` op by op; `jit`: "
+        f"`init_params` now, one program per (model, input shape), compiled on CPU at XLA's "
+        f"backend optimisation level 2; `jit default`: the same program at XLA's default "
+        f"options (level 3), what `init_params` ran before. Compile cache: `off` none, "
+        f"`cold` JAX's persistent cache on and empty, `warm` the same directory again. "
+        f"XLA compile: the seconds of XLA's backend compiles in the initialisation. "
+        f"{result['device']}. Code: {short_commit(result['commit'])}"
+        f"{' (with uncommitted changes)' if result['dirty'] else ''}.", ""]
+    default = all("jit_default_s" in s for s in result["summary"])
+    if default:
+        lines += ["| model | input | compile cache | eager (s) | jit (s) | jit default (s) "
+                  "| jit / eager | jit / jit default | XLA compile jit (s) | jit default (s) "
+                  "| XLA compiles eager | jit |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    else:  # a file measured before the jit_default way existed
+        lines += ["| model | input | compile cache | eager (s) | jit (s) | jit / eager "
+                  "| XLA compiles eager | jit |", "|---|---|---|---|---|---|---|---|"]
     for s in result["summary"]:
-        lines.append(f"| {s['model']} | {s['shape']} | {s['cache']} | {s['eager_s']:.2f} "
-                     f"| {s['jit_s']:.2f} | {s['jit_over_eager']:.2f} "
-                     f"| {s['eager_compiles']:g} | {s['jit_compiles']:g} |")
+        if default:
+            lines.append(f"| {s['model']} | {s['shape']} | {s['cache']} | {s['eager_s']:.2f} "
+                         f"| {s['jit_s']:.2f} | {s['jit_default_s']:.2f} "
+                         f"| {s['jit_over_eager']:.2f} | {s['jit_over_jit_default']:.2f} "
+                         f"| {s['jit_compile_s']:.2f} | {s['jit_default_compile_s']:.2f} "
+                         f"| {s['eager_compiles']:g} | {s['jit_compiles']:g} |")
+        else:
+            lines.append(f"| {s['model']} | {s['shape']} | {s['cache']} | {s['eager_s']:.2f} "
+                         f"| {s['jit_s']:.2f} | {s['jit_over_eager']:.2f} "
+                         f"| {s['eager_compiles']:g} | {s['jit_compiles']:g} |")
     ok = all(result["same_bits"].values())
-    lines += ["", "Same parameter bits from both ways and every cache setting: " +
+    lines += ["", "Same parameter bits from every way and cache setting: " +
               ("yes, every model." if ok else "NO: " + json.dumps(result["same_bits"])),
               "", f"Whole benchmark: {result['seconds']:.0f} s."]
     return "\n".join(lines) + "\n"

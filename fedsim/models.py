@@ -886,6 +886,14 @@ def init_params(model: nn.Module, input_shape: Sequence[int], key: jax.Array):
     (``tests/fedsim/test_models.py``). A model whose fields cannot be hashed
     (so cannot be a static argument) is initialised eagerly, as before.
 
+    On CPU the program is compiled at XLA's backend optimisation level 2, not
+    its default 3: at level 3 LLVM spends seconds on the random-number code
+    of every multi-dimensional draw (threefry over a reshaped counter), which
+    made the initialisation's compile most of its time; the program runs once,
+    so its run time does not matter. The bits are the same: the tests compare
+    them with the eager ``model.init``'s, compiled at the default level.
+    ``benchmarks/init_time_cpu.py`` times both levels side by side.
+
     Raises:
       ValueError: when the model cannot take inputs of that shape (the message
         names the model and the shape, e.g. a shape given with a batch dim).
@@ -893,7 +901,7 @@ def init_params(model: nn.Module, input_shape: Sequence[int], key: jax.Array):
     shape = tuple(input_shape) if isinstance(input_shape, (list, tuple)) else input_shape
     try:
         hash((model, shape))
-        init = _init_jitted
+        init = _init_jitted if jax.default_backend() == "cpu" else _init_jitted_default
     except TypeError:
         init = _init_eager
     try:
@@ -908,8 +916,14 @@ def _init_eager(model: nn.Module, input_shape: Sequence[int], key: jax.Array):
     return model.init(key, jnp.zeros((1, *input_shape), jnp.float32))["params"]
 
 
+#: XLA options for the CPU initialisation program (see ``init_params``).
+INIT_CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 2}
+
 # One executable per (model, input shape): flax modules hash by their fields.
-_init_jitted = jax.jit(_init_eager, static_argnums=(0, 1))
+_init_jitted = jax.jit(_init_eager, static_argnums=(0, 1),
+                       compiler_options=INIT_CPU_COMPILER_OPTIONS)
+# Other backends keep XLA's defaults: the level-3 cost was measured on XLA:CPU only.
+_init_jitted_default = jax.jit(_init_eager, static_argnums=(0, 1))
 
 
 def make_apply_fn(model: nn.Module) -> Callable[[object, jax.Array], jax.Array]:

@@ -5,19 +5,21 @@ import pytest
 from benchmarks.init_time_cpu import main, markdown, run_child, same_bits, summarize
 
 
-def test_a_child_initialises_both_ways_to_the_same_bits_and_jit_compiles_once():
+def test_a_child_initialises_every_way_to_the_same_bits_and_jit_compiles_once():
     eager = run_child("mlp", "16x16x1", "eager", None)
     jitted = run_child("mlp", "16x16x1", "jit", None)
-    assert eager["digest"] == jitted["digest"]
-    assert jitted["compiles"] == 1  # no persistent cache: the one program of the init
+    default = run_child("mlp", "16x16x1", "jit_default", None)
+    assert eager["digest"] == jitted["digest"] == default["digest"]
+    for one in (jitted, default):  # no persistent cache: the one program of the init
+        assert one["compiles"] == 1 and one["compile_seconds"] > 0
     assert eager["compiles"] > 1  # an initializer and layer at a time
     assert eager["seconds"] > 0 and jitted["seconds"] > 0
 
 
-def _row(way, cache, secs, p=0, digest="d", compiles=1, model="mlp"):
+def _row(way, cache, secs, p=0, digest="d", compiles=1, model="mlp", compile_s=0.0):
     return {"pass": p, "model": model, "shape": "16x16x1", "way": way, "cache": cache,
-            "seconds": secs, "compiles": compiles, "compile_seconds": 0.0, "digest": digest,
-            "load_before": 0.0}
+            "seconds": secs, "compiles": compiles, "compile_seconds": compile_s,
+            "digest": digest, "load_before": 0.0}
 
 
 def test_summary_takes_medians_per_way_and_cache_and_same_bits_per_model():
@@ -34,8 +36,23 @@ def test_summary_takes_medians_per_way_and_cache_and_same_bits_per_model():
     assert bits == {"mlp 16x16x1": True, "lenet5 16x16x1": False}
     text = markdown({"passes": 3, "device": "cpu", "commit": "abc1234def", "dirty": False,
                      "seconds": 12.0, "summary": summarize(rows), "same_bits": bits})
-    assert "| mlp | 16x16x1 | off | 4.00 | 1.50 | 0.38 | 9 | 1 |" in text
+    assert "| mlp | 16x16x1 | off | 4.00 | 1.50 | 0.38 | 9 | 1 |" in text  # no jit_default rows
     assert "NO:" in text and "lenet5 16x16x1" in text
+
+
+def test_summary_sets_jit_beside_the_same_program_at_xlas_default_options():
+    rows = [_row("eager", "off", 4.0, compiles=9), _row("jit", "off", 1.0, compile_s=0.75)]
+    rows += [_row("jit_default", "off", secs, p, compile_s=c)
+             for p, (secs, c) in enumerate(((5.0, 4.5), (3.0, 2.5), (4.0, 3.5)))]
+    (off,) = summarize(rows)
+    assert (off["jit_default_s"], off["jit_default_compile_s"]) == (4.0, 3.5)
+    assert off["jit_over_jit_default"] == pytest.approx(1.0 / 4.0)
+    assert off["jit_compile_s"] == 0.75
+    text = markdown({"passes": 3, "device": "cpu", "commit": "abc1234def", "dirty": False,
+                     "seconds": 12.0, "summary": [off], "same_bits": same_bits(rows)})
+    assert ("| mlp | 16x16x1 | off | 4.00 | 1.00 | 4.00 | 0.25 | 0.25 | 0.75 | 3.50 | 9 | 1 |"
+            in text)
+    assert "yes, every model." in text
 
 
 @pytest.mark.parametrize("argv, message", [
