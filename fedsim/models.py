@@ -901,7 +901,7 @@ def init_params(model: nn.Module, input_shape: Sequence[int], key: jax.Array):
     shape = tuple(input_shape) if isinstance(input_shape, (list, tuple)) else input_shape
     try:
         hash((model, shape))
-        init = _init_jitted if jax.default_backend() == "cpu" else _init_jitted_default
+        init = _init_jitted_cpu if jax.default_backend() == "cpu" else _init_jitted
     except TypeError:
         init = _init_eager
     try:
@@ -920,10 +920,22 @@ def _init_eager(model: nn.Module, input_shape: Sequence[int], key: jax.Array):
 INIT_CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 2}
 
 # One executable per (model, input shape): flax modules hash by their fields.
-_init_jitted = jax.jit(_init_eager, static_argnums=(0, 1),
-                       compiler_options=INIT_CPU_COMPILER_OPTIONS)
 # Other backends keep XLA's defaults: the level-3 cost was measured on XLA:CPU only.
-_init_jitted_default = jax.jit(_init_eager, static_argnums=(0, 1))
+_init_jitted = jax.jit(_init_eager, static_argnums=(0, 1))
+_init_jitted_cpu_options = jax.jit(_init_eager, static_argnums=(0, 1),
+                                   compiler_options=INIT_CPU_COMPILER_OPTIONS)
+
+
+def _init_jitted_cpu(model: nn.Module, input_shape: tuple, key: jax.Array):
+    try:
+        return _init_jitted_cpu_options(model, input_shape, key)
+    except ValueError as e:
+        # Inside another trace (jax.eval_shape, an outer jit) JAX refuses a nested
+        # jit's compiler options; there the init is part of the outer program,
+        # compiled at that program's options, so the plain jit is the same thing.
+        if "compiler_options" not in str(e):
+            raise
+        return _init_jitted(model, input_shape, key)
 
 
 def make_apply_fn(model: nn.Module) -> Callable[[object, jax.Array], jax.Array]:

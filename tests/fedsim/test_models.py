@@ -138,11 +138,12 @@ def test_init_is_one_program_per_model_and_shape_and_an_unhashable_model_runs_ea
     from fedsim import models
 
     model, shape = build_model("mlp"), (21, 21, 1)  # a shape no other test uses
-    before = models._init_jitted._cache_size()
+    program = models._init_jitted_cpu_options  # the program init_params runs on CPU
+    before = program._cache_size()
     first = init_params(model, shape, jax.random.key(0))
     init_params(model, list(shape), jax.random.key(1))  # a list hits the same program
     init_params(build_model("mlp"), shape, jax.random.key(2))  # an equal model as well
-    assert models._init_jitted._cache_size() == before + 1
+    assert program._cache_size() == before + 1
     assert first["Dense_0"]["kernel"].shape == (21 * 21, 50)
 
     class ListWidths(nn.Module):  # a list field: not hashable, so not a static argument
@@ -157,7 +158,19 @@ def test_init_is_one_program_per_model_and_shape_and_an_unhashable_model_runs_ea
         hash(odd)
     key = jax.random.key(4)
     _assert_bitwise_equal(init_params(odd, (2, 2, 1), key), _eager_init(odd, (2, 2, 1), key))
-    assert models._init_jitted._cache_size() == before + 1
+    assert program._cache_size() == before + 1
+
+
+def test_init_inside_another_trace_gives_the_top_level_parameters():
+    """JAX refuses a nested jit's compiler options (the CPU init's level 2) inside
+    another trace; there init_params runs as part of the outer program, to the same bits."""
+    model, shape = build_model("lenet5"), (28, 28, 1)
+    top = init_params(model, shape, jax.random.key(6))
+    # A traced key (jit's argument) and a concrete key closed over inside the trace.
+    _assert_bitwise_equal(jax.jit(lambda k: init_params(model, shape, k))(jax.random.key(6)), top)
+    _assert_bitwise_equal(jax.jit(lambda: init_params(model, shape, jax.random.key(6)))(), top)
+    shapes = jax.eval_shape(lambda: init_params(model, shape, jax.random.key(6)))
+    assert jax.tree.map(lambda a: a.shape, shapes) == jax.tree.map(lambda a: a.shape, top)
 
 
 @pytest.mark.parametrize("window,size", [(2, 28), (2, 7), (3, 16)])
