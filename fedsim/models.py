@@ -879,9 +879,8 @@ def init_params(model: nn.Module, input_shape: Sequence[int], key: jax.Array):
     not op by op: eagerly every initializer and every layer of the forward
     pass on zeros compiles its own small program (LeNet-5 at 28×28: 66 XLA
     compiles), each too short for the persistent compilation cache. Jitted,
-    a first initialisation takes 0.41–0.57× the time, and 0.05–0.09× with
-    the cache warm where the program compiles in over the cache's 1 s
-    threshold (``benchmarks/results/init_time_cpu.md``). The parameters are
+    a first initialisation takes 0.13–0.28× the time, and 0.06–0.43× with
+    the cache warm (``benchmarks/results/init_time_cpu.md``). The parameters are
     bit for bit the ones ``model.init`` gives eagerly
     (``tests/fedsim/test_models.py``). A model whose fields cannot be hashed
     (so cannot be a static argument) is initialised eagerly, as before.
@@ -889,8 +888,9 @@ def init_params(model: nn.Module, input_shape: Sequence[int], key: jax.Array):
     On CPU the program is compiled at XLA's backend optimisation level 2, not
     its default 3: at level 3 LLVM spends seconds on the random-number code
     of every multi-dimensional draw (threefry over a reshaped counter), which
-    made the initialisation's compile most of its time; the program runs once,
-    so its run time does not matter. The bits are the same: the tests compare
+    made the initialisation's compile most of its time (a first init takes
+    0.19–0.46× the time at level 2); the program runs once, so its run time
+    does not matter. The bits are the same: the tests compare
     them with the eager ``model.init``'s, compiled at the default level.
     ``benchmarks/init_time_cpu.py`` times both levels side by side.
 
