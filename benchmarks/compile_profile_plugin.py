@@ -29,8 +29,9 @@ _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 #: A compile shorter than this is not written to JAX's persistent cache (the
 #: default ``jax_persistent_cache_min_compile_time_secs``); counted apart.
 SMALL_S = 1.0
-#: Compiles outside any test (collection, fixtures of a session's first test are
-#: inside it; module imports that compile are not).
+#: Where compiles made while no test runs are charged (collection, imports). A
+#: fixture runs inside its test's protocol: a session fixture's compiles go to
+#: the first test that uses it.
 OUTSIDE = "(outside tests)"
 
 _current = OUTSIDE
