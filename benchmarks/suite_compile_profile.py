@@ -160,7 +160,11 @@ def main(argv=None) -> dict:
     args = ap.parse_args(ours)
     if args.render:
         result = read_or_exit(ap, args.render, "--render")
-        Path(args.render).with_suffix(".md").write_text(markdown(result))
+        try:
+            md = markdown(result)
+        except (KeyError, TypeError) as e:
+            ap.error(f"--render {args.render}: not a {NAME} result (no {e})")
+        Path(args.render).with_suffix(".md").write_text(md)
         return result
     if args.top < 1:
         ap.error(f"--top must be at least 1, got {args.top}")

@@ -39,6 +39,7 @@ def test_a_bad_file_is_named_with_its_option(tmp_path, content, message):
     ("soteria_gs_architecture", ["--render", "{path}"]),
     ("reproduce_sun2021", ["--render", "{path}"]),
     ("compile_time_cpu", ["--render", "--out", "{dir}"]),
+    ("suite_compile_profile", ["--render", "{path}"]),
 ])
 def test_render_of_a_truncated_json_names_the_file(module, argv, tmp_path, capsys):
     # A run killed while writing leaves a truncated JSON: --render says which file.

@@ -58,6 +58,12 @@ def test_bad_arguments_and_an_empty_run_are_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--render", str(tmp_path / "missing.json")])
     assert "no such file" in capsys.readouterr().err
+    other = tmp_path / "other.json"
+    other.write_text('{"rows": []}')
+    with pytest.raises(SystemExit):
+        bench.main(["--render", str(other)])
+    assert f"--render {other}: not a suite_compile_profile result" in capsys.readouterr().err
+    assert not other.with_suffix(".md").exists()
     with pytest.raises(SystemExit):
         profile(tmp_path, "def helper():\n    pass\n")
     assert "no test-running process reported compiles" in capsys.readouterr().err
