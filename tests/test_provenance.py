@@ -93,7 +93,8 @@ def test_a_declared_commit_is_used_only_where_git_cannot_tell(tmp_path, monkeypa
                                     "attack_acceptance", "attack_throughput", "control_flow_cpu",
                                     "diagnose_ig_floor", "engine_throughput", "fedavg_inversion",
                                     "gflops", "paper001_table2_ig", "soteria_speed",
-                                    "subnormal_eval_cpu", "diagnose_sgi_vs_gi"])
+                                    "subnormal_eval_cpu", "diagnose_sgi_vs_gi",
+                                    "random_draw_compile_cpu"])
 def test_benchmarks_record_the_shared_provenance(module):
     # One meaning of "commit" in every results JSON: the scripts use this module's
     # functions, not copies of their own.
