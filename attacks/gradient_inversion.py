@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec as P
 
 from attacks.api import Reconstruction
 from attacks.labels import infer_labels, observed_gradient
-from fedsim import memory, models
+from fedsim import memory, models, random_draws
 from fedsim.config import ConfigError
 from fedsim.suggest import did_you_mean_each
 from fedsim.typing import Observation, Params
@@ -288,9 +288,11 @@ def initial_dummy(key: jax.Array, cfg: InversionConfig, batch_size: int,
     """The starting dummy ``{"x": [B, ...], "y": [B, K]}`` of one restart (``cfg.init``)."""
     kx, ky = jax.random.split(key)
     shape = (batch_size, *input_shape)
-    x0 = (jax.random.uniform(kx, shape) if cfg.init == "uniform"
-          else 0.5 + 0.25 * jax.random.normal(kx, shape))
-    return {"x": x0, "y": jax.random.normal(ky, (batch_size, num_classes))}
+    # Flat draws, the same bits: a multi-dimensional one compiles seconds longer
+    # on XLA:CPU (fedsim.random_draws).
+    x0 = (random_draws.uniform(kx, shape) if cfg.init == "uniform"
+          else 0.5 + 0.25 * random_draws.normal(kx, shape))
+    return {"x": x0, "y": random_draws.normal(ky, (batch_size, num_classes))}
 
 
 def first_order_step(fn: Callable, opt: optax.GradientTransformation,

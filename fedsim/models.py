@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedsim import random_draws
 from fedsim.suggest import did_you_mean
 
 ModelFactory = Callable[..., nn.Module]
@@ -605,7 +606,7 @@ class LeNetDLG(nn.Module):
         kw = {}
         if self.init_scale > 0:
             s = self.init_scale
-            uniform = lambda key, shape, dtype=jnp.float32: jax.random.uniform(  # noqa: E731
+            uniform = lambda key, shape, dtype=jnp.float32: random_draws.uniform(  # noqa: E731
                 key, shape, dtype, -s, s)
             kw = {"kernel_init": uniform, "bias_init": uniform}
         for stride in (2, 2, 1, 1):
@@ -666,7 +667,7 @@ def _torch_default_inits(fan_in: int) -> dict:
     (``kaiming_uniform_(a=√5)`` has exactly that bound; so has the bias rule.)
     """
     bound = 1.0 / float(fan_in) ** 0.5
-    uniform = lambda key, shape, dtype=jnp.float32: jax.random.uniform(
+    uniform = lambda key, shape, dtype=jnp.float32: random_draws.uniform(  # same bits
         key, shape, dtype, -bound, bound)
     return {"kernel_init": uniform, "bias_init": uniform}
 

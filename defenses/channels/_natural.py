@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -10,6 +9,7 @@ from defenses.bounds import channel_capacity, natural_channel_sigma
 from defenses.channels._noise import additive_data_channel, check_kappa
 from defenses.channels._guarantee import ChannelGuarantee
 from defenses.channels._statistics import DataStatistics, resolve_statistics
+from fedsim import random_draws
 from fedsim.hooks import Defense, register_defense
 
 __all__ = ["natural_channel", "natural_noise_variance"]
@@ -76,7 +76,7 @@ def natural_channel(kappa: float, *, statistics: DataStatistics | None = None, d
     d = stats.dim
 
     def sample(key, b):
-        return std * jax.random.normal(key, (b, d), jnp.float32)
+        return std * random_draws.normal(key, (b, d), jnp.float32)
 
     return additive_data_channel(f"natural_channel(kappa={kappa:g})", stats.shape, sample,
                                  guarantee=ChannelGuarantee(kappa, stats))

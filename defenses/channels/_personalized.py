@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -10,6 +9,7 @@ from defenses.bounds import personalized_channel_sigma
 from defenses.channels._noise import additive_data_channel, check_kappa
 from defenses.channels._guarantee import ChannelGuarantee
 from defenses.channels._statistics import DataStatistics, resolve_statistics
+from fedsim import random_draws
 from fedsim.hooks import Defense, register_defense
 
 __all__ = ["personalized_channel", "paper_prior_beta", "personalized_noise_scale",
@@ -122,7 +122,7 @@ def personalized_channel(kappa: float, *, beta=None, statistics: DataStatistics 
     d = stats.dim
 
     def sample(key, b):
-        return jax.random.normal(key, (b, d), jnp.float32) * std
+        return random_draws.normal(key, (b, d), jnp.float32) * std
 
     return additive_data_channel(f"personalized_channel(kappa={kappa:g})", stats.shape, sample,
                                  guarantee=ChannelGuarantee(kappa, stats))

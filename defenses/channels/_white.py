@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -10,6 +9,7 @@ from defenses.bounds import white_channel_sigmas
 from defenses.channels._noise import additive_data_channel, check_kappa
 from defenses.channels._guarantee import ChannelGuarantee
 from defenses.channels._statistics import DataStatistics, resolve_statistics
+from fedsim import random_draws
 from fedsim.hooks import Defense, register_defense
 
 __all__ = ["white_channel", "white_noise_variances"]
@@ -68,7 +68,7 @@ def white_channel(kappa: float, *, statistics: DataStatistics | None = None, dat
     d = stats.dim
 
     def sample(key, b):
-        z = jax.random.normal(key, (b, d), jnp.float32)
+        z = random_draws.normal(key, (b, d), jnp.float32)
         return z @ factor_t
 
     return additive_data_channel(f"white_channel(kappa={kappa:g})", stats.shape, sample,

@@ -35,6 +35,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from fedsim import random_draws
 from fedsim.hooks import Defense, register_defense
 from defenses.dp._params import DPParameters
 from defenses.dp.clipping import check_clipping, check_positive
@@ -81,7 +82,7 @@ def _cosine_sampler(kappa: float, dim: int, num: int, candidates: int, max_round
     def propose(k):
         kz, ku = jax.random.split(k)
         z = jax.random.beta(kz, half, half, (num, candidates), dtype=f32)
-        u = jax.random.uniform(ku, (num, candidates), f32, minval=1e-38, maxval=1.0)
+        u = random_draws.uniform(ku, (num, candidates), f32, minval=1e-38, maxval=1.0)
         w = (1.0 - (1.0 + b) * z) / (1.0 - (1.0 - b) * z)
         log_ratio = kappa * (w - x0) + m1 * jnp.log1p(x0 * (x0 - w) / one_minus_x0sq)
         ok = log_ratio >= jnp.log(u)
@@ -131,7 +132,7 @@ def sample_vmf(key: jax.Array, mu: jax.Array, kappa: float, num: int | None = No
     mu = mu / jnp.linalg.norm(mu)
     w = sample_vmf_cosine(k_w, kappa, dim, n, **kwargs)
     # Uniform direction in μ's orthogonal complement: project a Gaussian.
-    xi = jax.random.normal(k_v, (n, dim), jnp.float32)
+    xi = random_draws.normal(k_v, (n, dim), jnp.float32)
     xi = xi - (xi @ mu)[:, None] * mu[None, :]
     v = xi / jnp.linalg.norm(xi, axis=1, keepdims=True)
     x = w[:, None] * mu[None, :] + jnp.sqrt(jnp.maximum(1.0 - w * w, 0.0))[:, None] * v

@@ -18,6 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fedsim import random_draws
 from fedsim.typing import PRNGKey
 
 
@@ -33,7 +34,9 @@ def gumbel_not_shared(key: PRNGKey, theta: jax.Array, tau: float, hard: bool = F
     """
     if not tau > 0 or tau == float("inf"):  # NaN fails the comparison
         raise ValueError(f"Gumbel-softmax temperature tau must be a finite number > 0, got {tau}")
-    g = jax.random.gumbel(key, (2,) + jnp.shape(theta), jnp.float32)
+    # Drawn flat (same bits): per-coordinate pairs of a kernel compile seconds
+    # longer as a multi-dimensional draw on XLA:CPU (fedsim.random_draws).
+    g = random_draws.gumbel(key, (2,) + jnp.shape(theta), jnp.float32)
     z = (jax.nn.log_sigmoid(theta) - jax.nn.log_sigmoid(-theta) + g[0] - g[1]) / tau
     v = jax.nn.sigmoid(z)
     if hard:
