@@ -23,7 +23,18 @@ bits (they do whenever the draw's counters are the flattened index, as with
 threefry either way). Medians over ``--passes`` processes per setting, the
 settings interleaved within a pass.
 
-Run: ``python -m benchmarks.random_draw_compile_cpu [--passes 3]``.
+Then, at JAX's defaults, the library's own programs that contain such draws,
+compiled in fresh processes from this checkout and from each ``--baseline
+LABEL=PATH`` (another checkout, e.g. a ``git worktree`` of the commit before
+``fedsim.random_draws``), interleaved:
+
+- ``attack``: the gradient-inversion program of ``invert_victims`` (Conv-2 at
+  16×16×1, 4 victims × 2 restarts of batch 8, 200 Adam iterations, shared
+  weights), with uniform and with Gaussian dummies;
+- ``gumbel``: PriPrune's Gumbel-softmax sample over LeNet-5's parameters
+  (``defenses.pruning.gumbel.gumbel_tree``).
+
+Run: ``python -m benchmarks.random_draw_compile_cpu [--passes 3] [--baseline LABEL=PATH]``.
 Writes ``benchmarks/results/random_draw_compile_cpu.{json,md}``.
 """
 
@@ -101,6 +112,49 @@ def measure(shapes=SHAPES, tree_shapes=LENET5_SHAPES) -> dict:
             "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__}
 
 
+#: Run as ``python -c _LIBRARY_CHILD TREE``: TREE's fedsim, attacks and defenses.
+_LIBRARY_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import jax, jax.numpy as jnp
+from attacks.gradient_inversion import InversionConfig, _compiled
+from defenses.pruning.gumbel import gumbel_tree
+from fedsim.models import build_model
+
+def seconds(lowered):
+    t0 = time.perf_counter()
+    lowered.compile()
+    return time.perf_counter() - t0
+
+out = {}
+model = build_model("conv2", 10)
+params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 1)))
+V, B = 4, 8
+targets = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (V,) + a.shape), params)
+labels = jnp.zeros((V, B), jnp.int32)
+keys = jax.random.split(jax.random.key(1), V)
+for init in ("uniform", "gaussian"):
+    cfg = InversionConfig(iterations=200, restarts=2, init=init)
+    fn = _compiled(model.apply, cfg, B, (16, 16, 1), 10, shared_params=True)
+    out[f"attack ({init} dummies)"] = seconds(fn.lower(params, targets, labels, keys))
+lenet = build_model("lenet5", 10)
+thetas = lenet.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+sample = jax.jit(lambda k, th: gumbel_tree(k, th, 0.5))
+out["gumbel (LeNet-5)"] = seconds(sample.lower(jax.random.key(2), thetas))
+print(json.dumps(out))
+"""
+
+
+def _library_child(tree: Path) -> dict:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_ENABLE_COMPILATION_CACHE": "false",
+           "FEDSIM_COMPILE_CACHE": "0"}
+    proc = subprocess.run([sys.executable, "-c", _LIBRARY_CHILD, str(tree)], env=env,
+                          cwd=tree, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"library child process ({tree}) failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _child(partitionable: bool, level: int, shapes) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_ENABLE_COMPILATION_CACHE": "false",
            "JAX_THREEFRY_PARTITIONABLE": "true" if partitionable else "false",
@@ -146,6 +200,22 @@ def render(result: dict) -> str:
             lines.append(f"| {prog} | {lb} | {m:.2f} | {f:.2f} | {m / f:.2f}× |")
     lines += ["", "Same bits from both forms in every process: "
               + ("yes" if result["same_bits_everywhere"] else "**no**") + ".", ""]
+    library = result.get("library_median_s")
+    if library:
+        trees = list(library)
+        lines += ["## The library's programs (JAX defaults: partitionable on, level 3)", "",
+                  "Compile seconds, median over one fresh process per pass and code tree; "
+                  + "; ".join(f"`{t}` = {short_commit(result['library_commits'][t])}"
+                              for t in trees) + ".", "",
+                  "| program | " + " | ".join(f"{t} (s)" for t in trees)
+                  + "".join(f" | {trees[0]} / {t}" for t in trees[1:]) + " |",
+                  "|---|" + "---|" * (2 * len(trees) - 1)]
+        for prog in library[trees[0]]:
+            this = library[trees[0]][prog]
+            lines.append(f"| {prog} | " + " | ".join(f"{library[t][prog]:.2f}" for t in trees)
+                         + "".join(f" | {this / library[t][prog]:.2f}×" for t in trees[1:])
+                         + " |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -154,6 +224,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--shapes", default=None, help=argparse.SUPPRESS)  # tests: JSON list
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--baseline", action="append", default=[], metavar="LABEL=PATH",
+                    help="another checkout whose library programs to compile alongside")
+    ap.add_argument("--no-library", action="store_true", help=argparse.SUPPRESS)  # tests
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.child is not None:
@@ -162,13 +235,24 @@ def main(argv=None) -> dict:
         return {}
     if args.passes < 1:
         ap.error("--passes must be >= 1")
+    trees = {"this": ROOT}
+    for spec in args.baseline:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not Path(path, "fedsim").is_dir() or label in trees:
+            ap.error(f"--baseline {spec!r}: expected a new LABEL=PATH, PATH a checkout "
+                     "with fedsim/")
+        trees[label] = Path(path).resolve()
     shapes = SHAPES if args.shapes is None else [tuple(s) for s in json.loads(args.shapes)]
     commit = git_commit()  # at start: the code the children load
     load0 = os.getloadavg()[0]
     runs = {_label(p, lv): [] for p, lv in SETTINGS}
+    library = {t: [] for t in trees}
     for _ in range(args.passes):
         for p, lv in SETTINGS:
             runs[_label(p, lv)].append(_child(p, lv, shapes))
+        if not args.no_library:
+            for t, path in trees.items():
+                library[t].append(_library_child(path))
     median = {lb: {prog: {f: statistics.median(r["seconds"][prog][f] for r in rs) for f in FORMS}
                    for prog in rs[0]["seconds"]} for lb, rs in runs.items()}
     result = {"commit": commit, "passes": args.passes,
@@ -180,6 +264,11 @@ def main(argv=None) -> dict:
               "same_bits_everywhere": all(all(r["same_bits"].values())
                                           for rs in runs.values() for r in rs),
               "runs": runs}
+    if not args.no_library:
+        result["library_commits"] = {t: git_commit(path) for t, path in trees.items()}
+        result["library_median_s"] = {t: {prog: statistics.median(r[prog] for r in rs)
+                                          for prog in rs[0]} for t, rs in library.items()}
+        result["library_runs"] = library
     write_json_and_markdown(args.out, NAME, result, render(result))
     return result
 

@@ -33,9 +33,19 @@ def test_rejects_zero_passes(capsys):
     assert "--passes must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("spec", ["nolabel", "=/tmp", "x={missing}", "this={root}"])
+def test_a_bad_baseline_is_named(spec, tmp_path, capsys):
+    spec = spec.format(missing=tmp_path / "missing", root=bench.ROOT)
+    with pytest.raises(SystemExit):
+        bench.main(["--baseline", spec, "--out", str(tmp_path)])
+    assert f"--baseline {spec!r}" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # refused before measuring anything
+
+
 @pytest.mark.slow
 def test_writes_json_and_markdown_from_child_processes(tmp_path):
-    bench.main(["--passes", "1", "--shapes", "[[3, 2]]", "--out", str(tmp_path)])
+    bench.main(["--passes", "1", "--shapes", "[[3, 2]]", "--out", str(tmp_path),
+                "--baseline", f"again={bench.ROOT}"])
     out = json.loads((tmp_path / f"{bench.NAME}.json").read_text())
     assert out["same_bits_everywhere"] is True
     # Each setting ran in its own process with what it names.
@@ -45,3 +55,8 @@ def test_writes_json_and_markdown_from_child_processes(tmp_path):
         assert run["xla_flags"].endswith(f"--xla_backend_optimization_level={level}")
     md = (tmp_path / f"{bench.NAME}.md").read_text()
     assert "| (3, 2) | partitionable on, level 3 |" in md and "Same bits" in md
+    # The library's programs, compiled from this tree and from the baseline.
+    assert set(out["library_median_s"]) == {"this", "again"}
+    programs = {"attack (uniform dummies)", "attack (gaussian dummies)", "gumbel (LeNet-5)"}
+    assert set(out["library_median_s"]["again"]) == programs
+    assert "| gumbel (LeNet-5) |" in md and "this / again" in md
