@@ -104,14 +104,15 @@ def projected(r: dict, rounds: int) -> float:
 
 
 def measure_tree(label: str, tree: Path, config: Path, ks: list[int], rounds: int,
-                 p: int) -> list[dict]:
-    """One pass of every setting with checkout ``tree``'s code."""
+                 p: int, sets: list[str] = ()) -> list[dict]:
+    """One pass of every setting with checkout ``tree``'s code (``sets``: config
+    overrides for every run)."""
     rows = []
     for k in ks:
         with tempfile.TemporaryDirectory(prefix="fedsim-compile-") as tmp:
             tmp = Path(tmp)
             over = ["training.client_parallelism=loop", f"training.rounds={rounds}",
-                    f"training.loop_clients_per_call={k}"]
+                    f"training.loop_clients_per_call={k}", *sets]
             for mode in ("off", "cold", "warm"):
                 r = run_once(tree, config, over, tmp / "cache", mode != "off",
                              tmp / f"run_{mode}")
@@ -122,7 +123,7 @@ def measure_tree(label: str, tree: Path, config: Path, ks: list[int], rounds: in
     with tempfile.TemporaryDirectory(prefix="fedsim-compile-") as tmp:
         tmp = Path(tmp)
         for mode in ("cold", "warm"):
-            r = run_once(tree, config, [f"training.rounds={rounds}"], tmp / "cache", True,
+            r = run_once(tree, config, [f"training.rounds={rounds}", *sets], tmp / "cache", True,
                          tmp / f"run_{mode}")
             rows.append({"tree": label, "pass": p, "strategy": "auto", "k": None,
                          "cache": mode, **r})
@@ -156,11 +157,22 @@ def same_numbers(rows: list[dict]) -> dict:
     return {f"{t} {s} k={k} pass {p}": len(v) == 1 for (t, s, k, p), v in groups.items()}
 
 
+def same_across_trees(rows: list[dict]) -> dict:
+    """Per (strategy, k, cache, pass) run by more than one tree: the same loss and accuracy?"""
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault((r["strategy"], r["k"], r["cache"], r["pass"]), []).append(
+            (r["final_train_loss"], r["final_accuracy"]))
+    return {f"{s} k={k} {c} pass {p}": len(set(v)) == 1
+            for (s, k, c, p), v in groups.items() if len(v) > 1}
+
+
 def markdown(result: dict) -> str:
     lines = [
         "# Compile time vs training time on CPU (`benchmarks/compile_time_cpu.py`)", "",
         f"Config `{result['config']}` run for {result['rounds']} rounds per process "
-        f"({result['passes']} pass(es), medians); `projected` = the process's wall time "
+        f"({result['passes']} pass(es), medians)"
+        + "".join(f", `--set {o}`" for o in result.get("sets", [])) + "; `projected` = the process's wall time "
         f"with the rounds' part replaced by round 0 + {result['rounds_full'] - 1} × steady "
         f"(the config's {result['rounds_full']} rounds). "
         f"{result['device']}. Code: " + ", ".join(
@@ -174,6 +186,10 @@ def markdown(result: dict) -> str:
     ok = all(result["same_numbers"].values())
     lines += ["", f"Same final loss and accuracy with the cache off, cold and warm: "
               f"{'yes, every group' if ok else 'NO: ' + str(result['same_numbers'])}."]
+    across = same_across_trees(result["rows"])
+    if across:
+        lines += ["", "Same final loss and accuracy in every code tree, setting by setting: "
+                  + ("yes" if all(across.values()) else "NO: " + str(across)) + "."]
     autos = [r for r in result["rows"] if r["strategy"] == "auto" and r["cache"] == "cold"]
     for r in autos:
         line = str(r["strategy_line"])
@@ -204,6 +220,8 @@ def main(argv=None):
                          "an older commit), interleaved with this one; repeatable")
     ap.add_argument("--baseline-ks", default=None,
                     help="loop k values for the baselines (default: --ks)")
+    ap.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
+                    help="config override for every run (fedsim run --set); repeatable")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--render", action="store_true",
                     help="only re-derive the summary and markdown from --out's JSON")
@@ -243,10 +261,11 @@ def main(argv=None):
     for p in range(args.passes):
         for label, tree in trees.items():
             rows += measure_tree(label, tree, config, ks if label == "this" else base_ks,
-                                 args.rounds, p)
+                                 args.rounds, p, args.sets)
     result = {"config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
               "config_text": config.read_text(),
               "rounds": args.rounds, "rounds_full": rounds_full, "passes": args.passes,
+              "sets": args.sets,
               "ks": ks, "commit": commits["this"], "trees": commits,
               "tree_paths": {label: str(t) for label, t in trees.items()},
               "device": f"cpu ({platform.processor() or platform.machine()}, "

@@ -2,7 +2,8 @@
 
 import pytest
 
-from benchmarks.compile_time_cpu import main, markdown, projected, same_numbers, summarize
+from benchmarks.compile_time_cpu import (main, markdown, projected, same_across_trees,
+                                         same_numbers, summarize)
 
 
 def _row(tree="this", strategy="loop", k=1, cache="off", p=0, secs=(10.0, 1.0, 2.0, 3.0),
@@ -31,6 +32,21 @@ def test_summary_takes_medians_per_group_and_same_numbers_per_pass():
                      "summary": summarize(rows, 4), "same_numbers": same})
     assert "| this | loop | 1 | off | 10.0 | 2.000 | 26.0 | 26.0 |" in text
     assert "NO:" in text
+
+
+def test_trees_are_compared_setting_by_setting_and_the_overrides_are_named():
+    rows = [_row(tree=t, cache=c, loss=loss) for t, c, loss in
+            (("this", "off", 0.5), ("before", "off", 0.5), ("this", "warm", 0.5),
+             ("before", "warm", 0.6), ("this", "cold", 0.5))]
+    across = same_across_trees(rows)
+    # "cold" ran in one tree only: nothing to compare there.
+    assert across == {"loop k=1 off pass 0": True, "loop k=1 warm pass 0": False}
+    text = markdown({"config": "c.yaml", "rounds": 4, "rounds_full": 4, "passes": 1,
+                     "device": "cpu", "trees": {"this": "abc1234", "before": "def5678"},
+                     "rows": rows, "summary": summarize(rows, 4), "same_numbers": {},
+                     "sets": ["observer.rounds=[0]"]})
+    assert ", `--set observer.rounds=[0]`;" in text
+    assert "Same final loss and accuracy in every code tree, setting by setting: NO:" in text
 
 
 @pytest.mark.parametrize("argv, message", [
