@@ -2,9 +2,9 @@
 
 With ``jax_threefry_partitionable`` on (JAX's default), a draw of a
 multi-dimensional shape builds its threefry counters from every dimension, and
-XLA:CPU at its default backend optimisation level (3) spends 0.4–1.3 s longer
+XLA:CPU at its default backend optimisation level (3) spends 0.5–1.2 s longer
 compiling it than the same values drawn as one flat vector and reshaped:
-2.5–4.3× a draw alone, 2.1× the ten draws of LeNet-5's parameters
+2.6–4.3× a draw alone, 2.0× the ten draws of LeNet-5's parameters
 (``benchmarks/results/random_draw_compile_cpu.md``; at level 2, or with
 partitionability off, the two compile alike). The values do not change: element
 i of either draw comes from counter i, its row-major index, so the flat draw
