@@ -20,12 +20,17 @@ is passed to ``jax.random`` as it is.
 from __future__ import annotations
 
 import math
+import operator
 
 import jax
 
 
 def _flat_then_reshape(draw, key, shape, *args, **kwargs):
-    shape = tuple(int(s) for s in shape)
+    try:  # integers only, as jax.random: 2.5 must not become 2
+        shape = tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise TypeError(f"fedsim.random_draws: a shape is a sequence of integers, got "
+                        f"{shape!r}") from None
     if len(shape) < 2:
         return draw(key, shape, *args, **kwargs)
     return draw(key, (math.prod(shape),), *args, **kwargs).reshape(shape)

@@ -59,3 +59,14 @@ def test_the_comparison_can_fail():
 def test_uniform_refuses_array_bounds_by_name():
     with pytest.raises(ValueError, match="scalar minval and maxval"):
         random_draws.uniform(jax.random.key(0), (2, 3), minval=jnp.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("shape", [(2.5, 3), (2, "3"), 4])
+def test_a_shape_that_is_not_integers_is_refused_not_truncated(shape):
+    with pytest.raises(TypeError, match="a shape is a sequence of integers"):
+        random_draws.normal(jax.random.key(0), shape)
+
+
+def test_numpy_integers_are_a_shape():
+    a = random_draws.normal(jax.random.key(0), (np.int64(2), np.int32(3)))
+    np.testing.assert_array_equal(a, jax.random.normal(jax.random.key(0), (2, 3)))
