@@ -48,8 +48,6 @@ ATTACKS = {
 def run_attack_rows(name: str, victims: int, splits: list[int], seed: int,
                     iterations_scale: float = 1.0) -> list[dict]:
     """One attack's rows: V at once (twice), then each pinned split."""
-    import jax
-
     from attacks.acceptance import attack_key, fedsgd_observations
     from attacks.api import ATTACK_REGISTRY
     from attacks.metrics import psnr

@@ -54,7 +54,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import defenses  # noqa: E402  (registers the DP defenses)
 from benchmarks.provenance import git_commit  # noqa: E402
 from defenses import accounting, bounds  # noqa: E402
 from fedsim.config import load_config  # noqa: E402
@@ -165,7 +164,6 @@ def defended_observation(apply_fn, params, x, y, specs, key, input_shape, num_cl
 
 def ig_available() -> bool:
     try:
-        import attacks
         from attacks.api import ATTACK_REGISTRY
         return "inverting_gradients" in ATTACK_REGISTRY
     except ImportError:

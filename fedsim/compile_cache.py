@@ -18,6 +18,7 @@ for JAX (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) is kept as it is.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -66,8 +67,4 @@ def enable_persistent_cache() -> str | None:
 
 
 def _has_filelock() -> bool:
-    try:
-        import filelock  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("filelock") is not None

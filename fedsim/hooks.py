@@ -24,6 +24,7 @@ the :mod:`defenses` package only through this module's registry.
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -229,22 +230,22 @@ def chain(*defenses: Defense) -> Defense:
             new_states.append(s)
         return value, tuple(new_states)
 
-    begin = None
-    if any(d.begin_round is not None for d in defenses):
+    def begin(global_params, state, *, key, context=None):
+        params = global_params
+        new_states = []
+        for i, (d, s) in enumerate(zip(defenses, state)):
+            if d.begin_round is not None:
+                params, s = d.begin_round(
+                    params, s, key=jax.random.fold_in(key, i), context=context
+                )
+            new_states.append(s)
+        return params, tuple(new_states)
 
-        def begin(global_params, state, *, key, context=None):
-            params = global_params
-            new_states = []
-            for i, (d, s) in enumerate(zip(defenses, state)):
-                if d.begin_round is not None:
-                    params, s = d.begin_round(
-                        params, s, key=jax.random.fold_in(key, i), context=context
-                    )
-                new_states.append(s)
-            return params, tuple(new_states)
-
+    # The chain has a begin_round only where one of its defenses has one.
+    has_begin = any(d.begin_round is not None for d in defenses)
     name = "+".join(d.name for d in defenses)
-    return Defense(init=init, apply=apply, stage=stage, name=name, begin_round=begin,
+    return Defense(init=init, apply=apply, stage=stage, name=name,
+                   begin_round=begin if has_begin else None,
                    discards_example_stage=any(d.discards_example_stage for d in defenses),
                    batch_statistics=all(d.batch_statistics for d in defenses),
                    config_checks=tuple(c for d in defenses for c in d.config_checks),
@@ -375,7 +376,7 @@ def register_simulation_plugin(plugin: Callable[[Any], None]) -> Callable[[Any],
 def _load_defenses() -> None:
     """Import :mod:`defenses`, whose modules fill this module's registries."""
     try:
-        import defenses  # noqa: F401
+        importlib.import_module("defenses")
     except ImportError:  # pragma: no cover - defenses ships with fedsim
         pass
 

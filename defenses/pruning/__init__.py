@@ -21,4 +21,4 @@ from defenses.pruning.masks import (apply_mask, density, flatten, magnitude_mask
 __all__ = ["gc", "magnitude_prune", "apply_mask", "density", "flatten", "magnitude_mask",
            "mask_from_scores", "num_params", "ones_like", "random_mask", "unflatten",
            "prune_largest", "prune_mix", "prune_random", "priprune", "apply_global_mask",
-           "masked_gradient", "masked_upload"]
+           "masked_gradient", "masked_upload", "schemes"]

@@ -12,7 +12,6 @@ import json
 import numpy as np
 import pytest
 
-import defenses  # noqa: F401  (registers the accountant and ledger plugins)
 from defenses.channels import LeakageLedger
 from defenses.dp.accountant_hook import PrivacyAccountant
 from fedsim import checkpoint

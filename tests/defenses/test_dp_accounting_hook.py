@@ -7,7 +7,6 @@ import math
 import jax
 import pytest
 
-import defenses  # noqa: F401
 from defenses import accounting
 from fedsim.run import run_simulation
 from fedsim.simulation import Simulation

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-import defenses  # noqa: F401  (registers the defenses and their plugins)
 from defenses import accounting
 from defenses.dp import (DPParameters, attach_client_accountant, client_level_dp, dp_gaussian,
                          dp_parameters)

@@ -6,7 +6,6 @@ import json
 import numpy as np
 import pytest
 
-import defenses  # noqa: F401  (registers the defenses and their plugins)
 from defenses import accounting
 from defenses.dp import DPParameters, attach_local_accountant, dp_parameters, update_gaussian
 from defenses.dp import update_laplace
