@@ -125,6 +125,20 @@ def sgi_mask_of(args) -> str:
     return getattr(args, "sgi_mask", "support")
 
 
+def with_split(attack_cfg: dict, args) -> dict:
+    """``attack_cfg`` with ``args.victims_per_call`` where one is given.
+
+    Without it each attack call takes as many victims as the free memory allows
+    (:func:`attacks.gradient_inversion.invert_victims`), and calls of another size
+    give other numbers at float rounding, which signed Adam amplifies (up to 0.37 dB
+    on a victim of Inverting Gradients, benchmarks/results/attack_split_determinism.md). The
+    rows record the size each call had (``attack_victims_per_call``), so a rerun with
+    ``--victims-per-call`` set to it repeats the numbers on a machine with other free
+    memory."""
+    k = getattr(args, "victims_per_call", None)
+    return attack_cfg if k is None else {**attack_cfg, "victims_per_call": k}
+
+
 def attack_all(obs_list, attack_cfg, key, upload="update", mask="model"):
     """GI and SGI on every observation (vmapped, one compile per attack).
 
@@ -282,7 +296,7 @@ def part_a(args, ds, rows, seed):
             meta.append((scheme, p, time.perf_counter() - t0, trained_acc, mask_name, stats))
         t0 = time.perf_counter()
         attack_key, attack_name = part_a_key(seed, "attack", model_name, B)
-        gi, sg = attack_all(obs_list, args.attack, attack_key,
+        gi, sg = attack_all(obs_list, with_split(args.attack, args), attack_key,
                             upload="weights" if protocol == "alg1" else "update",
                             mask=sgi_mask_of(args))
         secs = time.perf_counter() - t0
@@ -305,6 +319,8 @@ def part_a(args, ds, rows, seed):
                              "victim_indices": [np.asarray(v).tolist() for v in victims],
                              "seed": seed, "init_key": init_name, "mask_key": mask_name,
                              "attack_key": attack_name,
+                             "attack_victims_per_call": int(
+                                 recs[j * V].extras["victims_per_call"]),
                              "protocol": protocol,
                              "pruned_grad_share_victims": [x["pruned_grad_share"] for x in stats],
                              "pruned_weight_ratio_victims": [x["pruned_weight_ratio"]
@@ -653,8 +669,9 @@ def part_b(args, ds, rows, seed):
     # call with each victim's upload semantics keeps every victim's attack key);
     # GI attacks ŵ − w_g as it is (Alg 1 line 8).
     uploads = [upload_of(p[0], args.upload) for p in pending]
-    sg = sgi.run_many(obs, {**args.attack_b, "mask": sgi_mask_of(args)}, akey, uploads=uploads)
-    gi = inverting_gradients.run_many(obs, args.attack_b, akey)
+    attack_b = with_split(args.attack_b, args)
+    sg = sgi.run_many(obs, {**attack_b, "mask": sgi_mask_of(args)}, akey, uploads=uploads)
+    gi = inverting_gradients.run_many(obs, attack_b, akey)
     att_s = time.perf_counter() - t1
     print(f"[B] attacks: {len(obs)} victims x 2 attacks in {att_s:.0f}s", flush=True)
     for (name, (acc, acc_last, acc_by_round), cm, train_s, rates, mean_rate, o), ob, up, rs, rg \
@@ -684,6 +701,7 @@ def part_b(args, ds, rows, seed):
                          "global_local_accuracy": cm["global_local"],
                          "round": ob.round, "client_id": ob.client_id,
                          "upload_zero_fraction": zf, "attack_loss": float(rec.loss),
+                         "attack_victims_per_call": int(rec.extras["victims_per_call"]),
                          "attack_key": PART_B_ATTACK_STREAM, "fl_seed": seed,
                          "priprune_defense_rate_client0": rates if name == "priprune" else None,
                          "priprune_defense_rate_mean": mean_rate,
@@ -1156,7 +1174,9 @@ def settings_diff(other: dict, main: dict, skip_extra=()) -> list[tuple[str, obj
     """(setting, other's value, main's value) for each setting that differs (seed, the
     file-naming options and ``skip_extra`` aside; absent options read as their value
     before they existed)."""
-    skip = {"seed", "parts", "combine", "out", "tag", *skip_extra}
+    # The split of the attack calls moves numbers at float rounding only, as another
+    # machine would: runs that differ in it are reruns of one setting.
+    skip = {"seed", "parts", "combine", "out", "tag", "victims_per_call", *skip_extra}
     get = lambda s, k: s.get(k, _SETTING_DEFAULTS.get(k))
     return [(k, get(other, k), get(main, k)) for k in sorted(set(other) | set(main))
             if k not in skip and get(other, k) != get(main, k)]
@@ -1797,6 +1817,8 @@ def command_options(result) -> str:
         opts += f" --b-model {b_model(ns)}"
     if s.get("lambda_pri", 10.0) != 10.0:
         opts += f" --lambda-pri {s['lambda_pri']:g}"
+    if s.get("victims_per_call") is not None:
+        opts += f" --victims-per-call {s['victims_per_call']}"
     default_defenses = (["none", "largest", "largest_pseudo", "priprune"] if q else
                         ["none", "largest", "random", "mix", "largest_pseudo", "random_pseudo",
                          "mix_pseudo", "priprune"])
@@ -1819,12 +1841,33 @@ def produced_by(result) -> str:
             f"{where}`")
 
 
+def split_text(rows) -> str:
+    """How many victims each part's attack calls took (the rows'
+    ``attack_victims_per_call``; '' for runs recorded before it was), and how to
+    repeat them (:func:`with_split`)."""
+    sizes = {}
+    for r in rows:
+        k = r.get("attack_victims_per_call")
+        if k is not None:
+            sizes.setdefault(r["part"], set()).add(int(k))
+    if not sizes:
+        return ""
+    each = "; ".join(f"part {p}: {', '.join(map(str, sorted(ks)))}"
+                     for p, ks in sorted(sizes.items()))
+    return (f"Victims per attack call ({each}): each call's size followed the free memory "
+            f"unless `--victims-per-call` fixed it, and another size moves the numbers at "
+            f"float rounding; `--victims-per-call K` with the size above repeats them.")
+
+
 def markdown(result) -> str:
     rows = result["rows"]
     lines = [f"# Chu et al. 2023 (PriPrune) reproduction — {result['mode']} mode",
              "", f"Device: {result['device']}; seed {result['seed']}; {dataset_text(result)}; "
              f"wall time {result['seconds']:.0f} s; commit(s) {result.get('commit', '?')}. "
              f"Produced by {produced_by(result)}.", ""]
+    split = split_text(rows)
+    if split:
+        lines += [split, ""]
     checks = result.get("checks") or acceptance_checks(rows)
     lines += ["## Acceptance checks (computed from the rows below)", ""]
     lines += [f"- **{'PASS' if c['pass'] else 'FAIL'}** {c['check']}: {c['detail']}" for c in checks]
@@ -2068,6 +2111,12 @@ def main(argv=None):
                          "only with prunefl): a refresh of one scheme's rows, e.g. after a fix "
                          "to it; --combine leaves such a run out of the part-A variants it "
                          "reports and pools")
+    ap.add_argument("--victims-per-call", type=int, default=None, metavar="K",
+                    help="attack the victims in calls of K (every part, both attacks). "
+                         "Default: as many as the free memory allows, which can differ between "
+                         "runs and moves the numbers at float rounding; each row records its "
+                         "call size (attack_victims_per_call), and passing it here repeats "
+                         "a run's numbers")
     ap.add_argument("--b-model", choices=B_MODELS, default="conv2",
                     help="the model parts B, C and D train (default conv2; vgg11 is the "
                          "paper's CIFAR-10 model, ~7x Conv-2's FLOPs: a side run that writes "
@@ -2088,6 +2137,8 @@ def main(argv=None):
     ap.add_argument("--image-size", type=int, default=None,
                     help="resize images to this size (default 16 with --quick/--smoke, else 28)")
     args = ap.parse_args(argv)
+    if args.victims_per_call is not None and args.victims_per_call < 1:
+        ap.error(f"--victims-per-call must be a positive integer, got {args.victims_per_call}")
     if args.image_size is not None and args.image_size < 12:
         ap.error(f"--image-size must be >= 12 (part A's LeNet-5 has no feature map left "
                  f"below that), got {args.image_size}")

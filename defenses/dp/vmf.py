@@ -81,6 +81,8 @@ def _cosine_sampler(kappa: float, dim: int, num: int, candidates: int, max_round
 
     def propose(k):
         kz, ku = jax.random.split(k)
+        # Not through fedsim.random_draws: beta draws gamma variates, which JAX
+        # already draws flat (one key per element, then a reshape).
         z = jax.random.beta(kz, half, half, (num, candidates), dtype=f32)
         u = random_draws.uniform(ku, (num, candidates), f32, minval=1e-38, maxval=1.0)
         w = (1.0 - (1.0 + b) * z) / (1.0 - (1.0 - b) * z)

@@ -456,6 +456,49 @@ def test_part_a_variants_need_part_a_alone(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_a_given_split_reaches_both_attacks_and_none_leaves_the_config_alone():
+    from benchmarks.reproduce_chu2023 import with_split
+    cfg = {"iterations": 200, "tv": 1e-3, "restarts": 1}
+    assert with_split(cfg, SimpleNamespace(victims_per_call=None)) is cfg
+    assert with_split(cfg, SimpleNamespace()) is cfg  # a namespace from before the option
+    assert with_split(cfg, SimpleNamespace(victims_per_call=12)) == {**cfg, "victims_per_call": 12}
+    assert "victims_per_call" not in cfg
+
+
+def test_the_split_is_reported_per_part_and_not_a_setting_that_refuses_a_comparison():
+    from benchmarks.reproduce_chu2023 import settings_diff, split_text
+    assert split_text([{"part": "A"}, {"part": "B"}]) == ""  # recorded before the field
+    text = split_text([{"part": "A", "attack_victims_per_call": 12},
+                       {"part": "A", "attack_victims_per_call": 3},
+                       {"part": "B", "attack_victims_per_call": 12}])
+    assert "part A: 3, 12; part B: 12" in text and "--victims-per-call K" in text
+    # A rerun pinned to another split is a rerun of the same setting.
+    assert settings_diff({"victims_per_call": 4, "lr": 0.1}, {"lr": 0.1}) == []
+    assert settings_diff({"lr": 0.2}, {"lr": 0.1}) == [("lr", 0.2, 0.1)]
+
+
+@pytest.mark.parametrize("k", ["0", "-3"])
+def test_a_split_below_one_is_refused_by_name(k, capsys, tmp_path):
+    from benchmarks.reproduce_chu2023 import main
+    with pytest.raises(SystemExit):
+        main(["--smoke", "--parts", "A", "--victims-per-call", k, "--out", str(tmp_path)])
+    assert f"--victims-per-call must be a positive integer, got {k}" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_part_a_smoke_records_a_given_split(tmp_path):
+    import json
+
+    from benchmarks.reproduce_chu2023 import main
+    main(["--smoke", "--parts", "A", "--victims-per-call", "1", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "chu2023_A.json").read_text())
+    assert result["settings"]["victims_per_call"] == 1
+    # 13 settings' victims in the one group: without the option they fit one call.
+    assert len({(r["base"], r["p"]) for r in result["rows"]}) == 13
+    assert {r["attack_victims_per_call"] for r in result["rows"]} == {1}
+
+
 @pytest.mark.slow
 def test_part_a_smoke_at_a_trained_model(tmp_path):
     # Each pruned Conv-2 is trained before the attack; rows say how long and how well.
@@ -1240,7 +1283,8 @@ def _parsed_command(monkeypatch, opts):
 
 @pytest.mark.parametrize("change", [{}, {"upload": "split", "rounds": 120, "seed": 2},
                                     {"pseudo_start": "masked", "observer_fill": "uniform",
-                                     "sgi_mask": "model", "image_size": 20, "lambda_pri": 1.0}])
+                                     "sgi_mask": "model", "image_size": 20, "lambda_pri": 1.0,
+                                     "victims_per_call": 12}])
 def test_produced_by_command_reproduces_the_recorded_settings(change, monkeypatch):
     from benchmarks import reproduce_chu2023 as m
     settings = dict(_committed("B")["settings"], **change)
@@ -1254,6 +1298,7 @@ def test_produced_by_command_reproduces_the_recorded_settings(change, monkeypatc
     for k in ("upload", "rounds", "image_size", "seed", "lambda_pri", "defenses", "clients",
               "local_batch", "lr", "defense_rate"):
         assert getattr(args, k) == settings[k], k
+    assert args.victims_per_call == settings.get("victims_per_call")  # absent: memory's
     text = m.produced_by(result)
     assert f"`benchmarks/reproduce_chu2023.py{opts} --parts P` for P = A, B, C, D" in text
     assert "then `benchmarks/reproduce_chu2023.py --combine`" in text
