@@ -1856,7 +1856,8 @@ def split_text(rows) -> str:
                      for p, ks in sorted(sizes.items()))
     return (f"Victims per attack call ({each}): each call's size followed the free memory "
             f"unless `--victims-per-call` fixed it, and another size moves the numbers at "
-            f"float rounding; `--victims-per-call K` with the size above repeats them.")
+            f"float rounding; `--victims-per-call K` repeats them where every call had K "
+            f"victims or all of its group's.")
 
 
 def markdown(result) -> str:
