@@ -487,12 +487,17 @@ def attack_grid(args, attack, model, log, dataset, per_setting=False):
             truths.append(np.asarray(x))
     t0 = time.perf_counter()
     key = stream(args, f"attack/{attack}")
+    # Without --victims-per-call each call takes as many victims as the free memory
+    # allows, and another call size moves the numbers at float rounding
+    # (benchmarks/results/attack_split_determinism.md); the rows record the size.
+    k = getattr(args, "victims_per_call", None)
+    split = {} if k is None else {"victims_per_call": k}
     if attack == "dlg":
-        run = lambda obs: dlg.run_many(obs, {"iterations": args.dlg_iters}, key)
+        run = lambda obs: dlg.run_many(obs, {"iterations": args.dlg_iters, **split}, key)
     else:
         run = lambda obs: inverting_gradients.run_many(
             obs, {"iterations": args.gs_iters, "lr": getattr(args, "gs_lr", 0.1),
-                  **getattr(args, "gs_extra", {})}, key)
+                  **getattr(args, "gs_extra", {}), **split}, key)
     if per_setting:
         nv = len(victims)
         recs = []
@@ -502,9 +507,10 @@ def attack_grid(args, attack, model, log, dataset, per_setting=False):
     else:
         recs = run(observations)
     log(f"{attack} on {model}: {len(observations)} attacks in {time.perf_counter() - t0:.0f}s")
-    per, images = {}, {}
+    per, images, calls = {}, {}, {}
     for i, rec in enumerate(recs):
         gi, vi = divmod(i, len(victims))
+        calls[grid[gi]] = int(rec.extras["victims_per_call"])
         xr = np.clip(np.nan_to_num(np.asarray(rec.x), nan=0.5), 0.0, 1.0)
         m = float(np.mean(mse_metric(xr, truths[i])))
         p = float(np.mean(psnr_metric(xr, truths[i])))
@@ -514,7 +520,8 @@ def attack_grid(args, attack, model, log, dataset, per_setting=False):
     for k, v in per.items():
         ms, ps = [a for a, _ in v], [b for _, b in v]
         out[k] = {"mse": float(np.mean(ms)), "mse_se": standard_error(ms),
-                  "psnr": float(np.mean(ps)), "mse_per_victim": ms, "psnr_per_victim": ps}
+                  "psnr": float(np.mean(ps)), "mse_per_victim": ms, "psnr_per_victim": ps,
+                  "attack_victims_per_call": calls[k]}
     truth_imgs = [truths[vi][0] for vi in range(len(victims))]
     return out, images, truth_imgs, [int(v) for v in victims]
 
@@ -783,6 +790,12 @@ def main(argv=None):
     ap.add_argument("--exact-warm", type=int, default=None,
                     help="part 'exact': no-defense rounds before (default: the accuracy "
                          "grid's rounds − the compared rounds)")
+    ap.add_argument("--victims-per-call", type=int, default=None, metavar="K",
+                    help="attack the victims in calls of K (DLG and GS). Default: as many "
+                         "as the free memory allows, which can differ between runs and moves "
+                         "the numbers at float rounding; each row records its call size "
+                         "(attack_victims_per_call), and passing it here repeats a run's "
+                         "numbers")
     ap.add_argument("--gs-iters", type=int, default=120,
                     help="GS iterations (paper 003 §6.1: 120; the authors' code: 24,000)")
     ap.add_argument("--gs-init", default="lecun", choices=CONVNET_INITS,
@@ -848,6 +861,8 @@ def main(argv=None):
     a.victims = 4 if q else 8
     if a.gs_iters < 1:
         ap.error(f"--gs-iters must be >= 1, got {a.gs_iters}")
+    if a.victims_per_call is not None and a.victims_per_call < 1:
+        ap.error(f"--victims-per-call must be a positive integer, got {a.victims_per_call}")
     a.dlg_iters = 300
     # Table 2 ranges, the same number of points per defense (rates linear, σ log).
     n_dlg, n_gs = (5, 3) if q else (8, 8)

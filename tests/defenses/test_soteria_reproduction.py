@@ -170,9 +170,12 @@ def test_smoke_pipeline_writes_seeded_rows_and_the_exact_check(tmp_path):
     import json
 
     from benchmarks.reproduce_sun2021 import main
-    main(["--quick", "--smoke", "--parts", "dlg,exact", "--out", str(tmp_path)])
+    main(["--quick", "--smoke", "--parts", "dlg,exact", "--victims-per-call", "1",
+          "--out", str(tmp_path)])
     res = json.loads((tmp_path / "sun2021.json").read_text())
     rows = [r for r in res["rows"] if r["attack"] == "dlg"]
+    assert res["parts_run"]["dlg"]["settings"]["victims_per_call"] == 1
+    assert {r["attack_victims_per_call"] for r in rows} == {1}  # each row records its split
     assert {r["defense"] for r in rows} == {"none", "soteria", "gc", "dp_gaussian", "dp_laplace"}
     for r in rows:
         assert len(r["accuracy_seeds"]) == len(r["fl_seeds"]) == 2
@@ -456,6 +459,10 @@ def test_gs_options_reject_bad_input_before_writing(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--quick", "--smoke", "--parts", "gs", "--gs-iters", "0", "--out", str(tmp_path)])
     assert "--gs-iters must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--quick", "--smoke", "--parts", "gs", "--victims-per-call", "0",
+              "--out", str(tmp_path)])
+    assert "--victims-per-call must be a positive integer, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--quick", "--smoke", "--parts", "gs", "--gs-init", "xavier",
               "--out", str(tmp_path)])
