@@ -329,7 +329,8 @@ def test_attack_grid_keys_are_named_streams_not_other_runs_keys(monkeypatch):
 
     def spy_attack(obs, cfg, key):
         seen["attack"].append(key)
-        return [argparse.Namespace(x=np.zeros((1,) + o.input_shape)) for o in obs]
+        return [argparse.Namespace(x=np.zeros((1,) + o.input_shape),
+                                   extras={"victims_per_call": len(obs)}) for o in obs]
 
     monkeypatch.setattr(R, "defended_gradient", spy_defended)
     monkeypatch.setattr(R.inverting_gradients, "run_many", spy_attack)
