@@ -179,6 +179,11 @@ class Budget:
     # The learned MIA is trained from this many keys and its median AUC reported: one
     # key's AUC moves by ~0.015 (std over keys, benchmarks/results/mia_im2col.md).
     mia_attack_keys: int = 5
+    # Fig 6's IG calls take this many victims each; 0: as many as the free memory
+    # allows, which can differ between machines and moves the numbers at float
+    # rounding (benchmarks/results/attack_split_determinism.md). The part
+    # records the size it ran at (attack_victims_per_call).
+    batch_victims_per_call: int = 0
 
 
 # The training setting is small on purpose (5 clients x 128 examples, 5 local
@@ -267,13 +272,21 @@ def dp_victim_gradient(apply_fn, params, x, y, defense, key):
 
 
 def attack(apply_fn, params, grads, batch_size, iterations, key, restarts=1, *, input_shape,
-           num_classes):
-    """IG on every upload in ``grads`` (one vmapped run); victim i gets attack key i of ``key``."""
+           num_classes, victims_per_call=0):
+    """IG on every upload in ``grads`` (vmapped); victim i gets attack key i of ``key``.
+
+    Returns:
+      (reconstructions [V, ...], the victims per vmapped call: ``victims_per_call``
+      where it is positive, else as many as the free memory allowed).
+    """
     obs = [observation_from_gradient(g, params, apply_fn, input_shape=tuple(input_shape),
                                      num_classes=num_classes, lr=1.0, batch_size=batch_size)
            for g in grads]
-    recs = ig_run_many(obs, {"iterations": iterations, "batch_size": 1, "restarts": restarts}, key)
-    return np.stack([np.asarray(r.x[0]) for r in recs])
+    split = {"victims_per_call": int(victims_per_call)} if victims_per_call > 0 else {}
+    recs = ig_run_many(obs, {"iterations": iterations, "batch_size": 1, "restarts": restarts,
+                             **split}, key)
+    return (np.stack([np.asarray(r.x[0]) for r in recs]),
+            int(recs[0].extras["victims_per_call"]))
 
 
 # IG with the dummy image recorded every `every` iterations: the MSE-vs-iteration
@@ -604,16 +617,18 @@ def batch_size_experiment(ds, budget, seed):
                 grads.append(g)
                 labels.append((mech, b))
                 means.append(np.asarray(x).mean(0))
-    recs = attack(apply_fn, params, grads, 1, budget.batch_iterations,
-                  experiment_key(seed, "tan2024/batch/attack"),
-                  input_shape=ds.input_shape, num_classes=ds.num_classes)
+    recs, per_call = attack(apply_fn, params, grads, 1, budget.batch_iterations,
+                            experiment_key(seed, "tan2024/batch/attack"),
+                            input_shape=ds.input_shape, num_classes=ds.num_classes,
+                            victims_per_call=budget.batch_victims_per_call)
     per = {}
     for (mech, b), rec, m in zip(labels, recs, means):
         per.setdefault(mech, {}).setdefault(b, []).append(mse(rec, m))
     return {mech: {str(b): float(np.mean(v)) for b, v in d.items()} for mech, d in per.items()}, \
         {"model": MODEL_NAMES[model_name], "dp_multiplier": 1.3, "clip_norm": 1.0,
          "constant_noise_std": const_std,
-         "repeats": budget.batch_repeats, "iterations": budget.batch_iterations}
+         "repeats": budget.batch_repeats, "iterations": budget.batch_iterations,
+         "attack_victims_per_call": per_call}
 
 
 # --- training runs (Fig 9, 12, 15, 16; Fig 10 model inversion; MIA) --------------------
@@ -1559,6 +1574,9 @@ def main(argv=None):
         budget = apply_budget_overrides(BUDGETS[mode], args.budget)
     except ValueError as e:
         ap.error(str(e))
+    if budget.batch_victims_per_call < 0:
+        ap.error(f"--budget batch_victims_per_call: must be 0 (as many as the free memory "
+                 f"allows) or a positive integer, got {budget.batch_victims_per_call}")
     if args.merge_into is not None:
         out_json = args.merge_into
         tag = out_json.stem[len("tan2024"):] if out_json.stem.startswith("tan2024") else f"_{out_json.stem}"

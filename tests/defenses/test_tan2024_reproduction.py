@@ -85,6 +85,14 @@ def test_budget_overrides():
         R.apply_budget_overrides(b, ["nope=1"])
     with pytest.raises(ValueError, match="big_victims"):
         R.apply_budget_overrides(b, ["big_victims=four"])
+    assert R.apply_budget_overrides(b, ["batch_victims_per_call=3"]).batch_victims_per_call == 3
+
+
+def test_a_negative_attack_split_is_refused_by_name_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as e:
+        R.main(["--smoke", "--budget", "batch_victims_per_call=-1"])
+    assert e.value.code == 2
+    assert "batch_victims_per_call: must be 0" in capsys.readouterr().err
 
 
 def _ig(model, channel, kappa, mse):
@@ -175,7 +183,7 @@ def test_batch_size_experiment_hands_out_fresh_keys(monkeypatch):
 
     def spy_attack(apply_fn, params, grads, restarts, iterations, key, **k):
         seen.append(("attack", key))
-        return [np.zeros(k["input_shape"]) for _ in grads]
+        return [np.zeros(k["input_shape"]) for _ in grads], len(grads)
 
     def spy_init(model, shape, key):
         seen.append(("init", key))
@@ -291,6 +299,12 @@ def test_ig_and_batch_parts_run_on_colour_images():
     assert all(np.isfinite(v).all() for v in per.values())
     mse, settings = R.batch_size_experiment(ds, budget, 0)
     assert set(mse) == {"none", "dp", "constant_noise"} and set(mse["none"]) == {"1", "2"}
+    # 6 uploads (3 mechanisms × 2 sizes), all in one call where the memory lets them
+    assert settings["attack_victims_per_call"] == 6
+    # a fixed split is what runs and what is recorded (Fig 6 is repeatable on any machine)
+    split = dataclasses.replace(budget, batch_victims_per_call=3)
+    mse3, settings3 = R.batch_size_experiment(ds, split, 0)
+    assert settings3["attack_victims_per_call"] == 3 and set(mse3) == set(mse)
 
 
 def test_a_batch_size_no_class_can_fill_is_named():
