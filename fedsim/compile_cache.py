@@ -13,7 +13,17 @@ The command line turns it on under ``$FEDSIM_CACHE_DIR/xla`` (default
 ``~/.cache/fedsim/xla``, beside the calibration cache). The library does not:
 code that imports :mod:`fedsim` keeps whatever JAX configuration its author
 chose. ``FEDSIM_COMPILE_CACHE=0`` turns it off; a cache directory the user set
-for JAX (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) is kept as it is.
+for JAX (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) is kept as it is,
+with JAX's settings.
+
+In its own directory the command line keeps every executable, however short
+its compile (:data:`MIN_COMPILE_SECS`), where JAX keeps only those that took a
+second or more: on XLA:CPU a run's evaluation, initialisation and random
+draws compile in under a second each, and loading them instead shortened the
+quickstart's second start by about a fifth, at half a megabyte more on disk
+(``benchmarks/results/compile_time_cpu.md``).
+``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` in the environment sets
+another threshold.
 """
 
 from __future__ import annotations
@@ -29,6 +39,11 @@ from fedsim.calibrate import cache_file
 #: Cap on the cache's size on disk; JAX evicts the least recently used entries
 #: (its eviction locks the directory with the ``filelock`` package).
 MAX_CACHE_BYTES = 2 * 1024**3
+
+#: Compile seconds from which the command line's cache keeps an executable
+#: (JAX's default: 1 s). Unless ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``
+#: is set.
+MIN_COMPILE_SECS = 0.0
 
 
 def default_dir() -> Path:
@@ -63,6 +78,8 @@ def enable_persistent_cache() -> str | None:
         # Without filelock (a dependency of fedsim) JAX refuses every cache entry
         # once a cap is set: better uncapped than a cache that never hits.
         jax.config.update("jax_compilation_cache_max_size", MAX_CACHE_BYTES)
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECS)
     return str(path)
 
 
