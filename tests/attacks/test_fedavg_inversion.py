@@ -17,7 +17,8 @@ from fedsim.typing import CohortData, Observation
 def _client_upload(apply_fn, params, x, y, batch, lr, key):
     n = x.shape[0]
     update = make_client_update(apply_fn, optax.sgd(lr), LocalTraining("fedavg", 1, batch, n))
-    return update(params, CohortData(x, y, jnp.ones(n), jnp.int32(n)), {}, key).update
+    # jitted, as the engine runs it (run eagerly, each op of the unrolled local steps compiled alone)
+    return jax.jit(update)(params, CohortData(x, y, jnp.ones(n), jnp.int32(n)), {}, key).update
 
 
 @pytest.mark.parametrize("n,batch", [(4, 2), (5, 2), (3, 2), (9, 4)])
