@@ -29,6 +29,7 @@ def restore_jax_cache_config():
 def test_enabled_under_fedsim_cache_dir(tmp_path, monkeypatch, restore_jax_cache_config):
     monkeypatch.setenv("FEDSIM_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("FEDSIM_COMPILE_CACHE", raising=False)
+    monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", raising=False)
     jax.config.update("jax_compilation_cache_dir", None)
     jax.config.update("jax_compilation_cache_max_size", -1)
     path = enable_persistent_cache()
