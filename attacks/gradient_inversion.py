@@ -290,9 +290,9 @@ def initial_dummy(key: jax.Array, cfg: InversionConfig, batch_size: int,
     shape = (batch_size, *input_shape)
     # Flat draws, the same bits: a multi-dimensional one compiles seconds longer
     # on XLA:CPU (fedsim.random_draws).
-    x0 = (random_draws.uniform(kx, shape) if cfg.init == "uniform"
-          else 0.5 + 0.25 * random_draws.normal(kx, shape))
-    return {"x": x0, "y": random_draws.normal(ky, (batch_size, num_classes))}
+    x0 = (random_draws.uniform(kx, shape, jnp.float32) if cfg.init == "uniform"
+          else 0.5 + 0.25 * random_draws.normal(kx, shape, jnp.float32))
+    return {"x": x0, "y": random_draws.normal(ky, (batch_size, num_classes), jnp.float32)}
 
 
 def first_order_step(fn: Callable, opt: optax.GradientTransformation,

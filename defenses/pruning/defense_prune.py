@@ -57,7 +57,7 @@ def defense_mask(update, key, p_largest: float, p_random: float):
     n = sum(jnp.sum(u != 0, dtype=jnp.int32) for u in jax.tree_util.tree_leaves(update))
     keep = magnitude_mask(update, p_largest, "highest", eligible=shared, rate_of_eligible=True)
     if p_random > 0:
-        scores = unflatten(jax.random.uniform(key, (num_params(update),)), update)
+        scores = unflatten(jax.random.uniform(key, (num_params(update),), jnp.float32), update)
         # Random withholding among the shared coordinates the Largest step kept.
         rest = jax.tree_util.tree_map(jnp.multiply, keep, shared)
         extra = mask_pruning_count(scores, rate_count(p_random, n), "lowest", rest)

@@ -244,7 +244,7 @@ def magnitude_mask(tree: PyTree, p: float, prune: str = "lowest", eligible: PyTr
 
 def random_mask(key: PRNGKey, like: PyTree, p: float) -> PyTree:
     """Mask pruning a uniformly random set of exactly ``round(p·d)`` coordinates."""
-    scores = unflatten(jax.random.uniform(key, (num_params(like),)), like)
+    scores = unflatten(jax.random.uniform(key, (num_params(like),), jnp.float32), like)
     return mask_from_scores(scores, p, "lowest")
 
 

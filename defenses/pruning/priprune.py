@@ -298,10 +298,14 @@ def priprune_client_update(hp: PriPruneConfig):
                     upd_t, new_a = alpha_tx.update(gt, a_state, theta)
                     upd, new_opt = tx.update(g, opt_state, params)
                     return ((optax.apply_updates(params, upd), new_opt,
-                             optax.apply_updates(theta, upd_t), new_a, ls), (loss, 1.0))
+                             optax.apply_updates(theta, upd_t), new_a, ls),
+                            (loss.astype(jnp.float32), 1.0))
 
                 def skip(_):
-                    return (params, opt_state, theta, a_state, lstate), (jnp.zeros(()), 0.0)
+                    # float32 as the engine's loss, whatever jax_enable_x64 (the
+                    # branches must agree).
+                    zero = jnp.zeros((), jnp.float32)
+                    return (params, opt_state, theta, a_state, lstate), (zero, 0.0)
 
                 return jax.lax.cond(jnp.any(valid & (mask > 0)), do, skip, None)
 

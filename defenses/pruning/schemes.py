@@ -94,7 +94,7 @@ def prune_weights(scores: PyTree, params: PyTree, p: float, prune: str = "lowest
 
 def random_scheme(key: PRNGKey, params: PyTree, p: float) -> PyTree:
     """Random pruning: a uniformly random set of weights."""
-    scores = unflatten(jax.random.uniform(key, (num_params(params),)), params)
+    scores = unflatten(jax.random.uniform(key, (num_params(params),), jnp.float32), params)
     return prune_weights(scores, params, p)
 
 
@@ -178,7 +178,7 @@ def feddst_prune_regrow(key: PRNGKey, params, mask, drop_fraction: float) -> PyT
                                eligible=active)
     new = jax.tree_util.tree_map(jnp.multiply, mask, dropped)
     # Regrow as many among the weights that were inactive before this step.
-    scores = unflatten(jax.random.uniform(key, (d,)), params)
+    scores = unflatten(jax.random.uniform(key, (d,), jnp.float32), params)
     grow = mask_from_scores(scores, n_drop / d, "lowest", eligible=inactive)
     grown = jax.tree_util.tree_map(lambda g, i: (1 - g) * i, grow, inactive)
     return jax.tree_util.tree_map(lambda a, b: jnp.clip(a + b, 0, 1), new, grown)

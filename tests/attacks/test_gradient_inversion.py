@@ -326,3 +326,16 @@ def test_lbfgs_in_the_box_steps_from_the_clipped_point(mlp):
         z = optax.apply_updates(z, upd)
         z = {**z, "x": jnp.clip(z["x"], 0.0, 1.0)}
     np.testing.assert_allclose(x_all[0], z["x"], atol=1e-5)
+
+
+@pytest.mark.parametrize("init", ["uniform", "normal"])
+def test_the_initial_dummy_is_float32_and_the_same_under_x64(init):
+    # A draw without a dtype follows the default float: under jax_enable_x64 the
+    # attack would start from other (float64) dummies, with the same seed.
+    cfg = GI.InversionConfig(init=init)
+    plain = GI.initial_dummy(jax.random.key(3), cfg, 2, (4, 4, 1), 10)
+    with jax.enable_x64(True):
+        wide = GI.initial_dummy(jax.random.key(3), cfg, 2, (4, 4, 1), 10)
+    for name in ("x", "y"):
+        assert plain[name].dtype == wide[name].dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(wide[name]), np.asarray(plain[name]))
