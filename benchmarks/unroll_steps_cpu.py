@@ -21,8 +21,14 @@ Usage::
 
     python -m benchmarks.unroll_steps_cpu                        # LeNet-5, 30 local steps
     python -m benchmarks.unroll_steps_cpu --model mlp --steps 8 --passes 5
+    python -m benchmarks.unroll_steps_cpu --model mlp --image-size 16 --batch 8 \
+        --clients 1 --defense '{"name": "dp_vmf", "kappa": 1000}' --name unroll_steps_vmf_cpu
 
-Writes ``benchmarks/results/unroll_steps_cpu.{json,md}``.
+Writes ``benchmarks/results/NAME.{json,md}`` (``--name``, default
+``unroll_steps_cpu``). ``--defense`` adds one defense (a config spec); one
+whose steps the engine keeps in a scan (``Defense.scan_local_steps``, e.g.
+``dp_vmf``) runs here with that hint turned off, so that ``unroll_steps``
+decides as it would without it: that is what the benchmark weighs.
 """
 
 from __future__ import annotations
@@ -66,7 +72,13 @@ cfg = load_config(None, [
     f"training.clients_per_round={w['clients']}", "training.client_parallelism=loop",
     f"training.unroll_steps={w['unroll']}", f"training.rounds={w['rounds'] + 1}",
     "output.progress=false", "output.plots=false"])
-sim = Simulation(cfg, dataset=ds)
+defenses = None
+if w.get("defense") is not None:
+    from fedsim.simulation import _load_defenses, build_defenses
+    _load_defenses()
+    defenses = {stage: d._replace(scan_local_steps=False)
+                for stage, d in build_defenses([w["defense"]]).items()}
+sim = Simulation(cfg, dataset=ds, defenses=defenses)
 state = jax.block_until_ready(sim.init_state())
 steps = sim.settings.num_steps
 before = len(compiles)
@@ -87,7 +99,8 @@ for leaf in jax.tree_util.tree_leaves(state.params):
 print("RESULT" + json.dumps({"local_steps": steps, "first_s": first,
                              "compile_s": sum(first_compiles), "compiles": len(first_compiles),
                              "round_s": statistics.median(rounds), "rounds_s": rounds,
-                             "digest": digest.hexdigest()}))
+                             "digest": digest.hexdigest(),
+                             "scan_hint": any(d.scan_local_steps for d in sim.defenses.values())}))
 """
 
 
@@ -155,13 +168,21 @@ def total_seconds(cell: dict, rounds: int) -> float:
     return cell["first_s"] + (rounds - 1) * cell["round_s"]
 
 
+def _defense_words(defense: dict | None) -> str:
+    if defense is None:
+        return ""
+    return (f", defense `{json.dumps(defense)}` (its scan hint turned off, so that "
+            "`unroll_steps` decides)")
+
+
 def markdown(result: dict) -> str:
     w = result["workload"]
     lines = [
         "# `training.unroll_steps` on CPU: compile time against run time "
         "(`benchmarks/unroll_steps_cpu.py`)", "",
         f"{w['model']} at {w['image_size']}×{w['image_size']}, {w['clients']} clients a round "
-        f"(loop), each {w['steps']} local steps of batch {w['batch']}; fresh processes without "
+        f"(loop), each {w['steps']} local steps of batch {w['batch']}"
+        f"{_defense_words(w.get('defense'))}; fresh processes without "
         f"a persistent compilation cache; medians over {result['passes']} passes (the order "
         f"reversed from pass to pass). First round: its compile and its run; a round: the "
         f"median of the {w['rounds']} rounds after it. {result['device']}. Code: "
@@ -203,6 +224,10 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds after the first")
     ap.add_argument("--unroll", default="32,0", help="training.unroll_steps values, comma-separated")
     ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--defense", default=None,
+                    help="one defense as a JSON config spec, e.g. '{\"name\": \"dp_vmf\", "
+                         "\"kappa\": 1000}' (its scan hint turned off)")
+    ap.add_argument("--name", default="unroll_steps_cpu", help="output file stem")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     from fedsim.models import MODEL_REGISTRY
@@ -220,8 +245,26 @@ def main(argv=None):
         settings = []
     if not settings or min(settings) < 0 or len(set(settings)) < len(settings):
         ap.error(f"--unroll {args.unroll!r}: expected distinct integers >= 0, e.g. 32,0")
+    defense = None
+    if args.defense is not None:
+        try:
+            defense = json.loads(args.defense)
+        except json.JSONDecodeError as e:
+            ap.error(f"--defense {args.defense!r}: not JSON ({e})")
+        if not isinstance(defense, dict) or "name" not in defense:
+            ap.error(f"--defense {args.defense!r}: expected a JSON object with a 'name'")
+        from fedsim.config import ConfigError
+        from fedsim.simulation import _load_defenses, build_defenses
+        _load_defenses()
+        try:
+            build_defenses([defense])
+        except (ConfigError, TypeError, ValueError) as e:
+            ap.error(f"--defense {args.defense!r}: {e}")
+    if not args.name or "/" in args.name:
+        ap.error(f"--name {args.name!r}: expected a file stem")
     workload = {"model": args.model, "image_size": args.image_size, "steps": args.steps,
-                "batch": args.batch, "clients": args.clients, "rounds": args.rounds}
+                "batch": args.batch, "clients": args.clients, "rounds": args.rounds,
+                "defense": defense}
     state = git_state(ROOT)
     t0 = time.perf_counter()
     rows = measure(workload, settings, args.passes)
@@ -234,7 +277,7 @@ def main(argv=None):
                   argv if argv is not None else sys.argv[1:]),
               "seconds": time.perf_counter() - t0, "rows": rows, "summary": summary,
               "break_even": break_even(summary)}
-    write_json_and_markdown(args.out, "unroll_steps_cpu", result, markdown(result))
+    write_json_and_markdown(args.out, args.name, result, markdown(result))
 
 
 if __name__ == "__main__":

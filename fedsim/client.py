@@ -49,7 +49,8 @@ class LocalTraining:
         time. The config key ``training.unroll_steps`` sets it
         (``benchmarks/results/unroll_steps_cpu.md``: the round's compile time
         against its run time). XLA may round the two differently (LeNet-5's
-        parameters differ in the last bits there).
+        parameters differ in the last bits there). A defense with
+        ``Defense.scan_local_steps`` (``dp_vmf``) keeps the scan whatever this is.
     """
 
     algorithm: str
@@ -152,6 +153,9 @@ def make_client_update(
     example_def = defenses.get("example")
     B = settings.effective_batch
     spe = settings.steps_per_epoch
+    # A defense whose step unrolls badly (Defense.scan_local_steps) keeps the scan.
+    unroll_steps = (0 if any(d.scan_local_steps for d in defenses.values())
+                    else settings.unroll_steps)
 
     def loss_one(params, x, y):
         return cross_entropy(apply_fn(params, x[None]), y[None])[0]
@@ -240,7 +244,7 @@ def make_client_update(
             return jax.lax.cond(has_data, run, skip, None)
 
         opt_state = tx.init(params)
-        if batches.shape[0] <= settings.unroll_steps:
+        if batches.shape[0] <= unroll_steps:
             carry = (params, opt_state, client_state)
             losses, taken = [], []
             for s in range(batches.shape[0]):

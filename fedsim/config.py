@@ -125,7 +125,8 @@ class TrainingConfig:
                            doc="a client's local steps, up to this many, are unrolled into "
                                "straight-line code; more run in a lax.scan (0: always a scan). "
                                "Unrolled steps run faster and compile slower; XLA may round the "
-                               "two differently, so it is part of the checkpoint fingerprint")
+                               "two differently, so it is part of the checkpoint fingerprint. "
+                               "A defense whose step unrolls badly (dp_vmf) keeps the scan")
     # XLA's precision for float32 matrix products and convolutions, in training
     # and evaluation. "highest": float32 as written. "default" lets a GPU use
     # TF32 (an H200 multiplied float32 matrices with a relative error of

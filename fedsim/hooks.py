@@ -99,6 +99,12 @@ class Defense(NamedTuple):
         cannot run with, e.g. ``client_level_dp``'s cohort size against
         ``training.clients_per_round``. A field rather than a check keyed on
         the defense's name, so that it survives chaining, renaming and masking.
+      scan_local_steps: True for a defense whose step unrolls badly: the engine
+        then runs the local steps in a ``lax.scan`` whatever
+        ``training.unroll_steps`` (:func:`fedsim.client.make_client_update`).
+        For a step with data-dependent loops, e.g. ``dp_vmf``'s rejection
+        sampler: each unrolled copy compiles them again, and it ran no faster
+        than the scan (``benchmarks/results/unroll_steps_vmf_cpu.md``).
       spec: what the defense was built from, in full: the registered factory's
         name and every argument, arrays by digest (:mod:`fedsim.defense_spec`;
         :func:`register_defense` fills it in). It stands for the defense where
@@ -127,6 +133,7 @@ class Defense(NamedTuple):
     discards_example_stage: bool = False
     batch_statistics: bool = False
     config_checks: tuple[Callable[[Any], None], ...] = ()
+    scan_local_steps: bool = False
     spec: str = ""
     guarantees: tuple[Any, ...] = ()
 
@@ -249,6 +256,7 @@ def chain(*defenses: Defense) -> Defense:
                    discards_example_stage=any(d.discards_example_stage for d in defenses),
                    batch_statistics=all(d.batch_statistics for d in defenses),
                    config_checks=tuple(c for d in defenses for c in d.config_checks),
+                   scan_local_steps=any(d.scan_local_steps for d in defenses),
                    spec="+".join(spec_of(d) for d in defenses),
                    guarantees=tuple(
                        g if i == len(defenses) - 1

@@ -173,5 +173,9 @@ def dp_vmf(kappa: float, clip_norm: float = 1.0, clipping: str = "flat") -> Defe
         return unflatten(sample_vmf(k_sample, mu, kappa)), state
 
     name = f"dp_vmf(kappa={kappa:g},C={clip_norm:g},{clipping})"
+    # The sampler's while loops (Wood's rejection, the Beta draw's gamma) compiled
+    # again in every unrolled local step: 12× the scan's compile time for a round
+    # no faster (benchmarks/results/unroll_steps_vmf_cpu.md), so the steps run in
+    # a scan whatever training.unroll_steps.
     return Defense(init=lambda p: (), apply=apply, stage="example", name=name,
-                   guarantees=(params,))
+                   guarantees=(params,), scan_local_steps=True)

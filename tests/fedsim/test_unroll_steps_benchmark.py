@@ -11,8 +11,13 @@ def test_a_child_runs_the_setting_it_is_given():
     unrolled, scanned = run_child(TINY, 32), run_child(TINY, 0)
     for r in (unrolled, scanned):
         assert r["local_steps"] == 3 and r["first_s"] > 0 and r["round_s"] > 0
-        assert r["compiles"] >= 1 and len(r["rounds_s"]) == 1
+        assert r["compiles"] >= 1 and len(r["rounds_s"]) == 1 and r["scan_hint"] is False
     assert (unrolled["unroll_steps"], scanned["unroll_steps"]) == (32, 0)
+
+
+def test_a_defense_runs_with_its_scan_hint_turned_off():
+    r = run_child({**TINY, "steps": 2, "defense": {"name": "dp_vmf", "kappa": 1000.0}}, 32)
+    assert r["local_steps"] == 2 and r["scan_hint"] is False
 
 
 def _row(unroll, first, round_s, p=0, digest=None, steps=30):
@@ -52,6 +57,11 @@ def test_no_break_even_where_unrolling_is_not_faster_or_a_side_is_missing():
     (["--unroll", "32,x"], "expected distinct integers >= 0"),
     (["--unroll", "32,32"], "expected distinct integers >= 0"),
     (["--unroll", "-1"], "expected distinct integers >= 0"),
+    (["--defense", "{name: dp_vmf}"], "not JSON"),
+    (["--defense", '["dp_vmf"]'], "expected a JSON object with a 'name'"),
+    (["--defense", '{"name": "dp_vfm"}'], "dp_vfm"),
+    (["--defense", '{"name": "dp_vmf", "kappa": -1}'], "kappa"),
+    (["--name", "a/b"], "--name 'a/b': expected a file stem"),
 ])
 def test_bad_arguments_are_named_before_anything_runs(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit):
