@@ -204,8 +204,9 @@ def chain(*defenses: Defense) -> Defense:
     key it receives, so two chained defenses never share randomness.
 
     Raises:
-      ValueError: if the defenses act at different stages, or one of several
-        brings its own local training (``Defense.local_training``; alone, such
+      ValueError: if the defenses act at different stages, several act at the
+        "example" stage (each reduces a batch's per-example gradients to one),
+        or one of several brings its own local training (``Defense.local_training``; alone, such
         a defense is returned as it is).
     """
     if not defenses:
@@ -221,6 +222,12 @@ def chain(*defenses: Defense) -> Defense:
                          f"(got {', '.join(d.name for d in defenses)})")
     if own:  # alone: itself, its state where its local training looks for it
         return defenses[0]
+    if stage == "example" and len(defenses) > 1:
+        # An "example" defense reduces the per-example gradients to one gradient;
+        # the next would take that gradient for a batch of examples.
+        raise ValueError(f"defenses {', '.join(d.name for d in defenses)} all act at the "
+                         "'example' stage, which reduces the per-example gradients to one "
+                         "gradient, so only one can; use one example-stage defense")
     late = [d.name for d in defenses[1:] if d.discards_example_stage]
     if late:
         raise ValueError(f"defense {late[0]!r} recomputes gradient entries from the batch, "

@@ -123,3 +123,16 @@ def test_registry_config_and_errors():
     with pytest.raises(ValueError, match="batch dimension"):
         dp_gaussian(1.0).apply({"a": jnp.zeros((3, 2)), "b": jnp.zeros((4,))}, (),
                                key=jax.random.key(0))
+
+
+def test_two_example_stage_defenses_are_refused_by_name():
+    # Each reduces the per-example gradients to one gradient: chained, the second
+    # took that gradient for a batch and failed at trace time with a shape error.
+    from fedsim.config import ConfigError
+    from fedsim.simulation import _load_defenses, build_defenses
+
+    _load_defenses()
+    with pytest.raises(ConfigError, match=r"config key 'defenses': defenses dp_gaussian\(.*\), "
+                                          r"dp_vmf\(.*\) all act at the 'example' stage"):
+        build_defenses([{"name": "dp_gaussian", "noise_multiplier": 1.0},
+                        {"name": "dp_vmf", "kappa": 100.0}])

@@ -80,14 +80,16 @@ def test_a_bad_value_is_named(value):
 def test_a_defense_that_asks_for_a_scan_gets_one_and_the_others_unroll():
     # dp_vmf's rejection sampler compiled again in every unrolled step (12× the
     # scan's compile, a round no faster: benchmarks/results/unroll_steps_vmf_cpu.md).
-    from fedsim.hooks import build_defense, chain
+    from fedsim.hooks import build_defense, chain, identity
 
     ds = small_dataset()
     cfg = small_config(**STEPS_CONFIG, **DEFAULT)
     vmf = build_defense("dp_vmf", kappa=1000.0)
     gaussian = build_defense("dp_gaussian", noise_multiplier=1.0)
     assert vmf.scan_local_steps and not gaussian.scan_local_steps
-    assert chain(gaussian, vmf).scan_local_steps  # a chain keeps a part's hint
+    upload = build_defense("gc", p=0.5)
+    assert chain(upload, identity("upload")._replace(scan_local_steps=True)).scan_local_steps
+    assert not chain(upload, identity("upload")).scan_local_steps  # a chain keeps a part's hint
     for example, scan in ((vmf, True), (gaussian, False)):
         sim = Simulation(cfg, dataset=ds, defenses={"example": example})
         assert 1 < sim.settings.num_steps <= sim.settings.unroll_steps
