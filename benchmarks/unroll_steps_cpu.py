@@ -180,7 +180,8 @@ def markdown(result: dict) -> str:
     lines = [
         "# `training.unroll_steps` on CPU: compile time against run time "
         "(`benchmarks/unroll_steps_cpu.py`)", "",
-        f"{w['model']} at {w['image_size']}×{w['image_size']}, {w['clients']} clients a round "
+        f"{w['model']} at {w['image_size']}×{w['image_size']}, {w['clients']} "
+        f"client{'s' if w['clients'] != 1 else ''} a round "
         f"(loop), each {w['steps']} local steps of batch {w['batch']}"
         f"{_defense_words(w.get('defense'))}; fresh processes without "
         f"a persistent compilation cache; medians over {result['passes']} passes (the order "
@@ -202,14 +203,19 @@ def markdown(result: dict) -> str:
                 "persistent compilation cache, which `fedsim run` keeps, pays the compile "
                 "once per machine)." if b["rounds"] is not None else
                 "Unrolling does not run faster here, so it never pays.")
+        later = (f"1/{b['round_ratio']:.1f}" if b["round_ratio"] >= 1
+                 else f"{1 / b['round_ratio']:.1f}×")
         lines += ["", f"Unrolled / scan: the first round takes {b['first_round_ratio']:.1f}× "
-                      f"as long, a later round 1/{b['round_ratio']:.1f} as long. {pays}"]
+                      f"as long, a later round {later} as long. {pays}"]
     digests = {s["unroll_steps"]: s["digests"] for s in result["summary"]}
     one_each = all(len(d) == 1 for d in digests.values())
     distinct = len({d[0] for d in digests.values()}) == len(digests)
+    same = one_each and len({d[0] for d in digests.values()}) == 1
     lines += ["", "Final parameters: " + (
         "one digest per setting over the passes, and the settings' digests differ (the two "
         "round differently)." if one_each and distinct else
+        "one digest over every pass and setting (the settings gave the same parameters bit "
+        "for bit)." if same else
         f"digests {json.dumps(digests)}."), "", f"Whole benchmark: {result['seconds']:.0f} s."]
     return "\n".join(lines) + "\n"
 

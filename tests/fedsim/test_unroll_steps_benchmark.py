@@ -68,3 +68,13 @@ def test_bad_arguments_are_named_before_anything_runs(argv, message, capsys, tmp
         main([*argv, "--out", str(tmp_path)])
     assert message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_markdown_says_when_unrolling_is_slower_and_the_digests_agree():
+    summary = summarize([_row(32, 60.0, 0.04, digest="same"), _row(0, 5.0, 0.035, digest="same")])
+    text = markdown({"workload": {**TINY, "defense": {"name": "dp_vmf", "kappa": 1000}},
+                     "passes": 1, "device": "cpu", "commit": "abc1234def", "dirty": False,
+                     "seconds": 66.0, "summary": summary, "break_even": break_even(summary)})
+    assert "1 client a round" in text and 'defense `{"name": "dp_vmf", "kappa": 1000}`' in text
+    assert "a later round 1.1× as long" in text and "never pays" in text
+    assert "the settings gave the same parameters bit for bit" in text
