@@ -127,6 +127,8 @@ def calibration_key(sim) -> str:
     }
     if t.unroll_steps != UNROLL_STEPS:  # a key only where set, so earlier choices stay valid
         parts["unroll_steps"] = t.unroll_steps
+    if t.dtype != "float32":  # likewise
+        parts["dtype"] = t.dtype
     from fedsim.checkpoint import hand_defense_specs
 
     hand = hand_defense_specs(sim)

@@ -100,7 +100,8 @@ def _as_hashed_before(cfg) -> dict:
     ``uniform`` with an observer is hashed (such a checkpoint from the day the
     default was hashed away is refused by name, not resumed under another rule).
     ``training.unroll_steps`` (2026-11-28) is hashed only where it is not 32,
-    the unrolling every earlier run used. The ``accounting`` section
+    the unrolling every earlier run used; ``training.dtype`` (2026-11-30) only
+    where it is not float32. The ``accounting`` section
     (2026-11-29) is hashed only where it sets a δ: a run's ε rows must keep
     one δ across a resume.
     """
@@ -112,6 +113,8 @@ def _as_hashed_before(cfg) -> dict:
     training = d.get("training", {})
     if training.get("unroll_steps") == UNROLL_STEPS:  # the rule before the key (2026-11-28)
         training.pop("unroll_steps")
+    if training.get("dtype") == "float32":  # the only type before the key (2026-11-30)
+        training.pop("dtype")
     if not any(v is not None for v in (d.get("accounting") or {}).values()):
         d.pop("accounting", None)  # the accountants' defaults, the rule before the section
     return d

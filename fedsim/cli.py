@@ -35,8 +35,10 @@ def _cmd_run(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     from fedsim import distributed
+    from fedsim.simulation import enable_config_dtype
 
     distributed.initialize_from_args(args)  # before anything touches a device
+    enable_config_dtype(cfg)  # training.dtype float64: 64-bit JAX for this process
     summary = run_simulation(cfg, quiet=args.quiet)
     summary.pop("final_state", None)
     if distributed.is_primary():  # the process that wrote the run directory

@@ -132,6 +132,10 @@ class TrainingConfig:
     # TF32 (an H200 multiplied float32 matrices with a relative error of
     # 2.8e-4 at "default", 4.6e-7 at "highest"; CPUs compute float32 either way).
     matmul_precision: str = _f("highest", choices=("highest", "high", "default"))
+    dtype: str = _f("float32", choices=("float32", "float64"),
+                    doc="floating type of the model, its updates and the inputs. float64 "
+                        "needs jax_enable_x64, which fedsim run turns on itself (elsewhere: "
+                        "JAX_ENABLE_X64=1); it checks float32 numbers against rounding")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedsim import checkpoint, distributed, preemption
@@ -156,6 +157,9 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
         "dataset": cfg.data.dataset,
         "client_parallelism": sim.strategy,
         "seed": cfg.seed,
+        # what the final model's floats are, read off it (training.dtype asks)
+        "params_dtype": ",".join(sorted({str(a.dtype) for a in jax.tree_util.tree_leaves(
+            state.params) if jnp.issubdtype(a.dtype, jnp.floating)})),
         # this command's time and the rounds it trained (fewer than "rounds"
         # where it resumed from a checkpoint)
         "seconds": time.perf_counter() - t_start,

@@ -252,6 +252,10 @@ class Simulation:
         if d.normalize:
             ds = dataclasses.replace(ds, x_train=(ds.x_train - ds.mean) / ds.std,
                                      x_test=(ds.x_test - ds.mean) / ds.std)
+        if t.dtype == "float64":
+            check_float64(cfg)
+            ds = dataclasses.replace(ds, x_train=np.asarray(ds.x_train, np.float64),
+                                     x_test=np.asarray(ds.x_test, np.float64))
         self.dataset = ds
         try:
             parts = partition_dataset(cfg, ds)
@@ -358,9 +362,19 @@ class Simulation:
         return jax.default_matmul_precision(self.cfg.training.matmul_precision)
 
     def _initial_params(self):
-        """The model at round 0 (before any global mask)."""
-        return init_params(self.model, self.dataset.input_shape,
-                           jax.random.fold_in(self.key, ENGINE_INIT))
+        """The model at round 0 (before any global mask).
+
+        Under ``training.dtype`` float64 the float32 initialisation cast: the
+        same starting model as the float32 run, so the two differ by rounding
+        only.
+        """
+        params = init_params(self.model, self.dataset.input_shape,
+                             jax.random.fold_in(self.key, ENGINE_INIT))
+        if self.cfg.training.dtype == "float32":
+            return params
+        return jax.tree_util.tree_map(
+            lambda a: a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a,
+            params)
 
     def _build_client_update(self) -> None:
         """``self.client_update`` from the factory given, a defense's own, or the engine's."""
@@ -1007,6 +1021,32 @@ class Simulation:
             input_shape=self.dataset.input_shape, num_classes=self.dataset.num_classes,
             client_id=cid, round=round_idx)
         return ObservedUpload(obs, x, y)
+
+
+def check_float64(cfg: Config) -> None:
+    """Refuse ``training.dtype: float64`` while JAX runs 32-bit floats only.
+
+    Without ``jax_enable_x64`` JAX turns every float64 array into float32, so
+    the run would be a float32 run recorded as float64.
+
+    Raises:
+      ConfigError: naming the key and how to turn 64-bit JAX on.
+    """
+    if cfg.training.dtype == "float64" and not jax.config.jax_enable_x64:
+        raise ConfigError("config key 'training.dtype' (float64): JAX computes in float64 only "
+                          "with jax_enable_x64 on; set JAX_ENABLE_X64=1 or call "
+                          "jax.config.update('jax_enable_x64', True) before building the "
+                          "simulation (fedsim run turns it on itself)")
+
+
+def enable_config_dtype(cfg: Config) -> None:
+    """Turn on ``jax_enable_x64`` for a ``training.dtype: float64`` config.
+
+    ``fedsim run`` calls it for the process it owns; the library leaves JAX's
+    settings to its caller (:func:`check_float64` names what is missing).
+    """
+    if cfg.training.dtype == "float64" and not jax.config.jax_enable_x64:
+        jax.config.update("jax_enable_x64", True)
 
 
 def _copy(tree):

@@ -387,7 +387,10 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
     configs = list(zip(cells, cell_names(cells)))
     # Validate every cell before running any, so a typo fails fast.
     built = [(a, n, cell_config(raw, a, out_dir, n)) for a, n in configs]
+    from fedsim.simulation import check_float64
+
     for _, _, cfg in built:
+        check_float64(cfg)  # a float64 cell needs JAX_ENABLE_X64=1: said before any cell runs
         if check_cell is not None:
             check_cell(cfg)
     # A finished cell is reused only if it ran with its config now; another

@@ -367,3 +367,13 @@ def test_sweep_end_to_end_cli(tmp_path):
     assert main(["sweep", str(cfg), "--grid", "seed=0,1", "--out", str(tmp_path / "s"),
                  "--set", "training.lr=0.5"]) == 2
     assert (tmp_path / "s" / "results.json").read_text() == table
+
+
+def test_a_float64_cell_without_64_bit_jax_is_refused_before_any_cell_runs(tmp_path):
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE)
+    seen = []
+    with pytest.raises(ConfigError, match=r"config key 'training.dtype' \(float64\)"):
+        run_sweep(cfg, ["training.dtype=float32,float64"], tmp_path / "out",
+                  run_fn=seen.append, log=lambda m: None)
+    assert seen == []
