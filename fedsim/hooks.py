@@ -206,8 +206,8 @@ def chain(*defenses: Defense) -> Defense:
     Raises:
       ValueError: if the defenses act at different stages, several act at the
         "example" stage (each reduces a batch's per-example gradients to one),
-        or one of several brings its own local training (``Defense.local_training``; alone, such
-        a defense is returned as it is).
+        or one of several brings its own local training
+        (``Defense.local_training``; alone, such a defense is returned as it is).
     """
     if not defenses:
         raise ValueError("chain() needs at least one defense")
