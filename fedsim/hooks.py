@@ -103,8 +103,9 @@ class Defense(NamedTuple):
         then runs the local steps in a ``lax.scan`` whatever
         ``training.unroll_steps`` (:func:`fedsim.client.make_client_update`).
         For a step with data-dependent loops, e.g. ``dp_vmf``'s rejection
-        sampler: each unrolled copy compiles them again, and it ran no faster
-        than the scan (``benchmarks/results/unroll_steps_vmf_cpu.md``).
+        sampler: each unrolled copy compiles them again, for little speed
+        (LeNet-5: unrolling paid after 1,245 rounds against 51 without the
+        defense; ``benchmarks/results/unroll_steps_vmf_lenet5_cpu.md``).
       spec: what the defense was built from, in full: the registered factory's
         name and every argument, arrays by digest (:mod:`fedsim.defense_spec`;
         :func:`register_defense` fills it in). It stands for the defense where

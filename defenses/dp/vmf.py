@@ -174,8 +174,9 @@ def dp_vmf(kappa: float, clip_norm: float = 1.0, clipping: str = "flat") -> Defe
 
     name = f"dp_vmf(kappa={kappa:g},C={clip_norm:g},{clipping})"
     # The sampler's while loops (Wood's rejection, the Beta draw's gamma) compiled
-    # again in every unrolled local step: 12× the scan's compile time for a round
-    # no faster (benchmarks/results/unroll_steps_vmf_cpu.md), so the steps run in
-    # a scan whatever training.unroll_steps.
+    # again in every unrolled local step: on LeNet-5 an 11× longer first round
+    # for rounds 1.5× faster, paid back after 1,245 rounds
+    # (benchmarks/results/unroll_steps_vmf_lenet5_cpu.md), so the steps run in a
+    # scan whatever training.unroll_steps.
     return Defense(init=lambda p: (), apply=apply, stage="example", name=name,
                    guarantees=(params,), scan_local_steps=True)
