@@ -78,8 +78,9 @@ def test_a_bad_value_is_named(value):
 
 
 def test_a_defense_that_asks_for_a_scan_gets_one_and_the_others_unroll():
-    # dp_vmf's rejection sampler compiled again in every unrolled step (12× the
-    # scan's compile, a round no faster: benchmarks/results/unroll_steps_vmf_cpu.md).
+    # dp_vmf's rejection sampler compiled again in every unrolled step (LeNet-5: an
+    # 11× longer first round, paid back after 1,245 rounds;
+    # benchmarks/results/unroll_steps_vmf_lenet5_cpu.md).
     from fedsim.hooks import build_defense, chain, identity
 
     ds = small_dataset()
