@@ -266,7 +266,7 @@ def make_objective(simulate: Callable, cfg: InversionConfig, num_classes: int) -
 
     def objective(z, params, target, labels):
         x = z["x"]
-        y = jax.nn.softmax(z["y"]) if joint else jax.nn.one_hot(labels, num_classes)
+        y = jax.nn.softmax(z["y"]) if joint else jax.nn.one_hot(labels, num_classes, dtype=x.dtype)
         sim = simulate(params, x, y)
         if cfg.masked:
             # g(x̂) ⊙ m (and the target ⊙ m): coordinates outside the mask leave

@@ -105,7 +105,7 @@ def _impacts(apply_fn, params, input_shape, num_classes, key, num_dummy, name):
     # label is s_ic − ‖hᵢ‖₁ and as non-label s_ic (c ≠ 0); ‖hᵢ‖₁ = Σ_c |s_ic| / Σ_c |p_ic − e₀c|.
     s = jax.vmap(per_example)(x, jnp.zeros((num_dummy,), jnp.int32))
     p = jax.nn.softmax(apply_fn(params, x), axis=-1)
-    pe = p - jax.nn.one_hot(0, num_classes)
+    pe = p - jax.nn.one_hot(0, num_classes, dtype=p.dtype)
     hnorm = jnp.sum(jnp.abs(s), -1) / jnp.maximum(jnp.sum(jnp.abs(pe), -1), 1e-12)
     non_label = hnorm[:, None] * p          # ‖h‖ p_c
     a = jnp.mean(non_label - hnorm[:, None], 0)

@@ -143,7 +143,7 @@ def _chunk_features(apply_fn, params, x, y, num_classes) -> MIAFeatures:
     post = -jnp.sort(-jax.nn.softmax(logits, -1), axis=-1)
     loss = cross_entropy(logits, y)[:, None]
     grads = _last_layer_grads(apply_fn, params, x, y, num_classes)
-    return MIAFeatures(post, loss, grads, jax.nn.one_hot(y, num_classes))
+    return MIAFeatures(post, loss, grads, jax.nn.one_hot(y, num_classes, dtype=post.dtype))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))

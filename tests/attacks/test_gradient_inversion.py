@@ -339,3 +339,31 @@ def test_the_initial_dummy_is_float32_and_the_same_under_x64(init):
     for name in ("x", "y"):
         assert plain[name].dtype == wide[name].dtype == jnp.float32
         np.testing.assert_array_equal(np.asarray(wide[name]), np.asarray(plain[name]))
+
+
+def test_the_objective_and_label_impacts_stay_float32_under_x64():
+    # jax.nn.one_hot without a dtype is float64 under jax_enable_x64: label
+    # inference's signals came out float64 (this fails on the commit before). The
+    # attack's objective, whose one-hot targets name their dtype too, is held to
+    # the same.
+    from attacks.labels import _impacts
+
+    model = build_model("mlp", 10)
+    apply_fn = make_apply_fn(model)
+    params = init_params(model, (4, 4, 1), jax.random.key(0))
+    x = jax.random.uniform(jax.random.key(1), (2, 4, 4, 1), jnp.float32)
+    labels = jnp.array([1, 3])
+    cfg = GI.InversionConfig(label_mode="given")
+    objective = GI.make_objective(GI.make_simulate(apply_fn, cfg), cfg, 10)
+    target = jax.grad(lambda p: masked_mean_loss(apply_fn, p, x, labels, jnp.ones((2,))))(params)
+    z = {"x": x * 0.5, "y": jnp.zeros((2, 10), jnp.float32)}
+    plain = objective(z, params, target, labels)
+    impacts = _impacts(apply_fn, params, (4, 4, 1), 10, jax.random.key(2), 4, None)
+    with jax.enable_x64(True):
+        wide = objective(z, params, target, labels)
+        wide_impacts = _impacts(apply_fn, params, (4, 4, 1), 10, jax.random.key(2), 4, None)
+    assert plain.dtype == wide.dtype == jnp.float32
+    assert float(wide) == float(plain)
+    for a, b in zip(impacts, wide_impacts):
+        assert a.dtype == b.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))

@@ -189,3 +189,18 @@ def test_features_trace_again_inside_a_conv_implementation_block():
     # One example at a time, the gradient feature is an im2col GEMM by default
     # (IM2COL_MAX_BATCH), XLA's convolution inside the block: they round differently.
     assert not np.array_equal(default.last_layer_grad, xla.last_layer_grad)
+
+
+def test_features_are_float32_and_the_same_under_x64():
+    # jax.nn.one_hot without a dtype is float64 under jax_enable_x64.
+    model = build_model("mlp", 10)
+    apply_fn = make_apply_fn(model)
+    params = init_params(model, (4, 4, 1), jax.random.key(0))
+    x = jax.random.uniform(jax.random.key(1), (3, 4, 4, 1), jnp.float32)
+    y = jnp.array([0, 4, 9])
+    plain = MIA._chunk_features(apply_fn, params, x, y, 10)
+    with jax.enable_x64(True):
+        wide = MIA._chunk_features(apply_fn, params, x, y, 10)
+    for a, b in zip(plain, wide):
+        assert a.dtype == b.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
