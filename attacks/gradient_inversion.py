@@ -47,6 +47,7 @@ from fedsim import memory, models, random_draws
 from fedsim.config import ConfigError
 from fedsim.suggest import did_you_mean_each
 from fedsim.typing import Observation, Params
+from fedsim.x64 import x64_invariant
 
 
 class AttackConfigError(ConfigError):
@@ -243,6 +244,12 @@ def matching_loss(sim: Params, target: Params, kind: str) -> jax.Array:
 
 
 def _optimizer(cfg: InversionConfig) -> optax.GradientTransformation:
+    # x64_invariant: under jax_enable_x64, Adam's bias correction and L-BFGS's
+    # line search would compute in float64 and the attack would round otherwise.
+    return x64_invariant(_float_optimizer(cfg))
+
+
+def _float_optimizer(cfg: InversionConfig) -> optax.GradientTransformation:
     if cfg.optimizer == "lbfgs":
         return optax.lbfgs()
     n = cfg.iterations

@@ -34,6 +34,7 @@ from scipy.stats import rankdata
 from attacks.labels import last_layer
 from fedsim import models
 from fedsim.client import cross_entropy
+from fedsim.x64 import x64_invariant
 
 
 def auc(scores_members, scores_nonmembers) -> float:
@@ -217,7 +218,8 @@ def train_learned_attack(f_members: MIAFeatures, f_nonmembers: MIAFeatures, key,
     if not all(bool(jnp.all(jnp.isfinite(v))) for v in f_all):
         raise ValueError("train_learned_attack: the attack features contain NaN or inf")
     f_all, stats = _standardise(f_all)
-    labels = jnp.concatenate([jnp.ones(len(f_members.loss)), jnp.zeros(len(f_nonmembers.loss))])
+    labels = jnp.concatenate([jnp.ones(len(f_members.loss), jnp.float32),
+                              jnp.zeros(len(f_nonmembers.loss), jnp.float32)])
     params = AttackNet().init(key, f_all)
     return _fit_attack(params, f_all, labels, steps=int(steps), lr=float(lr)), stats
 
@@ -228,7 +230,7 @@ def _fit_attack(params, f_all: MIAFeatures, labels, *, steps: int, lr: float):
     # arguments, not closed-over constants, so training the attack under several
     # keys (reproduce_tan2024's median over keys) compiles it only once.
     net = AttackNet()
-    tx = optax.adam(lr)
+    tx = x64_invariant(optax.adam(lr))  # the same numbers under jax_enable_x64
 
     def loss_fn(p):
         return jnp.mean(optax.sigmoid_binary_cross_entropy(net.apply(p, f_all), labels))

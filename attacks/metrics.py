@@ -38,6 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from fedsim.x64 import x64_off
+
 PSNR_CAP = 100.0
 
 
@@ -73,7 +75,8 @@ def ssim(x, y) -> np.ndarray:
     if x.ndim < 3:
         raise ValueError(f"ssim: expected [..., H, W, C] images, got shape {x.shape}")
     size = int(min(11, x.shape[-3], x.shape[-2]))
-    val = dm_pix.ssim(jnp.asarray(x), jnp.asarray(y), max_val=1.0, filter_size=size)
+    with x64_off():  # under jax_enable_x64 dm-pix would filter the float32 images in float64
+        val = dm_pix.ssim(jnp.asarray(x), jnp.asarray(y), max_val=1.0, filter_size=size)
     return np.asarray(val, np.float64)
 
 

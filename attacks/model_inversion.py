@@ -33,6 +33,7 @@ from attacks.api import Reconstruction, register_attack
 from attacks.gradient_inversion import AttackConfigError, refuse_unknown_keys
 from fedsim import models
 from fedsim.typing import Observation
+from fedsim.x64 import x64_invariant
 
 DEFAULTS = {"aux_images": None, "classes": None, "iterations": 600, "lr": 1e-2, "model": "local"}
 
@@ -42,7 +43,7 @@ DEFAULTS = {"aux_images": None, "classes": None, "iterations": 600, "lr": 1e-2, 
 # (as attacks.membership's jits do).
 @functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
 def _invert(apply_fn, params, x0, classes, iterations, lr, settings):
-    opt = optax.adam(lr)
+    opt = x64_invariant(optax.adam(lr))  # the same numbers under jax_enable_x64
 
     def one(c):
         def cost(x):

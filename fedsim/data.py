@@ -133,13 +133,23 @@ def load_dataset(
 
 
 def resize_images(x: np.ndarray, size: int, chunk: int = 4096) -> np.ndarray:
-    """Bilinear (antialiased) resize of NHWC images to size × size, in chunks."""
+    """Bilinear (antialiased) resize of NHWC images to size × size, in chunks.
+
+    Computed in float32 as without ``jax_enable_x64``: under x64,
+    ``jax.image.resize`` builds its interpolation weights in float64 and the
+    float32 images were resized in float64, so a run's data (and every number
+    after it) changed with the flag (``fedsim.x64``).
+    """
     import jax
     import jax.numpy as jnp
 
+    from fedsim.x64 import x64_off
+
     resize = jax.jit(lambda b: jax.image.resize(
         b, (b.shape[0], size, size, b.shape[3]), method="linear", antialias=True))
-    out = [np.asarray(resize(jnp.asarray(x[i:i + chunk]))) for i in range(0, len(x), chunk)]
+    with x64_off():
+        out = [np.asarray(resize(jnp.asarray(x[i:i + chunk], jnp.float32)))
+               for i in range(0, len(x), chunk)]
     return np.clip(np.concatenate(out), 0.0, 1.0).astype(np.float32)
 
 

@@ -13,6 +13,7 @@ import optax
 
 from fedsim.suggest import did_you_mean
 from fedsim.typing import Params, PRNGKey, Updates
+from fedsim.x64 import x64_invariant
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
 AGGREGATIONS = ("mean", "sender_mean")
@@ -112,7 +113,15 @@ def check_aggregation(aggregation: str) -> None:
 
 
 def make_server_optimizer(name: str, lr: float, **kwargs) -> optax.GradientTransformation:
-    """The optax optimizer applied to the pseudo-gradient −Δ̄."""
+    """The optax optimizer applied to the pseudo-gradient −Δ̄.
+
+    Wrapped by :func:`fedsim.x64.x64_invariant` (Adam and Yogi round otherwise
+    under ``jax_enable_x64``).
+    """
+    return x64_invariant(_server_optimizer(name, lr, **kwargs))
+
+
+def _server_optimizer(name: str, lr: float, **kwargs) -> optax.GradientTransformation:
     if name == "sgd":
         return optax.sgd(lr)
     if name == "momentum":

@@ -59,6 +59,7 @@ from fedsim.observer import ObservedUpload
 from fedsim.server import (add_weight, add_weights, make_server_optimizer, mean_update,
                            sample_cohort_order, server_update, weighted_sum, zero_total)
 from fedsim.typing import ClientOutput, CohortData, Observation, ServerState
+from fedsim.x64 import x64_invariant
 
 
 class NonFiniteError(RuntimeError):
@@ -78,7 +79,15 @@ class RoundResult:
 
 
 def make_client_optimizer(t) -> optax.GradientTransformation:
-    """The client optimizer named by a :class:`~fedsim.config.TrainingConfig`."""
+    """The client optimizer named by a :class:`~fedsim.config.TrainingConfig`.
+
+    Wrapped by :func:`fedsim.x64.x64_invariant`, so that a float32 run gives the
+    same numbers whether or not ``jax_enable_x64`` is on.
+    """
+    return x64_invariant(_client_optimizer(t))
+
+
+def _client_optimizer(t) -> optax.GradientTransformation:
     if t.optimizer == "sgd":
         tx = optax.sgd(t.lr)
     elif t.optimizer == "momentum":

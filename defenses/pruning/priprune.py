@@ -77,6 +77,7 @@ from fedsim.client import LocalTraining, epoch_order, masked_mean_loss
 from fedsim.hooks import (Defense, DefenseContext, identity, register_defense,
                           register_simulation_plugin)
 from fedsim.typing import ClientOutput, CohortData
+from fedsim.x64 import x64_invariant
 from defenses.pruning.gumbel import gumbel_tree
 from defenses.pruning.masks import check_upload, pseudo_pruning_begin, withhold
 
@@ -200,8 +201,12 @@ def priprune(lambda_acc: float = 1.0, lambda_pri: float = 10.0, lambda_sha: floa
 
 
 def alpha_optimizer(hp: PriPruneConfig) -> optax.GradientTransformation:
-    """The optimizer of θ = logit(α) (module docstring)."""
-    return optax.adam(hp.alpha_lr)
+    """The optimizer of θ = logit(α) (module docstring).
+
+    :func:`fedsim.x64.x64_invariant`: under ``jax_enable_x64`` optax's Adam
+    would compute its bias correction in float64.
+    """
+    return x64_invariant(optax.adam(hp.alpha_lr))
 
 
 def privacy_loss(theta, grad):

@@ -367,3 +367,19 @@ def test_the_objective_and_label_impacts_stay_float32_under_x64():
     for a, b in zip(impacts, wide_impacts):
         assert a.dtype == b.dtype == jnp.float32
         np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+
+
+@pytest.mark.parametrize("attack,config", [("dlg", {"iterations": 10}),
+                                           ("inverting_gradients", {"iterations": 20})])
+def test_the_attack_gives_the_same_reconstruction_under_x64(mlp, attack, config):
+    # optax's L-BFGS (DLG) and Adam (Inverting Gradients) computed their line
+    # search and bias correction in float64 under jax_enable_x64: the same
+    # attack and key gave another reconstruction (fedsim.x64).
+    f, p = mlp
+    obs, _, _ = _obs(f, p, 0, batch_size=1)
+    plain = run_attack(attack, obs, config, jax.random.key(1))
+    with jax.enable_x64(True):
+        wide = run_attack(attack, obs, config, jax.random.key(1))
+    assert wide.x.dtype == plain.x.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(wide.x), np.asarray(plain.x))
+    assert float(wide.loss) == float(plain.loss)

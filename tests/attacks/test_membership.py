@@ -204,3 +204,22 @@ def test_features_are_float32_and_the_same_under_x64():
     for a, b in zip(plain, wide):
         assert a.dtype == b.dtype == jnp.float32
         np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+
+
+def test_the_learned_attack_trains_the_same_under_x64():
+    # optax's Adam computed its bias correction in float64 under
+    # jax_enable_x64 (fedsim.x64), and the labels were float64.
+    rng = np.random.default_rng(0)  # float32 features, made once without x64
+    mem, non = _separable_features(rng, 20, -1.0), _separable_features(rng, 20, 1.0)
+
+    def fit():
+        net, stats = MIA.train_learned_attack(mem, non, jax.random.key(0), steps=30)
+        return net, MIA.learned_scores(net, stats, mem)
+
+    plain_net, plain = fit()
+    with jax.enable_x64(True):
+        wide_net, wide = fit()
+    for a, b in zip(jax.tree_util.tree_leaves(plain_net), jax.tree_util.tree_leaves(wide_net)):
+        assert a.dtype == b.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+    np.testing.assert_array_equal(wide, plain)

@@ -42,6 +42,19 @@ def test_ssim_drops_with_noise():
     assert M.ssim(x, noisy)[0] < 0.9
 
 
+def test_ssim_is_the_same_under_x64():
+    # dm-pix filters in the default float: under jax_enable_x64 the float32
+    # images were filtered in float64 and scored otherwise.
+    import jax
+
+    x = _imgs(3)
+    y = np.clip(x + 0.05 * np.random.default_rng(4).standard_normal(x.shape), 0, 1)
+    plain = M.ssim(x, y)
+    with jax.enable_x64(True):
+        wide = M.ssim(x, y)
+    np.testing.assert_array_equal(wide, plain)
+
+
 def test_nmi_independent_is_small_and_bijection_is_one():
     rng = np.random.default_rng(3)
     u = rng.random(20000)

@@ -72,3 +72,20 @@ def test_inversion_traces_again_inside_a_conv_implementation_block():
     with models.conv_implementation("xla"):
         run_attack("model_inversion", obs, config, jax.random.key(0))
     assert model_inversion._invert._cache_size() == before + 1
+
+
+def test_model_inversion_is_the_same_under_x64():
+    # optax's Adam computed its bias correction in float64 under
+    # jax_enable_x64 (fedsim.x64): the same model gave other inputs.
+    model = build_model("mlp")
+    f = make_apply_fn(model)
+    p = init_params(model, (8, 8, 1), jax.random.key(0))
+    zero = jax.tree_util.tree_map(jnp.zeros_like, p)
+    obs = Observation(zero, p, f, "fedsgd", 0.1, 1, None, None, None, (8, 8, 1), 10)
+    aux = np.random.default_rng(0).random((4, 8, 8, 1)).astype(np.float32)
+    config = {"aux_images": aux, "iterations": 20, "classes": [1, 5]}
+    plain = run_attack("model_inversion", obs, config, jax.random.key(0))
+    with jax.enable_x64(True):
+        wide = run_attack("model_inversion", obs, config, jax.random.key(0))
+    assert wide.x.dtype == plain.x.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(wide.x), np.asarray(plain.x))

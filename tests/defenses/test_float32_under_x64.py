@@ -4,7 +4,9 @@ Same config + same seed → same numbers: a user who turns on 64-bit JAX for
 something else in the process must not get another run. A random draw
 without a dtype follows the default float (float64 under x64, other bits), and
 a ``lax.cond`` whose branches build their zero without one stops tracing; the
-defenses' draws and PriPrune's skipped step name float32.
+defenses' draws and PriPrune's skipped step name float32. optax's Adam and Yogi
+compute their bias correction in the default float; the engine's optimizers
+trace as without x64 (``fedsim.x64``).
 """
 
 import jax
@@ -25,16 +27,26 @@ RUNS = {
     "priprune_on_feddst": {
         "pruning": {"scheme": "feddst", "p": 0.4, "reconfigurations": 2, "reconfigure_every": 1},
         "defenses": [{"name": "priprune"}]},
+    # Adam / AdamW at the clients, Adam / Yogi at the server: the bias correction
+    # 1 - b**count was float64 under x64 (fails without fedsim.x64).
+    "adam_clients_yogi_server": {"training": {"optimizer": "adam", "lr": 0.01,
+                                              "server_optimizer": "yogi", "server_lr": 0.1}},
+    "adamw_clients_adam_server": {"training": {"optimizer": "adamw", "lr": 0.01,
+                                               "weight_decay": 0.01,
+                                               "server_optimizer": "adam", "server_lr": 0.1}},
 }
 
 
 def _final_params(extra: dict) -> tuple[np.ndarray, set]:
+    extra = dict(extra)
+    training = {"rounds": 2, "clients_per_round": 2, "batch_size": 8,
+                "client_parallelism": "loop", "loop_clients_per_call": 1,
+                **extra.pop("training", {})}
     cfg = from_dict(Config, {
         "seed": 1,
         "data": {"dataset": "synthetic", "num_clients": 8, "image_size": 8, "max_train": 128},
         "model": {"name": "mlp"},
-        "training": {"rounds": 2, "clients_per_round": 2, "batch_size": 8,
-                     "client_parallelism": "loop", "loop_clients_per_call": 1},
+        "training": training,
         **extra})
     sim = Simulation(cfg)
     state = sim.init_state()

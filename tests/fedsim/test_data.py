@@ -168,3 +168,17 @@ def test_load_dataset_reports_an_unreachable_download_as_one_error(monkeypatch):
     _no_network(monkeypatch)
     with pytest.raises(DatasetError, match="'cifar10' is not prepared.*cannot be reached"):
         load_dataset("cifar10", data_dir="/nonexistent/tfds")
+
+
+def test_resizing_gives_the_same_images_under_x64():
+    # jax.image.resize builds its weights in the default float: under
+    # jax_enable_x64 the float32 images were resized in float64, so a run on
+    # resized data (data.image_size) changed with the flag.
+    import jax
+
+    x = np.random.default_rng(0).random((5, 28, 28, 1)).astype(np.float32)
+    plain = data.resize_images(x, 16)
+    with jax.enable_x64(True):
+        wide = data.resize_images(x, 16)
+    assert plain.dtype == wide.dtype == np.float32 and plain.shape == (5, 16, 16, 1)
+    np.testing.assert_array_equal(wide, plain)
