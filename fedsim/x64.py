@@ -1,9 +1,10 @@
-"""Optax optimizers that give a float32 run the same numbers with or without 64-bit JAX.
+"""Float32 work that gives the same numbers with or without 64-bit JAX.
 
 Under ``jax_enable_x64`` a Python float that meets an integer array becomes a
 float64 array: optax's Adam, AdamW and Yogi compute their bias correction
 ``1 − β**count`` so (``count`` is int32) before casting it to the moment's
-dtype, and L-BFGS's line search keeps float64 scalars in its state. A float32
+dtype, and L-BFGS's state holds float64 arrays (its memory's weights, its
+line search's diagnostics). A float32
 run therefore rounded otherwise whenever anything in the process had turned
 x64 on (``JAX_ENABLE_X64=1``, or ``jax.config.update`` for another purpose),
 which breaks "same config and seed, same numbers".
@@ -15,6 +16,10 @@ left to x64 as it is. Without x64 the wrapper changes nothing, so no number
 of a run without x64 moves. Giving optax float32 hyperparameters instead would
 have made the two agree too, but on other numbers than today's: ``1 − β`` then
 rounds once more (``float32(1 − float32(0.9)) ≠ float32(0.1)``).
+
+:func:`x64_off` is the context it uses; :func:`fedsim.data.resize_images` and
+:func:`attacks.metrics.ssim` compute under it too (``jax.image.resize`` and
+dm-pix build float64 weights under x64).
 """
 
 from __future__ import annotations
@@ -65,6 +70,10 @@ def x64_invariant(tx: optax.GradientTransformation) -> optax.GradientTransformat
       A transformation of the same kind whose ``init`` and ``update`` run ``tx``'s
       under :func:`x64_off` when x64 is on and every array among their
       arguments is at most 32 bits wide; otherwise ``tx``'s as they are.
+      L-BFGS calls ``value_fn`` inside ``update``, so under the same context:
+      a ``value_fn`` that closes over float64 arrays while the parameters are
+      float32 would be narrowed with it (the attacks' objectives close over
+      float32 targets).
     """
     def init(params):
         with _narrowed((params,)):
