@@ -302,6 +302,12 @@ def initial_dummy(key: jax.Array, cfg: InversionConfig, batch_size: int,
     return {"x": x0, "y": random_draws.normal(ky, (batch_size, num_classes), jnp.float32)}
 
 
+def _is_float64(params: Params) -> bool:
+    """Whether any leaf of the model is float64 (a ``training.dtype: float64`` run)."""
+    return any(getattr(leaf, "dtype", None) == jnp.float64
+               for leaf in jax.tree_util.tree_leaves(params))
+
+
 def first_order_step(fn: Callable, opt: optax.GradientTransformation,
                      cfg: InversionConfig) -> Callable:
     """One step ``(z, opt_state), _ -> ((z, opt_state), loss)`` of a first-order optimizer.
@@ -339,6 +345,12 @@ def make_inverter(apply_fn, cfg: InversionConfig, batch_size: int,
 
     def one_restart(params, target, labels, key):
         z = initial_dummy(key, cfg, batch_size, input_shape, num_classes)
+        if _is_float64(params):
+            # A float64 model (training.dtype: float64) is attacked in float64,
+            # from the float32 attack's start: the two differ by rounding only.
+            # A float32 dummy against float64 gradients mixed the two, and
+            # L-BFGS refused it (its line search's branches differed in type).
+            z = jax.tree_util.tree_map(lambda a: a.astype(jnp.float64), z)
         fn = functools.partial(objective, params=params, target=target, labels=labels)
         state = opt.init(z)
         if cfg.optimizer == "lbfgs":

@@ -383,3 +383,29 @@ def test_the_attack_gives_the_same_reconstruction_under_x64(mlp, attack, config)
     assert wide.x.dtype == plain.x.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(wide.x), np.asarray(plain.x))
     assert float(wide.loss) == float(plain.loss)
+
+
+@pytest.mark.parametrize("attack", ["dlg", "inverting_gradients"])
+def test_a_float64_victim_is_attacked_in_float64(attack):
+    # training.dtype: float64 uploads float64 gradients. The attack ran a
+    # float32 dummy against them: DLG's L-BFGS raised (its line search's
+    # branches differed in type; fails on the commit before), and Inverting
+    # Gradients mixed the two. Now the dummy is cast: float64 throughout.
+    shape = (8, 8, 1)
+    m = build_model("mlp")
+    f = make_apply_fn(m)
+    with jax.enable_x64(True):
+        p = jax.tree_util.tree_map(lambda a: a.astype(jnp.float64), init_params(m, shape, jax.random.key(0)))
+        x = jnp.asarray(np.random.default_rng(0).random((1, *shape)), jnp.float64)
+        y = jnp.asarray([3], jnp.int32)
+        g = jax.grad(masked_mean_loss, argnums=1)(f, p, x, y, jnp.ones(1))
+        obs = observation_from_gradient(g, p, f, input_shape=shape, num_classes=10, lr=0.1,
+                                        labels=y, batch_size=1)
+        rec = run_attack(attack, obs, {"iterations": 30}, jax.random.key(1))
+        start = GI.initial_dummy(jax.random.split(jax.random.fold_in(jax.random.key(1), 2), 1)[0],
+                                 GI.InversionConfig(), 1, shape, 10)
+    assert rec.x.dtype == rec.loss.dtype == jnp.float64
+    assert np.isfinite(float(rec.loss))
+    # It moved from its start towards the victim.
+    x, got, start = np.asarray(x), np.asarray(rec.x), np.asarray(start["x"])
+    assert np.mean((got - x) ** 2) < 0.5 * np.mean((start - x) ** 2)
