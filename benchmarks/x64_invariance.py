@@ -180,13 +180,14 @@ def main(argv=None) -> dict:
         trees[label] = Path(path).resolve()
     cases = CASES if args.cases is None else {k: tuple(v) for k, v in json.loads(args.cases).items()}
     commit = git_commit()  # at start: the code the children load
+    tree_commits = {t: git_commit(p) for t, p in trees.items()}
     load0 = os.getloadavg()[0]
     results = {name: {t: compare(case, path) for t, path in trees.items()}
                for name, case in cases.items()}
     first = next(iter(next(iter(results.values())).values()))
     result = {"commit": commit, "device": f"cpu ({platform.machine()}, {os.cpu_count()} cpus)",
               "jax": first["off"]["jax"], "load_average_1min": [load0, os.getloadavg()[0]],
-              "tree_commits": {t: git_commit(p) for t, p in trees.items()},
+              "tree_commits": tree_commits,
               "trees": {t: str(p) for t, p in trees.items()},
               "case_specs": {k: list(v) for k, v in cases.items()}, "cases": results}
     write_json_and_markdown(args.out, NAME, result, render(result))
