@@ -15,7 +15,8 @@ and the two settings' results are compared bit for bit:
   loss, the labels; timings left out).
 
 Run: ``python -m benchmarks.x64_invariance [--baseline LABEL=PATH ...]``.
-Writes ``benchmarks/results/x64_invariance.{json,md}``.
+Writes ``benchmarks/results/x64_invariance.{json,md}``; ``--render JSON``
+writes the markdown of a saved result again.
 """
 
 from __future__ import annotations
@@ -161,7 +162,24 @@ def render(result: dict) -> str:
                 diff = f"{row['max_abs_psnr_difference']:.4f} dB (a victim's PSNR)"
             lines.append(f"| {case} | {t} | {'yes' if row['same'] else '**no**'} | {share} | "
                          f"{diff} |")
+    if len(trees) > 1:
+        lines += ["", f"Without x64, does each other tree give `{trees[0]}`'s numbers bit for bit "
+                  "(what a change that only concerns x64 must keep)?", "",
+                  "| case | " + " | ".join(f"`{t}`" for t in trees[1:]) + " |",
+                  "|---|" + "---|" * (len(trees) - 1)]
+        for case, by_tree in result["cases"].items():
+            lines.append(f"| {case} | " + " | ".join(
+                "yes" if _digest(by_tree[t]["off"]) == _digest(by_tree[trees[0]]["off"])
+                else "**no**" for t in trees[1:]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _digest(out: dict) -> str:
+    """What a child's numbers hash to: a run's parameters and losses, an attack's victims."""
+    if "params_sha1" in out:
+        return json.dumps([out["params_sha1"], out["train_losses"], out["test_accuracy"],
+                           out["x_train_sha1"]])
+    return out["victims_sha1"]
 
 
 def main(argv=None) -> dict:
@@ -170,7 +188,13 @@ def main(argv=None) -> dict:
                     help="another checkout to run the same cases from")
     ap.add_argument("--cases", default=None, help=argparse.SUPPRESS)  # tests: JSON object
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--render", type=Path, default=None, metavar="JSON",
+                    help="write the markdown of a saved result again, running nothing")
     args = ap.parse_args(argv)
+    if args.render is not None:
+        result = json.loads(args.render.read_text())
+        write_json_and_markdown(args.out, NAME, result, render(result))
+        return result
     trees = {"this": ROOT}
     for spec in args.baseline:
         label, sep, path = spec.partition("=")

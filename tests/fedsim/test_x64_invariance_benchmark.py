@@ -49,3 +49,20 @@ def test_runs_each_case_under_both_settings_and_writes_its_verdict(tmp_path):
     assert saved["cases"]["tiny run"]["this"]["same"] is True
     md = (tmp_path / "out" / "x64_invariance.md").read_text()
     assert "| tiny run | this | yes | 0.0 % |" in md and "| tiny attack | this | yes | (attack) |" in md
+
+
+def test_the_markdown_compares_each_tree_without_x64_to_this_one(tmp_path):
+    def run(sha, same=True):
+        off = {"params_sha1": sha, "train_losses": [1.0], "test_accuracy": 0.5, "x_train_sha1": "d"}
+        return {"off": off, "on": off, "same": same, "max_abs_param_difference": 0.0,
+                "params_differing": 0.0}
+
+    result = {"device": "cpu", "jax": "x", "commit": "a" * 40,
+              "tree_commits": {t: "b" * 40 for t in ("this", "old", "odd")},
+              "trees": {"this": "/a", "old": "/b", "odd": "/c"},
+              "cases": {"case": {"this": run("p"), "old": run("p", same=False), "odd": run("q")}}}
+    (tmp_path / "saved.json").write_text(json.dumps(result))
+    bench.main(["--render", str(tmp_path / "saved.json"), "--out", str(tmp_path)])
+    md = (tmp_path / "x64_invariance.md").read_text()
+    assert "| case | old | **no** | 0.0 % |" in md
+    assert "| case | `old` | `odd` |" in md and "| case | yes | **no** |" in md
