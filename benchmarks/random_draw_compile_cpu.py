@@ -54,6 +54,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script, too
+from benchmarks.baselines import code_trees  # noqa: E402
 from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 from benchmarks.results_io import write_json_and_markdown  # noqa: E402
 
@@ -235,13 +236,7 @@ def main(argv=None) -> dict:
         return {}
     if args.passes < 1:
         ap.error("--passes must be >= 1")
-    trees = {"this": ROOT}
-    for spec in args.baseline:
-        label, sep, path = spec.partition("=")
-        if not sep or not label or not Path(path, "fedsim").is_dir() or label in trees:
-            ap.error(f"--baseline {spec!r}: expected a new LABEL=PATH, PATH a checkout "
-                     "with fedsim/")
-        trees[label] = Path(path).resolve()
+    trees = code_trees(ap, args.baseline, ROOT)
     shapes = SHAPES if args.shapes is None else [tuple(s) for s in json.loads(args.shapes)]
     commit = git_commit()  # at start: the code the children load
     load0 = os.getloadavg()[0]

@@ -35,6 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script, too
+from benchmarks.baselines import code_trees  # noqa: E402
 from benchmarks.provenance import git_commit, short_commit  # noqa: E402
 from benchmarks.results_io import write_json_and_markdown  # noqa: E402
 
@@ -195,13 +196,7 @@ def main(argv=None) -> dict:
         result = json.loads(args.render.read_text())
         write_json_and_markdown(args.out, NAME, result, render(result))
         return result
-    trees = {"this": ROOT}
-    for spec in args.baseline:
-        label, sep, path = spec.partition("=")
-        if not sep or not label or not Path(path, "fedsim").is_dir() or label in trees:
-            ap.error(f"--baseline {spec!r}: expected a new LABEL=PATH, PATH a checkout "
-                     "with fedsim/")
-        trees[label] = Path(path).resolve()
+    trees = code_trees(ap, args.baseline, ROOT)
     cases = CASES if args.cases is None else {k: tuple(v) for k, v in json.loads(args.cases).items()}
     commit = git_commit()  # at start: the code the children load
     tree_commits = {t: git_commit(p) for t, p in trees.items()}
