@@ -4,10 +4,10 @@ Under ``jax_enable_x64`` a Python float that meets an integer array becomes a
 float64 array: optax's Adam, AdamW and Yogi compute their bias correction
 ``1 − β**count`` so (``count`` is int32) before casting it to the moment's
 dtype, and L-BFGS's state holds float64 arrays (its memory's weights, its
-line search's diagnostics). A float32
-run therefore rounded otherwise whenever anything in the process had turned
-x64 on (``JAX_ENABLE_X64=1``, or ``jax.config.update`` for another purpose),
-which breaks "same config and seed, same numbers".
+line search's diagnostics). A float32 run therefore rounded otherwise
+whenever anything in the process had turned x64 on (``JAX_ENABLE_X64=1``, or
+``jax.config.update`` for another purpose), which breaks "same config and
+seed, same numbers".
 
 :func:`x64_invariant` traces such an optimizer as without x64 whenever every
 array it is given is 32 bits wide or narrower, so its program is the one a

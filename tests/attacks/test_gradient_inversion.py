@@ -402,8 +402,10 @@ def test_a_float64_victim_is_attacked_in_float64(attack):
         obs = observation_from_gradient(g, p, f, input_shape=shape, num_classes=10, lr=0.1,
                                         labels=y, batch_size=1)
         rec = run_attack(attack, obs, {"iterations": 30}, jax.random.key(1))
-        start = GI.initial_dummy(jax.random.split(jax.random.fold_in(jax.random.key(1), 2), 1)[0],
-                                 GI.InversionConfig(), 1, shape, 10)
+        # The attack's start: run_inversion's victim key, then the one restart's.
+        victim_key = jax.random.split(jax.random.fold_in(jax.random.key(1), 2), 1)[0]
+        start = GI.initial_dummy(jax.random.split(victim_key, 1)[0], GI.InversionConfig(), 1,
+                                 shape, 10)
     assert rec.x.dtype == rec.loss.dtype == jnp.float64
     assert np.isfinite(float(rec.loss))
     # It moved from its start towards the victim.
