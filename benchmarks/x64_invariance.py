@@ -193,7 +193,12 @@ def main(argv=None) -> dict:
                     help="write the markdown of a saved result again, running nothing")
     args = ap.parse_args(argv)
     if args.render is not None:
-        result = json.loads(args.render.read_text())
+        try:
+            result = json.loads(args.render.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            ap.error(f"--render {args.render}: cannot read a saved result ({e})")
+        if not isinstance(result, dict) or not {"cases", "trees", "tree_commits"} <= set(result):
+            ap.error(f"--render {args.render}: not an {NAME} result (no cases, trees, tree_commits)")
         write_json_and_markdown(args.out, NAME, result, render(result))
         return result
     trees = code_trees(ap, args.baseline, ROOT)

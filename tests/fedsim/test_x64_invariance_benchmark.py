@@ -32,6 +32,16 @@ def test_rejects_a_baseline_without_fedsim(tmp_path, capsys):
     assert "expected a new LABEL=PATH" in capsys.readouterr().err
 
 
+def test_render_names_a_missing_or_foreign_file(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--render", str(tmp_path / "none.json"), "--out", str(tmp_path)])
+    assert "none.json: cannot read a saved result" in capsys.readouterr().err
+    (tmp_path / "other.json").write_text('{"rows": []}')
+    with pytest.raises(SystemExit):
+        bench.main(["--render", str(tmp_path / "other.json"), "--out", str(tmp_path)])
+    assert "not an x64_invariance result" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # four fresh processes (~30 s)
 def test_runs_each_case_under_both_settings_and_writes_its_verdict(tmp_path):
     (tmp_path / "run.yaml").write_text(RUN)
