@@ -22,7 +22,8 @@ def _add_run(sub) -> None:
     p = sub.add_parser("run", help="run a federated simulation from a YAML config")
     p.add_argument("config", help="path to a YAML config (e.g. configs/quickstart.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value (dotted path or unique leaf name)")
+                   help="override a config value (dotted path, unique leaf name, or "
+                        "defenses[i].PARAM)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     from fedsim import distributed
 
@@ -185,7 +186,7 @@ def _add_sweep(sub) -> None:
     p = sub.add_parser("sweep", help="run a grid of configs (skips finished cells, resumes partial)")
     p.add_argument("config", help="base YAML config")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
-                   help="a grid axis (repeatable); KEY as for --set, or defenses[i].PARAM")
+                   help="a grid axis (repeatable); KEY as for --set (defenses[i].PARAM included)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override applied to every cell")
     p.add_argument("--out", default=None, help="sweep directory (default sweeps/<config name>)")

@@ -359,6 +359,9 @@ _BARE_PRIORITY = ("training", "data", "model", "eval", "output", "observer")
 def _key_hint(key: str, leaves: list[str]) -> str:
     """The "did you mean" for an unknown ``--set`` key: a close dotted key, or for a
     bare name a close leaf name, given as the dotted key ``--set`` would set."""
+    loose = _DEFENSE_KEY_LOOSE.match(key)
+    if loose:
+        return f"; did you mean 'defenses[{loose.group(1)}].{loose.group(2)}'?"
     hint = did_you_mean(key, leaves)
     if hint or "." in key:
         return hint
@@ -371,11 +374,51 @@ def _key_hint(key: str, leaves: list[str]) -> str:
     return f"; did you mean {ranked[0]!r}?"
 
 
+#: ``defenses[i].PARAM``: parameter PARAM of the config's i-th defense, a key of
+#: ``--set`` and of ``fedsim sweep --grid``.
+DEFENSE_KEY = re.compile(r"^defenses\[(\d+)\]\.(\w+)$")
+
+# What a user may type for a defense's parameter instead: defenses.0.PARAM,
+# defenses[0]PARAM, defenses0.PARAM (the hint names the form that works).
+_DEFENSE_KEY_LOOSE = re.compile(r"^defenses\W*(\d+)\W*(\w+)$")
+
+
+def set_defense_param(raw: dict, key: str, value, flag: str = "--set") -> None:
+    """``raw["defenses"][i][PARAM] = value`` for ``key = "defenses[i].PARAM"``.
+
+    The parameter is set as given; the defense's own checks (a known
+    parameter, its range) run where the config is validated and the defense
+    is built, as for a parameter written in the file.
+
+    Raises:
+      ConfigError: when the config has no ``defenses[i]`` mapping, naming the
+        key and the defenses it has.
+    """
+    m = DEFENSE_KEY.match(key)
+    if m is None:
+        raise ValueError(f"{key!r} is not a defenses[i].PARAM key")
+    i, param = int(m.group(1)), m.group(2)
+    defs = raw.get("defenses")
+    if not isinstance(defs, list) or i >= len(defs) or not isinstance(defs[i], dict):
+        names = [d.get("name") if isinstance(d, dict) else d for d in defs] \
+            if isinstance(defs, list) else []
+        has = (f"it has {len(names)}: " + ", ".join(f"defenses[{j}] = {n!r}"
+                                                     for j, n in enumerate(names))
+               if names else "it has none")
+        raise ConfigError(f"{flag} {key}: the config has no defenses[{i}] ({has})")
+    defs[i][param] = value
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """Apply ``key=value`` overrides (values parsed as YAML) to a raw config dict.
 
+    A key is a dotted config key (``training.lr``), a bare name that one
+    resolves to (``lr``), ``attack.…``, or ``defenses[i].PARAM`` for a
+    parameter of the config's i-th defense (:data:`DEFENSE_KEY`).
+
     Raises:
-      ConfigError: for a malformed override, an unknown or ambiguous key.
+      ConfigError: for a malformed override, an unknown or ambiguous key, a
+        ``defenses[i]`` the config does not have.
     """
     # A deep copy, not a YAML dump and reload: safe_dump writes the string "1e5"
     # unquoted (YAML 1.1), and _Loader would read it back as a float.
@@ -386,6 +429,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             raise ConfigError(f"--set {item!r}: expected key=value")
         key, text = item.split("=", 1)
         key = key.strip()
+        if DEFENSE_KEY.match(key):
+            set_defense_param(raw, key, _override_value(text))
+            continue
         if key not in leaves and not any(key.startswith(p + ".") for p in ("attack",)):
             matches = [p for p in leaves if p.split(".")[-1] == key]
             if len(matches) == 1:
@@ -397,11 +443,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 key = ranked[0]
             else:
                 raise ConfigError(f"--set {key}: unknown config key; known keys: "
-                                  f"{', '.join(leaves)}{_key_hint(key, leaves)}")
-        try:
-            value = yaml_load(text)
-        except yaml.YAMLError:
-            value = text
+                                  f"{', '.join(leaves)}, defenses[i].PARAM"
+                                  f"{_key_hint(key, leaves)}")
+        value = _override_value(text)
         node = raw
         parts = key.split(".")
         for p in parts[:-1]:
@@ -410,6 +454,14 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             node = node[p]
         node[parts[-1]] = value
     return raw
+
+
+def _override_value(text: str):
+    """An override's value: its text parsed as YAML, or the text where it is not YAML."""
+    try:
+        return yaml_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 def read_raw_config(path: str | Path) -> dict:

@@ -2,8 +2,8 @@
 
 ``fedsim sweep CONFIG --grid KEY=V1,V2 [--grid ...]`` runs the Cartesian
 product of the grid values over the base config. Keys are the ``--set`` keys
-(dotted paths or unique leaf names, e.g. ``seed``, ``model.name``) plus
-``defenses[i].PARAM`` for a defense hyper-parameter (e.g. PriPrune's κ:
+(dotted paths or unique leaf names, e.g. ``seed``, ``model.name``, and
+``defenses[i].PARAM`` for a defense hyper-parameter, e.g. PriPrune's κ:
 ``defenses[0].kappa=0.1,0.3``). Values are parsed as YAML and separated by
 commas outside brackets and quotes (``observer.clients=[0,1],[2,3]``).
 
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import yaml
 
-from fedsim.config import (Config, ConfigError, apply_overrides, from_dict, read_raw_config,
-                           validate, yaml_load)
+from fedsim.config import (DEFENSE_KEY, Config, ConfigError, apply_overrides, from_dict,
+                           read_raw_config, set_defense_param, validate, yaml_load)
 from fedsim import preemption
 from fedsim.preemption import Preempted
 from fedsim.results import atomic_write_text, finite_number, write_json
@@ -45,7 +45,6 @@ from fedsim.results import atomic_write_text, finite_number, write_json
 TABLE_FIELDS = ("test_accuracy", "test_loss", "final_train_loss", "epsilon",
                 "client_level_epsilon", "local_epsilon", "leakage_total", "client_parallelism",
                 "seconds")
-_DEFENSE_KEY = re.compile(r"^defenses\[(\d+)\]\.(\w+)$")
 
 
 def parse_grid(items: list[str]) -> list[tuple[str, list]]:
@@ -98,7 +97,7 @@ def canonical_key(key: str) -> str:
     Raises:
       ConfigError: an unknown key, naming it as a ``--grid`` key.
     """
-    if _DEFENSE_KEY.match(key):
+    if DEFENSE_KEY.match(key):
         return key
     try:
         node = apply_overrides({}, [f"{key}=0"])
@@ -204,13 +203,8 @@ def cell_config(raw: dict, assignment: dict, out_dir: Path, name: str) -> Config
     """
     raw = json.loads(json.dumps(raw))  # deep copy of plain YAML data
     for key, value in assignment.items():
-        m = _DEFENSE_KEY.match(key)
-        if m:
-            i, param = int(m.group(1)), m.group(2)
-            defs = raw.get("defenses") or []
-            if i >= len(defs) or not isinstance(defs[i], dict):
-                raise ConfigError(f"--grid {key}: the config has no defenses[{i}]")
-            defs[i][param] = value
+        if DEFENSE_KEY.match(key):
+            set_defense_param(raw, key, value, flag="--grid")
         else:
             # The parsed value itself, not its text: written out and parsed
             # again, the string '1e5' or 'true' would come back as a number or

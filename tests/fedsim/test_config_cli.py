@@ -8,6 +8,7 @@ import yaml
 
 from fedsim.cli import main
 from fedsim.config import ConfigError, load_config
+from fedsim.simulation import build_defenses
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -29,6 +30,40 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 def test_bad_overrides_name_the_key(override, pattern):
     with pytest.raises(ConfigError, match=pattern):
         load_config(QUICKSTART, [override])
+
+
+DP_FEDAVG = ROOT / "configs" / "dp_fedavg.yaml"
+
+
+def test_set_reaches_a_defense_parameter_as_grid_does():
+    # Before, only `fedsim sweep --grid` took defenses[i].PARAM; --set refused it.
+    cfg = load_config(DP_FEDAVG, ["defenses[0].noise_multiplier=2", "defenses[0].clip_norm=1e-1"])
+    assert cfg.defenses[0] == {"name": "client_level_dp", "clip_norm": 0.1,
+                               "noise_multiplier": 2, "clients_per_round": 10}
+    assert load_config(DP_FEDAVG).defenses[0]["noise_multiplier"] == 1.0  # the file is not changed
+    # The name too: a parameter the new defense does not take is named when it is built.
+    swapped = load_config(DP_FEDAVG, ["defenses[0].name=dp_gaussian"])
+    with pytest.raises(ConfigError, match=r"'defenses\[0\]'.*clients_per_round"):
+        build_defenses(swapped.defenses)
+
+
+@pytest.mark.parametrize("override,pattern", [
+    ("defenses[1].clip_norm=1", r"^--set defenses\[1\].clip_norm: the config has no defenses\[1\] "
+                                r"\(it has 1: defenses\[0\] = 'client_level_dp'\)$"),
+    ("defenses.0.clip_norm=1", r"unknown config key.*defenses\[i\]\.PARAM; "
+                               r"did you mean 'defenses\[0\].clip_norm'\?$"),
+    ("defenses[0]clip_norm=1", r"did you mean 'defenses\[0\].clip_norm'\?$"),
+    ("defenses[0].clip_nrom=1", r"'defenses\[0\]'.*did you mean 'clip_norm'\?"),
+    ("defenses[0].clip_norm=-1", r"'defenses\[0\]'.*clip_norm"),
+])
+def test_a_bad_defense_override_names_the_key(override, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        build_defenses(load_config(DP_FEDAVG, [override]).defenses)
+
+
+def test_a_defense_override_on_a_config_without_defenses_says_it_has_none():
+    with pytest.raises(ConfigError, match=r"no defenses\[0\] \(it has none\)"):
+        load_config(QUICKSTART, ["defenses[0].sigma=1"])
 
 
 @pytest.mark.parametrize("overrides,pattern", [
