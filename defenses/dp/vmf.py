@@ -117,7 +117,8 @@ def sample_vmf(key: jax.Array, mu: jax.Array, kappa: float, num: int | None = No
 
     Args:
       key: PRNG key.
-      mu: float [p], the mean direction (normalised here; must be non-zero).
+      mu: float [p], the mean direction (normalised here; must be non-zero;
+        a NaN μ gives NaN samples).
       kappa: concentration κ > 0.
       num: number of samples (None: one sample, shape [p]).
       **kwargs: passed to :func:`sample_vmf_cosine`.
@@ -128,6 +129,11 @@ def sample_vmf(key: jax.Array, mu: jax.Array, kappa: float, num: int | None = No
     mu = jnp.asarray(mu, jnp.float32)
     if mu.ndim != 1:
         raise ValueError(f"mu must be a vector [p], got shape {mu.shape}")
+    if not isinstance(mu, jax.core.Tracer) and not bool(jnp.any(mu != 0)):
+        # Traced (inside dp_vmf's jitted step) a zero μ cannot be refused here;
+        # dp_vmf never passes one.
+        raise ValueError("mu must be non-zero: a zero vector has no direction to centre "
+                         "the VMF on")
     dim = mu.shape[0]
     n = 1 if num is None else int(num)
     k_w, k_v = jax.random.split(key)
@@ -155,7 +161,8 @@ def dp_vmf(kappa: float, clip_norm: float = 1.0, clipping: str = "flat") -> Defe
       sample centred on the direction of the clipped average (the output
       replaces the gradient, as in Alg 2). A zero average gradient has no
       direction; μ is then drawn uniformly (the VMF of any μ is equally valid
-      and this keeps the output on the sphere).
+      and this keeps the output on the sphere). A NaN or inf gradient gives a
+      NaN output, not a sample.
     """
     kappa = check_positive("kappa", kappa)
     clip_norm = check_positive("clip_norm", clip_norm)
@@ -169,7 +176,11 @@ def dp_vmf(kappa: float, clip_norm: float = 1.0, clipping: str = "flat") -> Defe
         k_dir, k_sample = jax.random.split(key)
         norm = jnp.linalg.norm(mean)
         fallback = jax.random.normal(k_dir, mean.shape, mean.dtype)
-        mu = jnp.where(norm > 0, mean, fallback)
+        # Only an exactly zero mean takes the random direction. A NaN mean (a
+        # NaN or inf gradient: clipping an inf norm gives inf·0) stays NaN, so the
+        # engine's training.on_nonfinite sees it; `norm > 0` sent it to the
+        # fallback, and a non-finite gradient came out a finite random one.
+        mu = jnp.where(norm == 0, fallback, mean)
         return unflatten(sample_vmf(k_sample, mu, kappa)), state
 
     name = f"dp_vmf(kappa={kappa:g},C={clip_norm:g},{clipping})"

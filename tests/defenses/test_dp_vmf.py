@@ -78,3 +78,27 @@ def test_defense_contract_and_errors():
         sample_vmf_cosine(jax.random.key(0), 1.0, 1, 4)
     with pytest.raises(ValueError, match="mu"):
         sample_vmf(jax.random.key(0), jnp.ones((2, 2)), 1.0)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_gradient_gives_a_nan_output_not_a_random_sample(bad):
+    # Before, the NaN mean failed `norm > 0` and took the random fallback
+    # direction: a finite unit-norm "gradient" the engine could not flag.
+    tree = per_example_tree(jax.random.key(5))
+    tree["w"] = tree["w"].at[0, 0, 0].set(bad)
+    d = dp_vmf(kappa=10.0)
+    g, _ = d.apply(tree, d.init(None), key=jax.random.key(1), context=context(np.ones(8)))
+    assert all(np.isnan(np.asarray(leaf)).all() for leaf in jax.tree_util.tree_leaves(g))
+
+
+def test_a_zero_mean_gradient_still_gets_a_unit_sample():
+    tree = jax.tree_util.tree_map(jnp.zeros_like, per_example_tree(jax.random.key(6)))
+    d = dp_vmf(kappa=10.0)
+    g, _ = d.apply(tree, d.init(None), key=jax.random.key(1), context=context(np.ones(8)))
+    flat = np.concatenate([np.asarray(leaf).ravel() for leaf in jax.tree_util.tree_leaves(g)])
+    np.testing.assert_allclose(np.linalg.norm(flat), 1.0, atol=1e-5)
+
+
+def test_sample_vmf_refuses_a_zero_mean_direction():
+    with pytest.raises(ValueError, match="mu must be non-zero"):
+        sample_vmf(jax.random.key(0), jnp.zeros(5), 1.0)
