@@ -15,7 +15,10 @@ Usage (the main CLI wires :func:`add_privacy_parser` into ``fedsim privacy``;
 ``vmf`` / ``gaussian`` / ``dp-fedavg`` print one JSON object with ``epsilon``, ``delta``,
 ``approach``, ``alpha``, ``convention``, ``count`` and ``candidates``.
 ``capacity`` prints ``log_bayes_capacity`` (natural log; JSON with --json).
-Invalid input prints ``error: <argument> must be ...`` to stderr and exits 2.
+The JSON is strict: an unbounded (infinite) ε is ``null``, named under
+``non_finite``. Invalid input prints ``error: <argument> must be ...`` to
+stderr and exits 2; running out of memory (the PLD accountant at a tiny σ)
+prints ``error: out of memory ...`` and exits 1.
 """
 
 from __future__ import annotations
@@ -128,7 +131,27 @@ def _schedule(args: argparse.Namespace) -> dict:
 
 
 def _emit(payload: dict) -> None:
-    print(json.dumps(payload, sort_keys=True))
+    """Print ``payload`` as strict JSON.
+
+    A non-finite number (an unbounded ε: dp_accounting's RDP at a tiny σ, or
+    paper 001's approach 1 at a large κ) is written ``null`` and named, with
+    its value, under ``non_finite`` (``{"epsilon": "inf"}``): Python's
+    ``Infinity`` is not JSON, and other readers refuse it.
+    """
+    non_finite: dict[str, str] = {}
+    print(json.dumps(_finite_or_null(payload, "", non_finite)
+                     | ({"non_finite": non_finite} if non_finite else {}),
+                     sort_keys=True, allow_nan=False))
+
+
+def _finite_or_null(value, path: str, non_finite: dict):
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v, f"{path}{k}", non_finite) if not isinstance(v, dict)
+                else _finite_or_null(v, f"{path}{k}.", non_finite) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        non_finite[path] = repr(value)  # 'inf', '-inf' or 'nan'
+        return None
+    return value
 
 
 def run_privacy(args: argparse.Namespace) -> int:
@@ -198,6 +221,14 @@ def run_privacy(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except MemoryError as err:
+        # dp_accounting's PLD discretises the privacy loss on a grid that grows
+        # as σ shrinks (38 GiB at σ = 1e-3, q = 0.1, 10 steps).
+        hint = ("; the PLD accountant's grid grows as --sigma shrinks: try --accountant rdp"
+                if getattr(args, "accountant", None) == "pld" else "")
+        print(f"error: out of memory computing the {args.privacy_command} accountant "
+              f"({str(err) or type(err).__name__}){hint}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -71,3 +71,48 @@ def test_module_entry_point():
          "--sample-rate", "0.1", "--steps", "3", "--delta", "1e-5"],
         capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--sigma" in proc.stderr
+
+
+@pytest.mark.parametrize("argv,named", [
+    # dp_accounting's RDP bound is unbounded at a vanishing σ.
+    (["gaussian", "--sigma", "1e-300", "--sample-rate", "1", "--steps", "1", "--delta", "1e-5"],
+     {"epsilon": "inf", "candidates.rdp": "inf"}),
+    # Paper 001's approach 1 is unbounded at a large κ; approach 2 still gives an ε.
+    (["vmf", "--kappa", "1e6", "--dim", "10", "--sample-rate", "0.01", "--steps", "10",
+      "--delta", "1e-5"], {"candidates.approach_1": "inf"}),
+])
+def test_an_unbounded_epsilon_is_strict_json_null_and_named(capsys, argv, named):
+    # Before, the output held Python's `Infinity`, which strict JSON readers refuse.
+    assert cli.main(["privacy", *argv]) == 0
+    text = capsys.readouterr().out
+
+    def refuse(constant):
+        raise AssertionError(f"non-JSON constant {constant} in {text}")
+
+    out = json.loads(text, parse_constant=refuse)
+    assert out["non_finite"] == named
+    for path in named:
+        node = out
+        for part in path.split("."):
+            node = node[part]
+        assert node is None
+    assert all(v is not None and v > 0 for k, v in out["candidates"].items()
+               if f"candidates.{k}" not in named)
+
+
+def test_a_bounded_epsilon_has_no_non_finite_entry(capsys):
+    assert cli.main(["privacy", "gaussian", "--sigma", "1.1", "--sample-rate", "0.01",
+                     "--steps", "100", "--delta", "1e-5"]) == 0
+    assert "non_finite" not in json.loads(capsys.readouterr().out)
+
+
+def test_running_out_of_memory_is_one_line_naming_the_accountant(capsys, monkeypatch):
+    def pld(*args, **kwargs):
+        raise MemoryError("Unable to allocate 38.0 GiB")
+
+    monkeypatch.setattr(cli, "gaussian_epsilon", pld)
+    assert cli.main(["privacy", "gaussian", "--sigma", "1e-3", "--sample-rate", "0.1",
+                     "--steps", "10", "--delta", "1e-5", "--accountant", "pld"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "out of memory" in err and "38.0 GiB" in err
+    assert "try --accountant rdp" in err
