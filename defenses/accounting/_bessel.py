@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import special
 
-__all__ = ["log_bessel_iv", "bessel_iv_ratio"]
+__all__ = ["log_bessel_iv", "log_bessel_ive", "bessel_iv_ratio"]
 
 # Below this order scipy's ive is accurate and finite for all arguments we
 # meet; above it the Debye expansion's O(nu^-5) error is below 1e-8.
@@ -33,13 +33,21 @@ _DEBYE_MIN_ORDER = 50.0
 _SERIES_TERMS = 60
 
 
-def _debye_log_iv(nu: np.ndarray, x: np.ndarray) -> np.ndarray:
+def _debye_log_iv(nu: np.ndarray, x: np.ndarray, scaled: bool = False) -> np.ndarray:
     # Written in terms of hypot(nu, x) so that nothing overflows for x >> nu.
     sq = np.hypot(nu, x)
+    # nu * eta(z), z = x / nu, with eta = sqrt(1+z^2) + log(z / (1+sqrt(1+z^2))).
+    # Scaled (minus x): sqrt(nu² + x²) − x = nu² / (sqrt(nu² + x²) + x), which
+    # does not cancel when x ≫ nu.
+    nu_eta = (nu * nu / (sq + x) if scaled else sq) + nu * np.log(x / (nu + sq))
+    log_2pi_nu, log_ratio, log_series = _debye_corrections(nu, sq)
+    return nu_eta - log_2pi_nu - log_ratio + log_series
+
+
+def _debye_corrections(nu: np.ndarray, sq: np.ndarray):
+    """The terms of DLMF 10.41.3 after ν·η: ½log(2πν), ½log(√(ν²+x²)/ν), log Σ u_k/ν^k."""
     t = nu / sq
     t2 = t * t
-    # nu * eta(z), z = x / nu, with eta = sqrt(1+z^2) + log(z / (1+sqrt(1+z^2))).
-    nu_eta = sq + nu * np.log(x / (nu + sq))
     u1 = t * (3.0 - 5.0 * t2) / 24.0
     u2 = t2 * (81.0 + t2 * (-462.0 + 385.0 * t2)) / 1152.0
     u3 = t * t2 * (30375.0 + t2 * (-369603.0 + t2 * (765765.0 - 425425.0 * t2))) / 414720.0
@@ -49,7 +57,7 @@ def _debye_log_iv(nu: np.ndarray, x: np.ndarray) -> np.ndarray:
     ) / 39813120.0
     inv = 1.0 / nu
     series = 1.0 + inv * (u1 + inv * (u2 + inv * (u3 + inv * u4)))
-    return nu_eta - 0.5 * np.log(2.0 * np.pi * nu) - 0.5 * np.log(sq / nu) + np.log(series)
+    return 0.5 * np.log(2.0 * np.pi * nu), 0.5 * np.log(sq / nu), np.log(series)
 
 
 def _series_log_iv(nu: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -68,15 +76,15 @@ _HANKEL_MIN_RATIO = 100.0
 _HANKEL_TERMS = 8
 
 
-def _hankel_log_iv(nu: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """log I_nu(x) for x ≫ nu² (DLMF 10.40.1; the e^(−x) branch dropped)."""
+def _hankel_log_iv(nu: np.ndarray, x: np.ndarray, scaled: bool = False) -> np.ndarray:
+    """log I_nu(x) for x ≫ nu² (DLMF 10.40.1; the e^(−x) branch dropped); minus x if scaled."""
     mu = 4.0 * nu * nu
     term = np.ones_like(x)
     series = np.ones_like(x)
     for k in range(1, _HANKEL_TERMS):
         term = -term * (mu - (2.0 * k - 1.0) ** 2) / (k * 8.0 * x)
         series = series + term
-    return x - 0.5 * np.log(2.0 * np.pi * x) + np.log(series)
+    return (0.0 if scaled else x) - 0.5 * np.log(2.0 * np.pi * x) + np.log(series)
 
 
 def log_bessel_iv(nu: ArrayLike, x: ArrayLike) -> np.ndarray:
@@ -99,6 +107,24 @@ def log_bessel_iv(nu: ArrayLike, x: ArrayLike) -> np.ndarray:
       where scipy.special.ive fails for x ≫ nu²) and 10.25.2 (series, where
       ive underflows); scipy.special.ive elsewhere.
     """
+    return _log_iv(nu, x, scaled=False)
+
+
+def log_bessel_ive(nu: ArrayLike, x: ArrayLike) -> np.ndarray:
+    """``log I_nu(x) − x``: the log of the exponentially scaled Bessel function.
+
+    :func:`log_bessel_iv` less ``x``, computed without forming ``log I_nu(x)``:
+    for large ``x`` the two are nearly equal and their difference, taken after
+    the fact, keeps none of its digits (the VMF Bayes capacity at κ = 1e18 came
+    out 128.0 for p = 10 instead of 181.48, and 0.0 at 1e20). The same branches
+    as :func:`log_bessel_iv`, each scaled where it forms ``x``.
+
+    Args and Raises: as :func:`log_bessel_iv`.
+    """
+    return _log_iv(nu, x, scaled=True)
+
+
+def _log_iv(nu: ArrayLike, x: ArrayLike, scaled: bool) -> np.ndarray:
     nu_arr, x_arr = np.broadcast_arrays(
         np.asarray(nu, dtype=np.float64), np.asarray(x, dtype=np.float64)
     )
@@ -112,23 +138,23 @@ def log_bessel_iv(nu: ArrayLike, x: ArrayLike) -> np.ndarray:
     out[zero] = np.where(nu_arr[zero] == 0, 0.0, -np.inf)
 
     big = (~zero) & (nu_arr >= _DEBYE_MIN_ORDER)
-    out[big] = _debye_log_iv(nu_arr[big], x_arr[big])
+    out[big] = _debye_log_iv(nu_arr[big], x_arr[big], scaled)
 
     small = (~zero) & (~big)
     if np.any(small):
         nus, xs = nu_arr[small], x_arr[small]
         with np.errstate(divide="ignore"):
-            scaled = special.ive(nus, xs)
-        ok = np.isfinite(scaled) & (scaled > 1e-290)
+            ive = special.ive(nus, xs)
+        ok = np.isfinite(ive) & (ive > 1e-290)
         res = np.empty(nus.shape, dtype=np.float64)
-        res[ok] = np.log(scaled[ok]) + xs[ok]
+        res[ok] = np.log(ive[ok]) + (0.0 if scaled else xs[ok])
         # Where ive fails: the large-argument expansion for x ≫ nu² (ive's NaN
         # past 2^30), the power series for the small x where ive underflows.
         large = ~ok & (xs > _HANKEL_MIN_RATIO * (nus * nus + 1.0))
-        res[large] = _hankel_log_iv(nus[large], xs[large])
+        res[large] = _hankel_log_iv(nus[large], xs[large], scaled)
         tiny = ~ok & ~large
         if np.any(tiny):
-            res[tiny] = _series_log_iv(nus[tiny], xs[tiny])
+            res[tiny] = _series_log_iv(nus[tiny], xs[tiny]) - (xs[tiny] if scaled else 0.0)
         out[small] = res
     return out
 
