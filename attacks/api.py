@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 
+from attacks.labels import checked_lr
 from fedsim.suggest import did_you_mean
 from fedsim.typing import Observation, PRNGKey
 
@@ -82,7 +83,11 @@ def observation_from_gradient(gradient, params, apply_fn, *, input_shape, num_cl
 
     The update is Δ = −lr·gradient (the FedSGD upload). ``labels`` and
     ``batch_size`` are granted only if given.
+
+    Raises:
+      ValueError: when ``lr`` is not a finite number > 0.
     """
+    checked_lr(lr)
     update = jax.tree_util.tree_map(lambda g: -lr * g, gradient)
     return Observation(update=update, params=params, apply_fn=apply_fn, algorithm="fedsgd",
                        lr=lr, local_steps=1, batch_size=batch_size, num_examples=batch_size,

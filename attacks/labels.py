@@ -26,6 +26,7 @@ Two rules, chosen by batch size:
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
@@ -47,9 +48,27 @@ def observed_gradient(obs: Observation) -> Params:
     absolute): an attack that knows S otherwise sets ``local_steps`` first, as
     :mod:`attacks.fedavg_inversion` does with its configured S.
     """
+    lr = checked_lr(obs.lr, "the observation's client learning rate lr")
     steps = obs.local_steps or 1
-    scale = -1.0 / (obs.lr * (steps if obs.algorithm != "fedsgd" else 1))
+    scale = -1.0 / (lr * (steps if obs.algorithm != "fedsgd" else 1))
     return jax.tree_util.tree_map(lambda d: d * scale, obs.update)
+
+
+def checked_lr(lr, what: str = "lr") -> float:
+    """``lr`` as a float, when it is a finite number > 0 (the attacks divide by it).
+
+    Raises:
+      ValueError: for anything else (0, a negative, NaN, inf, a bool, a string),
+        naming ``what``.
+    """
+    try:
+        value = math.nan if isinstance(lr, (bool, str)) else float(lr)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{what} must be a finite number > 0 (the gradient is −update/lr), "
+                         f"got {lr!r}")
+    return value
 
 
 def last_layer(tree: Params, num_classes: int, name: str | None = None) -> dict[str, Any]:
@@ -134,8 +153,17 @@ def infer_label_counts(grad: Params, apply_fn, params: Params, batch_size: int,
     Returns:
       int64 [num_classes] estimated number of examples of each class (sums to
       ``batch_size``).
+
+    Raises:
+      ValueError: when the last layer's gradient is not finite.
     """
     s = np.asarray(class_signal(grad, num_classes, name), np.float64)
+    if not np.all(np.isfinite(s)):
+        # argmin of a NaN signal is class 0, and NaN counts round to negative
+        # integers: either way a label that means nothing.
+        raise ValueError(f"label inference: the observed update's last layer is NaN/inf "
+                         f"(class signal {np.array2string(s, precision=3)}); no label can be "
+                         f"read from a non-finite upload")
     if batch_size == 1:
         counts = np.zeros(num_classes, np.int64)
         counts[int(np.argmin(s))] = 1

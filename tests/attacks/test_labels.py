@@ -58,3 +58,34 @@ def test_observed_gradient_fedsgd():
 def test_missing_last_layer_is_a_clear_error():
     with pytest.raises(ValueError, match="last layer"):
         L.last_layer({"Conv_0": {"kernel": jnp.zeros((3, 3, 1, 4))}}, 10)
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_upload_is_refused_not_given_a_label(batch_size, bad):
+    # Before: at B = 1 argmin of a NaN signal gave class 0; at B = 8 the counts
+    # came out as int64's minimum and np.repeat failed without naming the upload.
+    f, p = _model("mlp")
+    x = jnp.asarray(np.random.default_rng(3).random((batch_size, 16, 16, 1)), jnp.float32)
+    g = _grad(f, p, x, jnp.arange(batch_size, dtype=jnp.int32) % 10)
+    layer = L.last_layer(g, 10)
+    assert layer["bias"] is None  # the MLP's signal is the kernel's column sums
+    g = jax.tree_util.tree_map(lambda a: a.at[(0,) * a.ndim].set(bad) if a.ndim == 2
+                               and a.shape[-1] == 10 else a, g)
+    with pytest.raises(ValueError, match=r"label inference: the observed update's last layer "
+                                         r"is NaN/inf"):
+        L.infer_label_counts(g, f, p, batch_size, (16, 16, 1), 10, jax.random.key(2))
+
+
+@pytest.mark.parametrize("lr", [0.0, -0.1, float("nan"), float("inf"), "0.1", True])
+def test_an_observation_needs_a_positive_learning_rate(lr):
+    from attacks.api import observation_from_gradient
+    from fedsim.typing import Observation
+    f, p = _model("mlp")
+    with pytest.raises(ValueError, match="lr must be a finite number > 0"):
+        observation_from_gradient(p, p, f, input_shape=(16, 16, 1), num_classes=10, lr=lr)
+    obs = Observation(update=p, params=p, apply_fn=f, algorithm="fedsgd", lr=lr, local_steps=1,
+                      batch_size=1, num_examples=1, labels=None, input_shape=(16, 16, 1),
+                      num_classes=10)
+    with pytest.raises(ValueError, match="learning rate lr must be a finite number > 0"):
+        L.observed_gradient(obs)
