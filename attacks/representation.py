@@ -37,10 +37,19 @@ import numpy as np
 
 
 def row_norms(kernel_update) -> np.ndarray:
-    """‖∇W_i‖₂ per output unit i of a flax kernel update [in, out]."""
+    """‖∇W_i‖₂ per output unit i of a flax kernel update [in, out].
+
+    Raises:
+      ValueError: for a kernel that is not 2-D, or not finite (a NaN row norm
+        would drop out of every comparison: no class, or a wrong one).
+    """
     k = np.asarray(kernel_update, np.float64)
     if k.ndim != 2:
         raise ValueError(f"expected a 2-D FC kernel [in, out], got shape {k.shape}")
+    if not np.all(np.isfinite(k)):
+        raise ValueError(f"the FC kernel update [in, out] = {list(k.shape)} is NaN/inf at "
+                         f"{int(np.size(k) - np.isfinite(k).sum())} entries; representation "
+                         f"inference needs a finite update")
     return np.linalg.norm(k, axis=0)
 
 
@@ -143,11 +152,18 @@ def representation_correlation(true_representation, inferred_representation,
 
     ``absolute=False`` gives the signed Pearson coefficient (NaN-free: 0 for a
     constant vector).
+
+    Raises:
+      ValueError: for vectors of different sizes, or a NaN/inf entry.
     """
     a = np.asarray(true_representation, np.float64).ravel()
     b = np.asarray(inferred_representation, np.float64).ravel()
     if a.shape != b.shape:
         raise ValueError(f"representation shapes differ: {a.shape} vs {b.shape}")
+    for what, v in (("true", a), ("inferred", b)):
+        if not np.all(np.isfinite(v)):
+            raise ValueError(f"the {what} representation is NaN/inf at "
+                             f"{int(v.size - np.isfinite(v).sum())} of {v.size} entries")
     a, b = a - a.mean(), b - b.mean()
     den = np.linalg.norm(a) * np.linalg.norm(b)
     if den <= 0:

@@ -99,3 +99,20 @@ def test_gap_rule_on_lenet5_updates_of_two_and_of_all_classes():
         g = jax.grad(masked_mean_loss, argnums=1)(f, params, x, y, jnp.ones(len(y)))
         last = -0.01 * np.asarray(g["Dense_2"]["kernel"])
         np.testing.assert_array_equal(R.infer_classes(last, rule="gap"), classes)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_update_or_representation_is_refused_by_name(bad):
+    # Before: a NaN row norm dropped out of every comparison (the ratio rule
+    # returned no class, the gap rule silently left that class out), and the
+    # correlation of a NaN vector was NaN, though documented NaN-free.
+    k = np.random.default_rng(0).normal(size=(6, 4))
+    k[2, 1] = bad
+    for rule in ("ratio", "gap"):
+        with pytest.raises(ValueError, match=r"FC kernel update \[in, out\] = \[6, 4\] is "
+                                             r"NaN/inf at 1 entries"):
+            R.infer_classes(k, rule=rule)
+    with pytest.raises(ValueError, match="NaN/inf"):
+        R.largest_gap_ratio(k)
+    with pytest.raises(ValueError, match=r"the inferred representation is NaN/inf at 1 of 3"):
+        R.representation_correlation([1.0, 2.0, 3.0], [1.0, bad, 3.0])
