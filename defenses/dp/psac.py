@@ -33,7 +33,12 @@ from defenses.dp.clipping import check_noise_multiplier, check_positive
 
 
 def psac_weights(norms: jax.Array, r: float) -> jax.Array:
-    """w(s) = 1 / (s + r/(s + r)) for per-example norms s."""
+    """w(s) = 1 / (s + r/(s + r)) for per-example norms s.
+
+    Raises:
+      ValueError: unless r is a finite number > 0 (r = 0 gives 0/0 at a zero norm).
+    """
+    r = check_positive("r", r)
     return 1.0 / (norms + r / (norms + r))
 
 

@@ -57,3 +57,10 @@ def test_a_noise_multiplier_that_is_not_a_finite_number_at_least_0_is_refused(na
     # noise at all: a run "with DP" that had none.
     with pytest.raises(ValueError, match="noise_multiplier must be "):
         build_defense(name, noise_multiplier=sigma)
+
+
+@pytest.mark.parametrize("r", [0.0, -0.1, float("nan")])
+def test_psac_weights_refuses_a_stability_constant_that_is_not_positive(r):
+    # Before, r = 0 gave w(0) = 1 / (0 + 0/0) = NaN without a word.
+    with pytest.raises(ValueError, match="r"):
+        psac_weights(jnp.zeros(2), r)
