@@ -88,11 +88,19 @@ def shards(labels: np.ndarray, num_clients: int, classes_per_client: int, seed: 
     return out
 
 
-def natural(groups: np.ndarray, num_clients: int | None = None, seed: int = 0) -> list[np.ndarray]:
+def natural(groups: np.ndarray, num_clients: int | None = None,
+            seed: int | None = None) -> list[np.ndarray]:
     """One client per natural id (writer, identity); a seeded subset if asked.
 
+    Args:
+      groups: int [N] natural id of each example.
+      num_clients: keep this many ids, drawn with ``seed`` (which it then
+        needs); None keeps every id, in order.
+      seed: the draw's seed (a run passes its own).
+
     Raises:
-      ValueError: if the dataset has no natural ids.
+      ValueError: if the dataset has no natural ids, or a subset is asked for
+        without a seed.
     """
     if groups is None:
         raise ValueError("partition 'natural' needs a dataset with writer/identity ids "
@@ -101,6 +109,9 @@ def natural(groups: np.ndarray, num_clients: int | None = None, seed: int = 0) -
     if num_clients is not None:
         if num_clients > len(ids):
             raise ValueError(f"num_clients={num_clients} exceeds the {len(ids)} natural ids")
+        if seed is None:
+            raise ValueError(f"natural(num_clients={num_clients}) draws its subset of the "
+                             f"{len(ids)} natural ids with seed=, which is missing")
         ids = np.sort(np.random.default_rng(seed).choice(ids, num_clients, replace=False))
     return [np.flatnonzero(groups == i) for i in ids]
 

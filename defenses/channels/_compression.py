@@ -38,7 +38,7 @@ def eigen_compression(component="max", *, statistics: DataStatistics | None = No
                       dataset: str | None = None, image_size: int | None = None,
                       max_examples: int | None = None, normalize: bool = False,
                       source: str = "auto", data_dir: str | None = None,
-                      dataset_seed: int = 0) -> Defense:
+                      dataset_seed: int | None = None) -> Defense:
     """Remove the data's component along one eigenvector of Σ_D; train on the projection.
 
     D' = μ + (I − q qᵀ)(D − μ), q the eigenvector of the chosen eigenvalue.

@@ -30,7 +30,7 @@ def natural_channel(kappa: float, *, statistics: DataStatistics | None = None, d
                     dataset: str | None = None, image_size: int | None = None,
                     max_examples: int | None = None, normalize: bool = False,
                     source: str = "auto", data_dir: str | None = None,
-                    dataset_seed: int = 0) -> Defense:
+                    dataset_seed: int | None = None) -> Defense:
     """Natural channel: add isotropic Gaussian noise N(0, σ I) to every input.
 
     Implements Tan et al. (000) §5.2 "Natural Channel", steps 1–3: eigen-

@@ -72,7 +72,7 @@ def personalized_channel(kappa: float, *, beta=None, statistics: DataStatistics 
                          data=None, dataset: str | None = None, image_size: int | None = None,
                          max_examples: int | None = None, normalize: bool = False,
                          source: str = "auto", data_dir: str | None = None,
-                         dataset_seed: int = 0) -> Defense:
+                         dataset_seed: int | None = None) -> Defense:
     """Personalized channel: more noise where the prior β says the data is sensitive.
 
     Implements Tan et al. (000) §5.2 "Personalized Channel", steps 1–4: the

@@ -91,7 +91,7 @@ def data_statistics(x, *, max_examples: int | None = None) -> DataStatistics:
 def dataset_statistics(name: str, image_size: int | None = None, *,
                        max_examples: int | None = None, normalize: bool = False,
                        source: str = "auto", data_dir: str | None = None,
-                       seed: int = 0) -> DataStatistics:
+                       seed: int | None = None) -> DataStatistics:
     """Σ_D of a named dataset's training split (cached per argument tuple).
 
     Args:
@@ -101,13 +101,19 @@ def dataset_statistics(name: str, image_size: int | None = None, *,
       normalize: standardise per channel as ``data.normalize: true`` does; must
         match the simulation's setting, or Σ_D describes other inputs.
       source, data_dir: where to load it from (``data.source``, ``data.data_dir``).
-      seed: the seed of the ``synthetic`` dataset (a run's ``seed``); real
-        datasets do not depend on it.
+      seed: the seed of the ``synthetic`` dataset (a run's ``seed``), which it
+        needs; real datasets do not depend on it.
+
+    Raises:
+      ValueError: for ``synthetic`` without a seed.
     """
     from fedsim.data import load_dataset
 
+    if name == "synthetic" and seed is None:
+        raise ValueError("dataset_statistics('synthetic') needs seed= (its examples are drawn "
+                         "from it; a run's Σ_D is that of its own seed)")
     ds = load_dataset(name, image_size=image_size, max_train=max_examples, source=source,
-                      data_dir=data_dir, seed=seed)
+                      data_dir=data_dir, seed=0 if seed is None else seed)
     x = ds.x_train
     if normalize:
         x = (x - ds.mean) / ds.std
@@ -116,14 +122,15 @@ def dataset_statistics(name: str, image_size: int | None = None, *,
 
 def resolve_statistics(*, statistics=None, data=None, dataset=None, image_size=None,
                        max_examples=None, normalize=False, source="auto", data_dir=None,
-                       dataset_seed=0, who="channel") -> DataStatistics:
+                       dataset_seed=None, who="channel") -> DataStatistics:
     """Exactly one of ``statistics``, ``data`` or ``dataset`` → :class:`DataStatistics`.
 
     ``image_size``, ``max_examples``, ``normalize``, ``source``, ``data_dir`` and
     ``dataset_seed`` say how to load ``dataset`` (:func:`dataset_statistics`).
 
     Raises:
-      ValueError: if none or several are given (naming the defense ``who``).
+      ValueError: if none or several are given, or ``dataset="synthetic"``
+        without ``dataset_seed`` (naming the defense ``who``).
     """
     given = [k for k, v in (("statistics", statistics), ("data", data), ("dataset", dataset))
              if v is not None]
@@ -138,7 +145,12 @@ def resolve_statistics(*, statistics=None, data=None, dataset=None, image_size=N
         return statistics
     if data is not None:
         return data_statistics(data, max_examples=max_examples)
+    if str(dataset) == "synthetic" and dataset_seed is None:
+        # Σ_D of seed 0's synthetic data would calibrate a run of another seed.
+        raise ValueError(f"{who}: dataset 'synthetic' needs dataset_seed= (its examples are "
+                         f"drawn from it; a config spec naming the run's dataset gets the "
+                         f"run's seed)")
     return dataset_statistics(str(dataset), image_size, max_examples=max_examples,
                               normalize=bool(normalize), source=str(source),
                               data_dir=None if data_dir is None else str(data_dir),
-                              seed=int(dataset_seed))
+                              seed=None if dataset_seed is None else int(dataset_seed))

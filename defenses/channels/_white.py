@@ -31,7 +31,7 @@ def white_channel(kappa: float, *, statistics: DataStatistics | None = None, dat
                   dataset: str | None = None, image_size: int | None = None,
                   max_examples: int | None = None, normalize: bool = False,
                   source: str = "auto", data_dir: str | None = None,
-                  dataset_seed: int = 0) -> Defense:
+                  dataset_seed: int | None = None) -> Defense:
     """White channel: noise shaped like the data, every eigen-direction equally protected.
 
     Implements Tan et al. (000) §5.2 "White Channel", steps 1–4: Σ_D = Q Λ Qᵀ,

@@ -168,7 +168,7 @@ def test_ledger_in_metrics_jsonl(tmp_path):
     assert summary["leakage_total"] == rows[-1]["leakage_total"]
     # Thm 1 by hand for the first row.
     from defenses.channels import dataset_statistics
-    st = dataset_statistics("synthetic", 16)
+    st = dataset_statistics("synthetic", 16, seed=cfg.seed)
     lam = st.eigenvalues[st.eigenvalues > 0]
     h = 0.5 * np.sum(np.log(2 * np.pi * np.e * lam))
     want = lam.size / st.dim * mse_lower_bound(h, rows[0]["leakage_total"], lam.size)
@@ -260,3 +260,17 @@ def test_a_pruned_run_keeps_the_parameter_channels_ledger():
     assert sim.defenses["layer"].name.endswith("+global_mask")
     (ledger,) = _ledgers(sim)
     assert ledger.kappa == 3.0
+
+
+@pytest.mark.parametrize("channel", ["natural_channel", "white_channel", "eigen_compression"])
+def test_a_channel_on_synthetic_data_needs_its_seed(channel):
+    # Before, a channel built in Python on dataset="synthetic" silently calibrated
+    # on seed 0's data whatever seed the run it defends uses.
+    from fedsim.hooks import build_defense
+    kwargs = {"eigen_compression": {}}.get(channel, {"kappa": 7.0})
+    with pytest.raises(ValueError, match=rf"{channel}: dataset 'synthetic' needs dataset_seed="):
+        build_defense(channel, dataset="synthetic", image_size=8, **kwargs)
+    build_defense(channel, dataset="synthetic", image_size=8, dataset_seed=2, **kwargs)
+    from defenses.channels import dataset_statistics
+    with pytest.raises(ValueError, match=r"dataset_statistics\('synthetic'\) needs seed="):
+        dataset_statistics("synthetic", 8)

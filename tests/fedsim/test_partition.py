@@ -74,3 +74,13 @@ def test_bad_arguments_are_named(labels):
         partition.dirichlet(labels, 5, 0.0, 0)
     with pytest.raises(ValueError, match="num_clients"):
         partition.iid(labels[:3], 5, 0)
+
+
+def test_natural_needs_a_seed_only_to_draw_a_subset():
+    groups = np.repeat(np.arange(6), 3)
+    assert len(partition.natural(groups)) == 6  # every id, in order: no draw
+    with pytest.raises(ValueError, match=r"natural\(num_clients=4\) draws its subset of the 6 "
+                                         r"natural ids with seed=, which is missing"):
+        partition.natural(groups, 4)
+    a, b = partition.natural(groups, 4, seed=1), partition.natural(groups, 4, seed=1)
+    assert [list(x) for x in a] == [list(x) for x in b]
