@@ -73,7 +73,7 @@ def sections() -> dict[str, list[tuple[str, str]]]:
 CONFIG_KEYS = {"models": "model.name",
                "datasets": "data.dataset; any other tensorflow-datasets image dataset too",
                "schemes": "pruning.scheme",
-               "defenses": "defenses: [{name: NAME, PARAM: VALUE}]",
+               "defenses": "defenses: [{name: NAME, PARAM: VALUE}]; --set 'defenses[i].PARAM=VALUE'",
                "attacks": "attack: {name: NAME, config: {...}}"}
 
 

@@ -17,7 +17,7 @@ def test_every_registered_name_is_listed_with_its_config_key(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     for header in ("models (model.name):", "datasets (data.dataset;", "schemes (pruning.scheme):",
-                   "defenses (defenses: [{name: NAME, PARAM: VALUE}]):"):
+                   "defenses (defenses: [{name: NAME, PARAM: VALUE}]; --set 'defenses[i].PARAM=VALUE'):"):
         assert header in out
     lines = {line.strip() for line in out.splitlines()}
     assert set(MODEL_REGISTRY) <= lines and set(KNOWN_DATASETS) <= lines
