@@ -7,8 +7,9 @@ several random restarts keeping the one with the lowest loss. Labels are the
 granted ones or, by default, inferred from the upload (:mod:`attacks.labels`:
 iDLG for B = 1, count-based for batches).
 
-Defaults follow paper 003's GS setting (Adam lr 0.1) with 1000 iterations;
-paper 001 runs 10,000 iterations (set ``iterations: 10000``). Stated deviations:
+Defaults follow paper 003's GS setting (Adam lr 0.1), with 1000 iterations
+ours: 003 §6.1 runs 120 (the Soteria reproduction sets them), paper 001
+10,000 (set ``iterations: 10000``). Stated deviations:
 dummies start uniform on [0, 1] (Geiping starts from N(0,1) in normalised
 space: same role, our data are unnormalised [0,1] images); the TV weight
 default 1e-6 is ours (Geiping tunes it per dataset): near convergence the

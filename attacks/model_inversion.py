@@ -6,9 +6,11 @@ target label with Adam, lr 1e-2, 600 iterations; metric: MSE between the
 inverted image and the centre (mean image) of its class, median over classes
 (:func:`class_centre_mse`).
 
-Objective: Fredrikson et al.'s cost c(x) = 1 − f̃_y(x) (one minus the softmax
-probability of the target label), with the box constraint x ∈ [0, 1] by
-projection. All target classes are inverted at once (one ``lax.scan``
+Objective: Fredrikson et al.'s cost c(x) = 1 − f̃_y(x) (CCS 2015, Alg 1
+"MI-Face", with no auxiliary term: one minus the softmax probability of the
+target label), with the box constraint x ∈ [0, 1] by projection. Steps are
+Adam's, as paper 000 runs it, not Alg 1's plain gradient descent with its
+image post-processing step. All target classes are inverted at once (one ``lax.scan``
 ``vmap``-ped over classes). The model attacked is the victim's local model
 w_global + Δ (``model: local``, default: what the upload reveals) or the
 global model (``model: global``).

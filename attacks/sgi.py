@@ -1,4 +1,4 @@
-"""Sparse Gradient Inversion (SGI), Chu et al. 2023 (PriPrune), §4 Alg 2.
+"""Sparse Gradient Inversion (SGI), Chu et al. 2023 (PriPrune), "Privacy Attacks against Model Pruning in FL", Alg 2.
 
 Against pruned FL the upload is sparse: pruned (and defence-withheld)
 coordinates are exactly 0. Plain GI (Geiping et al. 2020) matches the dummy
@@ -13,6 +13,13 @@ SGI (Alg 2):
    (line 4; only the unmasked coordinates count) + TV, with the
    Inverting-Gradients optimiser (signed Adam, step decay, box, restarts) of
    :mod:`attacks.gradient_inversion`.
+
+Deviations from Alg 2 as printed: the defaults are Inverting Gradients'
+(signed Adam at lr 0.1, 1,000 iterations, dummies uniform on [0, 1], labels
+inferred from the upload), where Alg 2 starts from D′ ~ N(0, 1) with random
+labels and the paper runs lr 0.01 for 10,000 iterations ("Privacy Attack
+Algorithm"). Sharing GI's defaults keeps the paper's SGI-vs-GI comparison
+(Fig 7) one of masks only; ``attack.config`` sets lr and iterations.
 
 Masks (``config["mask"]``):
 

@@ -78,7 +78,8 @@ def poisson_subsampled_rdp(rdp_int: ArrayLike, sample_rate: float) -> np.ndarray
 
     References:
       Biswas et al. (001) §III-A, Theorem 3; Zhu & Wang, "Poisson subsampled
-      Rényi differential privacy", ICML 2019, Thm 6 (general upper bound).
+      Rényi differential privacy", ICML 2019, Thm 6 (general upper bound;
+      001 cites it as its ref [24], Thm 5: the numbering of another version).
     """
     gamma = check_rate("sample_rate", sample_rate)
     tau = np.asarray(rdp_int, dtype=np.float64)

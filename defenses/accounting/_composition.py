@@ -39,6 +39,10 @@ PER_EPOCH_PAPER = "per-epoch (paper 001 convention)"
 def steps_for_epochs(epochs: float, sample_rate: float) -> int:
     """Number of Poisson-sampled steps in ``epochs`` passes: ceil(epochs / q).
 
+    The standard per-step count (Abadi et al. 2016, T = E/q), against 001's
+    per-epoch convention (§III-A, Table I: N = 3 epochs counted as 3
+    compositions; :func:`resolve_compositions`).
+
     Args:
       epochs: number of epochs, > 0.
       sample_rate: q in (0, 1].
@@ -59,6 +63,9 @@ def resolve_compositions(
     steps: Optional[int] = None, compositions: Optional[int] = None
 ) -> tuple[int, str]:
     """Picks the composition count and names the convention it stands for.
+
+    001 §III-A counts compositions per epoch (Table I: N = 3); the standard
+    count is per step (:func:`steps_for_epochs`).
 
     Args:
       steps: number of DP-SGD steps (standard, per-step convention).

@@ -40,6 +40,9 @@ def dp_fedavg_event(noise_multiplier: float, sample_rate: float, *, sampled_roun
                     certain_rounds: int = 0) -> dp_accounting.DpEvent:
     """The dp_accounting event of one client's rounds under DP-FedAvg.
 
+    McMahan et al. (ICLR 2018) §3: each round a Poisson-sampled Gaussian at
+    q = m/K; a round that includes the client for certain, an unsampled one.
+
     Args:
       noise_multiplier: σ > 0 (the round's noise std / C).
       sample_rate: q = m/K in (0, 1], the rate at which a round samples the client.

@@ -55,6 +55,9 @@ def _make_accountant(kind: str, orders: Optional[Sequence[float]] = None):
 def gaussian_event(noise_multiplier: float, sample_rate: float, count: int) -> dp_accounting.DpEvent:
     """The dp_accounting event for ``count`` Poisson-sampled Gaussian steps.
 
+    DP-SGD with Gaussian noise (001 Alg 1; Abadi et al. 2016), accounted by
+    the sampled Gaussian mechanism's RDP (Mironov, Talwar and Zhang 2019) or PLD.
+
     Args:
       noise_multiplier: sigma (noise std / L2 clipping norm), > 0.
       sample_rate: Poisson sampling rate q in (0, 1].
@@ -188,6 +191,7 @@ def gaussian_noise_for_epsilon(
 ) -> float:
     """Smallest noise multiplier sigma meeting (target_epsilon, delta).
 
+    The ε → σ mapping of 001 App C (Table IV lists the σ its experiments used).
     Delegates to ``dp_accounting.calibrate_dp_mechanism`` (bracketing search).
 
     Args:

@@ -43,7 +43,8 @@ def rdp_to_epsilon(orders: ArrayLike, rdp: ArrayLike, delta: float) -> tuple[flo
 
     References:
       Biswas et al. (001) §III-A, Prop 4 and the epsilon form after Thm 3;
-      Canonne, Kamath, Steinke (2020), Prop 12.
+      Canonne, Kamath, Steinke (2020), Prop 12 (arXiv numbering; 001 cites
+      the same conversion as its ref [28], Prop 2.11).
     """
     delta = check_open_unit("delta", delta)
     a = np.atleast_1d(np.asarray(orders, dtype=np.float64))

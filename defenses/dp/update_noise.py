@@ -105,6 +105,11 @@ def client_level_dp(clip_norm: float, noise_multiplier: float,
                     clients_per_round: int) -> Defense:
     """Clip the client update to C and add its share N(0, σ²C²/m) of the round's noise.
 
+    DP-FedAvg (McMahan et al., ICLR 2018, Alg 1; accounted as in its §3, see
+    :mod:`defenses.accounting._dp_fedavg`). Deviation: the paper's server adds
+    N(0, σ²C²) to the sum; here each of the m clients adds its share, whose
+    sum has the same distribution (a trusted server is not assumed).
+
     ``clients_per_round`` (m) must be the number of clients whose shares the
     server sums, i.e. the run's ``training.clients_per_round``, with
     ``training.weighting: uniform``: a Simulation refuses anything else

@@ -21,9 +21,10 @@ proposals per sample in one call and keeps the first accepted one; a
 
 Defense: Algorithm 2 (lines 6–11) of Biswas et al. (001): clip each example's
 gradient to C, average, scale to unit norm, and replace the gradient by one
-VMF(g̃/‖g̃‖, κ) sample (unit norm). Guarantee (001 §III-A, Prop 1): one step is
-ε_d-metric private w.r.t. the angular distance, with RDP given by
-``defenses.accounting.vmf_rdp``; (ε, δ) by ``vmf_epsilon``. The dimension p is
+VMF(g̃/‖g̃‖, κ) sample (unit norm). Guarantee: one step is ε_d-metric private
+w.r.t. the angular distance (metric privacy: 001 §III, Def 2; the VMF
+mechanism: Def 4, Eq 4), with RDP
+(001 §III-A, Prop 1) given by ``defenses.accounting.vmf_rdp``; (ε, δ) by ``vmf_epsilon``. The dimension p is
 the total number of model parameters (the flattened gradient).
 """
 

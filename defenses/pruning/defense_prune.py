@@ -1,13 +1,18 @@
 """Defense pruning of the upload: Largest, Random, Mix, and Pseudo-Pruning.
 
-Chu et al. 2023 (PriPrune), §5 "Defense Pruning": on top of the base pruning
-scheme the client withholds part of its update before uploading it:
+Chu et al. 2023 (PriPrune, paper 002), section "Pruning as a Privacy Defense
+for FL" (the paper's sections are unnumbered; counted, it is §6): on top of the
+base pruning scheme the client withholds part of its update before uploading it:
 
 * **Largest**: withhold the ``p`` fraction of coordinates with the largest
-  |Δ| (they carry the most information about the data, §5 Obs. 1);
+  |Δ| (they carry the most information about the data: the paper's "Insight 1:
+  Largest Weights Matter"). The paper ranks by the gradient ("weights with
+  large gradients"); Δ is the client's whole local update, which is
+  −lr × the gradient for one local step and the sum of the steps' for several:
+  the server sees Δ, and it is what the attacks invert;
 * **Random**: withhold a uniformly random ``p`` fraction;
 * **Mix**: withhold the ``p_largest`` largest, then a random ``p_random``
-  fraction (of d) of the rest.
+  fraction of the rest (both fractions of n, below).
 
 Rates are fractions of what the client would otherwise share: the nonzero
 coordinates n of its (base-pruned) update Δ. Exactly ``round(p·n)`` of them
@@ -19,7 +24,7 @@ already 0, so 0.3·d would withhold ~3/4 of the shared coordinates and stall
 training (accuracy at chance in 20 rounds) — outside the paper's intent of a
 defense rate p̂ ∈ [0.1, 0.6] "on top of the base method".
 
-**Pseudo-Pruning** (§5, Fig 4): the withheld coordinates are not dropped: the
+**Pseudo-Pruning** (same section, Fig 3): the withheld coordinates are not dropped: the
 client keeps its local values of them and, next round, starts local training
 from ``w_global ⊙ (1 − m̂) + w_local_prev ⊙ m̂`` (m̂ = 1 where withheld), so
 the local model does not lose what it learnt; the server still never sees
@@ -115,14 +120,14 @@ def make_defense_pruning(p_largest: float, p_random: float, pseudo: bool, name: 
 
 @register_defense("prune_largest")
 def prune_largest(p: float, pseudo: bool = False, upload: str = "update") -> Defense:
-    """Largest defense (§5): withhold the ``p`` largest-|Δ| shared coordinates."""
+    """Largest defense (002, "Pruning as a Privacy Defense for FL"): withhold the ``p`` largest-|Δ| shared coordinates."""
     return make_defense_pruning(p, 0.0, pseudo, f"largest{'_pseudo' if pseudo else ''}(p={p:g})",
                                 upload)
 
 
 @register_defense("prune_random")
 def prune_random(p: float, pseudo: bool = False, upload: str = "update") -> Defense:
-    """Random defense (§5): withhold a random ``p`` fraction of the shared coordinates of Δ."""
+    """Random defense (002, "Pruning as a Privacy Defense for FL"): withhold a random ``p`` fraction of the shared coordinates of Δ."""
     return make_defense_pruning(0.0, p, pseudo, f"random{'_pseudo' if pseudo else ''}(p={p:g})",
                                 upload)
 
@@ -130,7 +135,7 @@ def prune_random(p: float, pseudo: bool = False, upload: str = "update") -> Defe
 @register_defense("prune_mix")
 def prune_mix(p_largest: float, p_random: float, pseudo: bool = False,
               upload: str = "update") -> Defense:
-    """Mix defense (§5): withhold ``p_largest`` largest plus ``p_random`` random."""
+    """Mix defense (002, "Pruning as a Privacy Defense for FL"): withhold ``p_largest`` largest plus ``p_random`` random."""
     return make_defense_pruning(p_largest, p_random, pseudo,
                                 f"mix{'_pseudo' if pseudo else ''}({p_largest:g}+{p_random:g})",
                                 upload)

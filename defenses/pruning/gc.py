@@ -1,8 +1,8 @@
 """GC: magnitude pruning of the whole upload (gradient compression baseline).
 
-Sun et al. 2021 (Soteria), §5 "Baselines": "GC prunes gradients that are below
-a threshold magnitude, such that only a part of the local model's gradients
-are shared", with p_model the pruning rate of the local model's gradients
+Sun et al. 2021 (Soteria, paper 003), §6.1 "Defense baselines": "GC prunes
+gradients that are below a threshold magnitude, such that only a part of local
+updates will be communicated between devices and the server", with p_model the pruning rate of the local model's gradients
 (Table 2: 1–80 % against DLG, 1–90 % against GS); originally Lin et al. 2018
 (Deep Gradient Compression) and Zhu et al. 2019 (DLG, §5 "gradient pruning").
 

@@ -249,7 +249,7 @@ def random_mask(key: PRNGKey, like: PyTree, p: float) -> PyTree:
 
 
 def pseudo_pruning_begin(global_params: PyTree, state: dict, *, key=None, context=None):
-    """Pseudo-Pruning's start model (paper 002 §5, L_acc in Eq 6).
+    """Pseudo-Pruning's start model (paper 002, "Pruning as a Privacy Defense for FL", Fig 3; L_acc in Eq 6).
 
     w_start = w_global ⊙ (1 − m̂) + w_local_prev ⊙ m̂, with m̂ = ``state["withheld"]``
     (1 where the client withheld the weight last round) and ``state["local"]``

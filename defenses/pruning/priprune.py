@@ -1,4 +1,4 @@
-"""PriPrune (Chu et al. 2023, §5, Alg 3, Eq 6–8): a learnt, per-client defense mask.
+"""PriPrune (Chu et al. 2023, "Pruning as a Privacy Defense for FL", Alg 3, Eq 6–8): a learnt, per-client defense mask.
 
 Per client and per parameter j, α_j = P(not shared) (logits θ_j, α = σ(θ)).
 Local training (Alg 3) interleaves, at every local step on a batch,
@@ -86,7 +86,7 @@ from defenses.pruning.masks import check_upload, pseudo_pruning_begin, withhold
 class PriPruneConfig:
     """PriPrune hyper-parameters.
 
-    The paper gives two grids: §6's search, λ_acc ∈ {1, 5, 10}, λ_pri ∈ {1, 5, 10, 15, 20},
+    The paper gives two grids: "Hyperparameter Selection"'s search, λ_acc ∈ {1, 5, 10}, λ_pri ∈ {1, 5, 10, 15, 20},
     λ_sha ∈ {1e-4, 2e-5}; the appendix's setup, λ_acc ∈ {1, 5, 10}, λ_pri ∈ {1, 10, 15},
     λ_sha ∈ {2e-5, 2e-6}.
     """
@@ -181,6 +181,11 @@ def priprune(lambda_acc: float = 1.0, lambda_pri: float = 10.0, lambda_sha: floa
              upload: str = "update", alpha_state: str = "persist",
              reference_size: int | None = None) -> Defense:
     """PriPrune for configs: ``defenses: [{name: priprune, ...}]`` (Alg 3, Eq 6–8).
+
+    Deviation: the default ``upload="update"`` uploads Δ ⊙ (1 − m̂); Alg 3
+    line 13 uploads the masked weights, ``upload="weights"``. The default is
+    kept for compatibility with the runs recorded before the option; the
+    reproduction (``benchmarks/reproduce_chu2023.py``) names its semantics.
 
     :func:`priprune_defense` carrying :func:`priprune_client_update` as its
     ``local_training``, so a :class:`~fedsim.simulation.Simulation` built from

@@ -1,4 +1,4 @@
-"""The six base pruning schemes of pruned FL (Chu et al. 2023, §4, Table 1).
+"""The six base pruning schemes of pruned FL (Chu et al. 2023, "Evaluated Pruning Methods" and the appendix's Table 1).
 
 Each scheme returns a global {0,1} mask (1 = kept) pruning a fraction ``p`` of
 the *prunable* weights: every weight matrix / conv kernel (leaves with ndim ≥
@@ -243,21 +243,24 @@ def one_shot_mask(scheme: str, key: PRNGKey, params, p: float, *, apply_fn=None,
 FEDDST_DROP_FRACTION = 0.2
 
 #: Each registered scheme's docstring (what ``fedsim list schemes`` shows): the
-#: module docstring above, one line each.
+#: module docstring above, one line each, with its deviations from the scheme's
+#: paper. Paper 002 lists the six with their schedules in its appendix's Table 1.
 DESCRIPTIONS = {
     "random": "Random: uniform scores; one-shot at initialisation (Table 1 lists it as "
               "iterative; kept fixed here, a deviation).",
-    "snip": "SNIP (Lee et al. 2019): connection sensitivity |g ⊙ w| on a batch; one-shot at "
-            "initialisation.",
-    "grasp": "GraSP (Wang et al. 2020): removes the highest −w ⊙ (H g), T = 200; one-shot at "
-             "initialisation.",
-    "synflow": "SynFlow (Tanaka et al. 2020): data-free synaptic flow, iterated scoring; "
-               "one-shot at initialisation.",
+    "snip": "SNIP (Lee et al. 2019, Eq 6): connection sensitivity |g ⊙ w| on a batch; one-shot "
+            "at initialisation.",
+    "grasp": "GraSP (Wang et al. 2020, Eq 8): removes the highest −w ⊙ (H g), T = 200; "
+             "one-shot at initialisation.",
+    "synflow": "SynFlow (Tanaka et al. 2020, Alg 1): data-free synaptic flow, iterated "
+               "scoring; one-shot at initialisation.",
     "prunefl": "PruneFL (Jiang et al. 2022): server-side magnitude re-pruning, rate p·k/K; "
-               "iterative (pruning.reconfigurations).",
+               "iterative (pruning.reconfigurations). Deviation: |w| of the averaged model, "
+               "not PruneFL's accumulated squared-gradient importance.",
     "feddst": "FedDST (Bibikar et al. 2022): constant density 1 − p, prune and regrow "
               f"{FEDDST_DROP_FRACTION:g} of the active weights; iterative "
-              "(pruning.reconfigurations).",
+              "(pruning.reconfigurations). Deviation: regrown on the server at random (SET), "
+              "not on the clients by gradient.",
 }
 
 
