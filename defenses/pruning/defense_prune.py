@@ -6,10 +6,11 @@ base pruning scheme the client withholds part of its update before uploading it:
 
 * **Largest**: withhold the ``p`` fraction of coordinates with the largest
   |Δ| (they carry the most information about the data: the paper's "Insight 1:
-  Largest Weights Matter"). The paper ranks by the gradient ("weights with
-  large gradients"); Δ is the client's whole local update, which is
-  −lr × the gradient for one local step and the sum of the steps' for several:
-  the server sees Δ, and it is what the attacks invert;
+  Largest Weights Matter"). Deviation: the paper ranks by the gradient
+  ("weights with large gradients"); Δ is the client's whole local update,
+  −lr × the gradient after one local step, −lr × the sum of the steps'
+  gradients after several (plain SGD): the same ranking for one step, and for
+  several the one of what the server sees and the attacks invert;
 * **Random**: withhold a uniformly random ``p`` fraction;
 * **Mix**: withhold the ``p_largest`` largest, then a random ``p_random``
   fraction of the rest (both fractions of n, below).
