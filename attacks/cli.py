@@ -99,6 +99,15 @@ def validate_attack_section(cfg: Config) -> dict:
             "batch (it returns one image per class), and `fedsim attack` scores batch "
             "reconstructions against the client's images; call the attack's run() directly "
             "and score it with its own metric (attacks.model_inversion.class_centre_mse)")
+    if cfg.data.normalize:
+        # The attacks' box constraint and uniform start, and the metrics, take
+        # [0, 1] images; the observed clients' images would be standardised, and
+        # a [0, 1] reconstruction was scored against them (PSNR ~3 dB whatever
+        # the attack recovered).
+        raise ConfigError("config key 'data.normalize': true standardises the inputs, but "
+                          "`fedsim attack` reconstructs and scores [0, 1] images (the attacks' "
+                          "box constraint and start, PSNR/SSIM/NMI); attack a run with "
+                          "data.normalize: false")
     if not cfg.observer.clients or not cfg.observer.rounds:
         raise ConfigError("config keys 'observer.clients' and 'observer.rounds' must name at "
                           "least one client and one round to attack")

@@ -75,6 +75,10 @@ def test_cli_writes_summary_and_grid(tmp_path):
     # anything is simulated (it used to crash on a shape mismatch after simulating).
     (["attack.name=model_inversion", "attack.config={aux_images: [0.5]}"],
      r"'attack\.name': 'model_inversion' does not reconstruct the client's batch"),
+    # Standardised inputs: a [0, 1] reconstruction used to be scored against a
+    # standardised image (PSNR ~3 dB however good the reconstruction).
+    ("data.normalize=true", r"'data\.normalize': true standardises the inputs, but `fedsim "
+                            r"attack` reconstructs and scores \[0, 1\] images"),
 ])
 def test_bad_attack_sections_name_the_key(override, match):
     overrides = override if isinstance(override, list) else [override]
