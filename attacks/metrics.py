@@ -44,6 +44,12 @@ PSNR_CAP = 100.0
 
 
 def _check_pair(x, y, name: str):
+    for what, v in (("first", x), ("second", y)):
+        kind = np.asarray(v).dtype
+        if np.issubdtype(kind, np.integer) or np.issubdtype(kind, np.bool_):
+            # uint8 images in 0..255 scored as [0, 1] ones: PSNR −22 dB for a 26 dB pair.
+            raise ValueError(f"{name}: the {what} image array is {kind}; the metrics take "
+                             f"float images in [0, 1] (divide 0..255 images by 255)")
     x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
     if x.shape != y.shape:
         raise ValueError(f"{name}: shapes differ: {x.shape} vs {y.shape}")
@@ -55,6 +61,8 @@ def _check_pair(x, y, name: str):
 def mse(x, y) -> np.ndarray:
     """Per-image mean squared error over [H, W, C] (leading dims kept)."""
     x, y = _check_pair(x, y, "mse")
+    if x.ndim < 3:
+        raise ValueError(f"mse: expected [..., H, W, C] images, got shape {x.shape}")
     return np.mean((x - y) ** 2, axis=(-3, -2, -1))
 
 
@@ -74,6 +82,11 @@ def ssim(x, y) -> np.ndarray:
     x, y = _check_pair(x, y, "ssim")
     if x.ndim < 3:
         raise ValueError(f"ssim: expected [..., H, W, C] images, got shape {x.shape}")
+    if x.shape[-1] > 4 and x.shape[-3] <= 4:
+        # Read as NHWC, an NCHW image is C rows high with W channels: SSIM's
+        # window shrinks to its C × H and the score moves (0.956 for 0.990).
+        raise ValueError(f"ssim: shape {x.shape} looks like [..., C, H, W] (NCHW); the "
+                         f"metrics take [..., H, W, C] (NHWC) images")
     size = int(min(11, x.shape[-3], x.shape[-2]))
     with x64_off():  # under jax_enable_x64 dm-pix would filter the float32 images in float64
         val = dm_pix.ssim(jnp.asarray(x), jnp.asarray(y), max_val=1.0, filter_size=size)
@@ -193,10 +206,22 @@ def score_batch(x_rec, x_true, labels_rec=None, labels_true=None) -> BatchScore:
     """Match reconstructions to targets (Hungarian on MSE), then score.
 
     Labels are compared as multisets (:func:`multiset_label_accuracy`);
-    label accuracy is NaN when labels are not given.
+    label accuracy is NaN when labels are not given. The reconstructions are
+    clipped to [0, 1] first; the targets must lie in [0, 1].
+
+    Raises:
+      ValueError: for integer images, shapes that differ, NaN, or targets
+        outside [0, 1].
     """
+    _check_pair(x_rec, x_true, "score_batch")  # dtypes, shapes, NaN
     x_rec = np.clip(np.asarray(x_rec, np.float32), 0.0, 1.0)
     x_true = np.asarray(x_true, np.float32)
+    if x_true.min() < -1e-6 or x_true.max() > 1.0 + 1e-6:
+        # The reconstruction is clipped to [0, 1]; a target outside it (0..255,
+        # standardised) would be scored against it as if it were in range.
+        raise ValueError(f"score_batch: the target images lie in [{x_true.min():.4g}, "
+                         f"{x_true.max():.4g}], not [0, 1] (standardised or 0..255 images? "
+                         f"score them in [0, 1])")
     perm = match_reconstructions(x_rec, x_true)
     xm = x_rec[perm]
     if labels_rec is not None and labels_true is not None:

@@ -128,3 +128,31 @@ def test_bad_inputs_raise_clear_errors():
         M.mse(np.zeros((1, 4, 4, 1)), np.zeros((1, 4, 5, 1)))
     with pytest.raises(ValueError, match="NaN"):
         M.psnr(np.full((1, 4, 4, 1), np.nan), np.zeros((1, 4, 4, 1)))
+
+
+def test_images_the_metrics_would_misread_are_refused_by_name():
+    a, b = _imgs(1), _imgs(2)
+    # 0..255 integer images: PSNR came out −22 dB and NMI 0.13 for a pair that
+    # scores ~26 dB and ~0.7 in [0, 1].
+    u8 = lambda x: (x * 255).astype(np.uint8)  # noqa: E731
+    for fn in (M.mse, M.psnr, M.ssim, M.nmi, M.ami):
+        with pytest.raises(ValueError, match=r"image array is uint8; the metrics take float "
+                                             r"images in \[0, 1\]"):
+            fn(u8(a), u8(b))
+    with pytest.raises(ValueError, match="image array is bool"):
+        M.nmi(a > 0.5, b > 0.5)
+    # NCHW read as NHWC: SSIM's window shrank to C × H and the score moved.
+    big = np.random.default_rng(3).random((2, 16, 16, 3)).astype(np.float32)
+    nchw = lambda x: x.transpose(0, 3, 1, 2)  # noqa: E731
+    with pytest.raises(ValueError, match=r"looks like \[\.\.\., C, H, W\] \(NCHW\)"):
+        M.ssim(nchw(big), nchw(big[::-1]))
+    with pytest.raises(ValueError, match=r"mse: expected \[\.\.\., H, W, C\] images"):
+        M.psnr(a.reshape(3, -1), b.reshape(3, -1))
+    # Targets outside [0, 1]: a clipped reconstruction was scored against them.
+    with pytest.raises(ValueError, match=r"score_batch: the target images lie in \[[0-9.]+, 25[0-9.]*\], not \[0, 1\]"):
+        M.score_batch(a, b * 255)
+    with pytest.raises(ValueError, match=r"score_batch: the target images lie in \[-1"):
+        M.score_batch(a, (b - 0.5) * 4)
+    # In range, as before.
+    perm = M.match_reconstructions(a, b)
+    assert M.score_batch(a, b).psnr == pytest.approx(float(np.mean(M.psnr(a[perm], b))))
