@@ -32,7 +32,23 @@ __all__ = [
 ]
 
 
+def check_eigenvalue_vector(eigenvalues: ArrayLike) -> None:
+    """Refuse a matrix where a vector of eigenvalues is due.
+
+    A covariance matrix flattened would pass as d² "eigenvalues" (for
+    [[2, 1], [1, 2]]: a channel capacity of 5.44 instead of 2.92).
+
+    Raises:
+      ValueError: when more than one axis is longer than 1.
+    """
+    shape = np.shape(eigenvalues)
+    if sum(n > 1 for n in shape) > 1:
+        raise ValueError(f"eigenvalues must be a vector; got an array of shape {shape} (a "
+                         f"covariance matrix? pass np.linalg.eigvalsh(cov))")
+
+
 def _eigenvalues(eigenvalues: ArrayLike) -> np.ndarray:
+    check_eigenvalue_vector(eigenvalues)
     lam = np.asarray(eigenvalues, dtype=np.float64).ravel()
     if lam.size == 0 or not np.all(np.isfinite(lam)):
         raise ValueError("eigenvalues must be a non-empty array of finite numbers")

@@ -8,6 +8,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from defenses.accounting._validation import check_nonnegative, check_positive_int
+from defenses.bounds._channel_capacity import check_eigenvalue_vector
 
 __all__ = ["mse_lower_bound", "gaussian_entropy"]
 
@@ -53,11 +54,12 @@ def gaussian_entropy(eigenvalues: ArrayLike) -> float:
       h in nats.
 
     Raises:
-      ValueError: if an eigenvalue is <= 0.
+      ValueError: if an eigenvalue is <= 0, or a matrix is given.
 
     References:
       Cover & Thomas, Thm 8.4.1; used in 000 App. B.1 step (1).
     """
+    check_eigenvalue_vector(eigenvalues)
     lam = np.asarray(eigenvalues, dtype=np.float64).ravel()
     if lam.size == 0 or not np.all(lam > 0):
         raise ValueError("eigenvalues must be non-empty and > 0")

@@ -229,3 +229,19 @@ def test_white_noise_covariance_of_a_singular_covariance_spends_kappa_where_data
     # The two directions that vary carry κ between them (κ/2 each), not 2κ/3.
     carried = 0.5 * np.log((lam[:2] + psi[:2]) / psi[:2])
     np.testing.assert_allclose(carried, [kappa / 2, kappa / 2], rtol=1e-9)
+
+
+def test_a_covariance_matrix_is_refused_where_eigenvalues_are_due():
+    # Before, [[2, 1], [1, 2]] passed as four "eigenvalues": capacity 5.44 for 2.92.
+    from defenses.bounds import (channel_capacity, gaussian_entropy, natural_channel_sigma,
+                                 white_channel_sigmas)
+    cov = np.array([[2.0, 1.0], [1.0, 2.0]])
+    lam = np.linalg.eigvalsh(cov)
+    for call in (lambda e: channel_capacity(e, 0.1), gaussian_entropy,
+                 lambda e: natural_channel_sigma(e, 0.5), lambda e: white_channel_sigmas(e, 0.5)):
+        with pytest.raises(ValueError, match=r"eigenvalues must be a vector; got an array of "
+                                             r"shape \(2, 2\)"):
+            call(cov)
+        call(lam)
+        call(lam[None, :])  # a row of eigenvalues is still a vector
+    assert channel_capacity(lam, 0.1) == pytest.approx(0.5 * np.sum(np.log((lam + 0.1) / 0.1)))
