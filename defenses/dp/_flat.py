@@ -58,6 +58,20 @@ def flatten_batched(tree: PyTree) -> tuple[jax.Array, callable]:
     return jnp.concatenate(blocks, axis=1), unflatten
 
 
+def check_mask(mask: jax.Array | None, batch: int) -> None:
+    """Refuse a ``DefenseContext.mask`` that is not one entry per example.
+
+    A mask of shape (1,) broadcast silently: the "mean" became the batch's sum
+    (8× at B = 8); other shapes failed deep in a multiply.
+
+    Raises:
+      ValueError: unless the mask has shape (batch,).
+    """
+    if mask is not None and tuple(jnp.shape(mask)) != (batch,):
+        raise ValueError(f"context.mask must have shape ({batch},), one 0/1 entry per example "
+                         f"of the batch; got shape {tuple(jnp.shape(mask))}")
+
+
 def real_count(mask: jax.Array | None, batch: int) -> jax.Array:
     """The number of real examples (Alg 1 divides by it), at least 1."""
     if mask is None:

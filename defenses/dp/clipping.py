@@ -39,6 +39,7 @@ def clip_examples(rows: Sequence[jax.Array], clip_norm: float
     Returns:
       (clipped blocks, same shapes as ``rows``; the original norms [B]).
     """
+    rows, clip_norm = _checked(rows, clip_norm, "clip_examples")
     norms = jnp.sqrt(sum(jnp.sum(r * r, axis=1) for r in rows))
     scale = 1.0 / jnp.maximum(1.0, norms / clip_norm)
     return [r * scale[:, None] for r in rows], norms
@@ -63,9 +64,31 @@ def clip_layers(rows: Sequence[jax.Array], clip_norm: float
     Returns:
       (clipped blocks, same shapes as ``rows``; per-layer norms [B, R]).
     """
+    rows, clip_norm = _checked(rows, clip_norm, "clip_layers")
     norms = jnp.stack([jnp.sqrt(jnp.sum(r * r, axis=1)) for r in rows], axis=1)  # [B, R]
     scale = 1.0 / jnp.maximum(1.0, norms / clip_norm)
     return [r * scale[:, i, None] for i, r in enumerate(rows)], norms
+
+
+def _checked(rows, clip_norm, who: str):
+    """``rows`` as a list of [B, n] arrays sharing B, and C a number > 0 (a traced C passes).
+
+    A negative C used to skip clipping silently and C = 0 to zero every row.
+
+    Raises:
+      ValueError: naming what is wrong with ``rows`` or ``clip_norm``.
+    """
+    if isinstance(rows, (dict, jax.Array)) or not isinstance(rows, Sequence) or not rows:
+        raise ValueError(f"{who}: rows must be a non-empty list of [B, n] arrays, one per "
+                         f"layer tensor (defenses.dp._flat.batched_rows makes them from a "
+                         f"per-example pytree); got {type(rows).__name__}")
+    rows = [jnp.asarray(r) for r in rows]
+    if any(r.ndim != 2 or r.shape[0] != rows[0].shape[0] for r in rows):
+        raise ValueError(f"{who}: rows must be [B, n] arrays with one B; got shapes "
+                         f"{[tuple(r.shape) for r in rows]}")
+    if not isinstance(clip_norm, jax.core.Tracer):
+        clip_norm = check_positive("clip_norm", clip_norm)
+    return rows, clip_norm
 
 
 def check_clipping(mode: str) -> None:

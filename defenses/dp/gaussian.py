@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
-from defenses.dp._flat import batched_rows, real_count
+from defenses.dp._flat import batched_rows, check_mask, real_count
 from defenses.dp._params import DPParameters
 from defenses.dp.clipping import (check_clipping, check_noise_multiplier, check_positive,
                                    clip_examples, clip_layers)
@@ -46,6 +46,7 @@ def clipped_sum(per_example, mask, clip_norm: float, clipping: str):
     """
     blocks, unflatten = batched_rows(per_example)
     batch = blocks[0].shape[0]
+    check_mask(mask, batch)
     if mask is not None:
         blocks = [b * mask.astype(b.dtype)[:, None] for b in blocks]
     if clipping == "flat":

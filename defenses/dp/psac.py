@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
-from defenses.dp._flat import batched_rows, real_count
+from defenses.dp._flat import batched_rows, check_mask, real_count
 from defenses.dp._params import DPParameters
 from defenses.dp.clipping import check_noise_multiplier, check_positive
 
@@ -58,6 +58,7 @@ def dp_psac(noise_multiplier: float, clip_norm: float = 1.0, r: float = 0.1) -> 
     def apply(per_example, state, *, key, context=None):
         mask = None if context is None else context.mask
         blocks, unflatten = batched_rows(per_example)
+        check_mask(mask, blocks[0].shape[0])
         if mask is not None:
             blocks = [b * mask.astype(b.dtype)[:, None] for b in blocks]
         # Leaf by leaf, as clipping.clip_examples (benchmarks/dp_clip_cpu.py).

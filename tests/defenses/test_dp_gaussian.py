@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from defenses.dp import clip_examples, clip_layers, dp_clip, dp_gaussian, dp_parameters
+from defenses.dp import (clip_examples, clip_layers, dp_clip, dp_gaussian, dp_parameters, dp_psac,
+                         dp_vmf)
 from fedsim.hooks import build_defense
 from tests.defenses.dp_helpers import check_keyed_randomness, context, flat_rows, per_example_tree
 
@@ -136,3 +137,31 @@ def test_two_example_stage_defenses_are_refused_by_name():
                                           r"dp_vmf\(.*\) all act at the 'example' stage"):
         build_defenses([{"name": "dp_gaussian", "noise_multiplier": 1.0},
                         {"name": "dp_vmf", "kappa": 100.0}])
+
+
+@pytest.mark.parametrize("clip", [clip_examples, clip_layers])
+def test_the_clipping_functions_refuse_a_bound_or_rows_they_would_misuse(clip):
+    rows = [jnp.full((4, 3), 3.0), jnp.ones((4, 2))]
+    # Before: C = -1 left every row as it was, C = 0 zeroed them, without a word.
+    for bad in (-1.0, 0.0, float("nan")):
+        with pytest.raises(ValueError, match="clip_norm must be a finite number > 0"):
+            clip(rows, bad)
+    with pytest.raises(ValueError, match=rf"{clip.__name__}: rows must be a non-empty list"):
+        clip({"w": jnp.ones((4, 3))}, 1.0)  # the per-example pytree dp_gaussian takes
+    with pytest.raises(ValueError, match=rf"{clip.__name__}: rows must be a non-empty list"):
+        clip(jnp.ones((4, 3)), 1.0)
+    with pytest.raises(ValueError, match=r"rows must be \[B, n\] arrays with one B"):
+        clip([jnp.ones((4, 3)), jnp.ones((5, 3))], 1.0)
+    jax.jit(lambda c: clip(rows, c)[0])(jnp.float32(1.0))  # a traced bound is left to the caller
+
+
+@pytest.mark.parametrize("factory", [lambda: dp_gaussian(1.0), lambda: dp_vmf(10.0),
+                                     lambda: dp_psac(1.0)])
+@pytest.mark.parametrize("shape", [(1,), (5,), (8, 1), ()])
+def test_a_mask_that_is_not_one_entry_per_example_is_refused(factory, shape):
+    # Before, a (1,) mask broadcast: the mean over the batch became its sum.
+    tree = per_example_tree(jax.random.key(0))  # batch 8
+    d = factory()
+    with pytest.raises(ValueError, match=r"context.mask must have shape \(8,\), one 0/1 entry "
+                                         r"per example"):
+        d.apply(tree, d.init(None), key=jax.random.key(1), context=context(np.ones(shape)))
