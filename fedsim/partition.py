@@ -12,14 +12,36 @@ import numpy as np
 
 
 def _check(num_clients: int, n: int) -> None:
-    if num_clients < 1:
-        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if not _is_int(num_clients) or num_clients < 1:
+        raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
     if num_clients > n:
         raise ValueError(f"num_clients={num_clients} exceeds the {n} training examples")
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _labels(labels) -> np.ndarray:
+    """``labels`` as an int [N] array.
+
+    One-hot labels [N, C] used to pass: their 0/1 entries were read as two
+    classes of N·C "examples", and ``dirichlet`` dealt out indices past N.
+
+    Raises:
+      ValueError: for labels that are not one integer per example.
+    """
+    arr = np.asarray(labels)
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+        raise ValueError(f"labels must be one integer class per example, shape [N]; got "
+                         f"{arr.dtype} of shape {arr.shape}"
+                         + (" (one-hot? pass labels.argmax(-1))" if arr.ndim == 2 else ""))
+    return arr
+
+
 def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
     """Shuffle all examples, then split them into near-equal parts."""
+    labels = _labels(labels)
     _check(num_clients, len(labels))
     perm = np.random.default_rng(seed).permutation(len(labels))
     return [np.sort(p) for p in np.array_split(perm, num_clients)]
@@ -35,8 +57,10 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int,
     Raises:
       ValueError: if α ≤ 0 or no draw gives every client ``min_size`` examples.
     """
-    if alpha <= 0:
-        raise ValueError(f"dirichlet alpha must be > 0, got {alpha}")
+    labels = _labels(labels)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number)) \
+            or not np.isfinite(alpha) or alpha <= 0:
+        raise ValueError(f"dirichlet alpha must be a finite number > 0, got {alpha!r}")
     _check(num_clients, len(labels))
     rng = np.random.default_rng(seed)
     classes = np.unique(labels)
@@ -68,9 +92,11 @@ def shards(labels: np.ndarray, num_clients: int, classes_per_client: int, seed: 
     Soteria (paper 003 §6.1) gives each device 2 random, distinct classes of
     100 samples each; this partition approximates it.
     """
+    labels = _labels(labels)
     _check(num_clients, len(labels))
-    if classes_per_client < 1:
-        raise ValueError(f"classes_per_client must be >= 1, got {classes_per_client}")
+    if not _is_int(classes_per_client) or classes_per_client < 1:
+        raise ValueError(f"classes_per_client must be an integer >= 1, got "
+                         f"{classes_per_client!r}")
     rng = np.random.default_rng(seed)
     # Stable sort after a shuffle: random order inside each class.
     perm = rng.permutation(len(labels))
@@ -107,6 +133,9 @@ def natural(groups: np.ndarray, num_clients: int | None = None,
                          "(this dataset has none); use iid, dirichlet or shards")
     ids = np.unique(groups)
     if num_clients is not None:
+        if not _is_int(num_clients) or num_clients < 1:
+            raise ValueError(f"num_clients must be an integer >= 1 (or None: every id), got "
+                             f"{num_clients!r}")
         if num_clients > len(ids):
             raise ValueError(f"num_clients={num_clients} exceeds the {len(ids)} natural ids")
         if seed is None:

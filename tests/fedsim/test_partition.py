@@ -84,3 +84,28 @@ def test_natural_needs_a_seed_only_to_draw_a_subset():
         partition.natural(groups, 4)
     a, b = partition.natural(groups, 4, seed=1), partition.natural(groups, 4, seed=1)
     assert [list(x) for x in a] == [list(x) for x in b]
+
+
+def test_labels_and_counts_a_partition_would_misread_are_refused_by_name():
+    labels = np.repeat(np.arange(4), 5)  # 20 examples
+    one_hot = np.eye(4, dtype=np.float32)[labels]
+    # Before, dirichlet read one-hot labels as 80 examples of classes 0/1 and dealt
+    # out indices past 20.
+    for call in (lambda y: partition.iid(y, 3, 0), lambda y: partition.dirichlet(y, 3, 0.5, 0),
+                 lambda y: partition.shards(y, 3, 2, 0)):
+        with pytest.raises(ValueError, match=r"labels must be one integer class per example, "
+                                             r"shape \[N\]; got float32 of shape \(20, 4\) "
+                                             r"\(one-hot\? pass labels.argmax\(-1\)\)"):
+            call(one_hot)
+        assert sum(map(len, call(labels))) == 20
+    with pytest.raises(ValueError, match=r"labels must be one integer class"):
+        partition.iid(labels.astype(np.float64), 3, 0)
+    for bad in (2.5, True, "3"):  # iid(.., 2.5) made 2 clients
+        with pytest.raises(ValueError, match=r"num_clients must be an integer >= 1"):
+            partition.iid(labels, bad, 0)
+    with pytest.raises(ValueError, match=r"dirichlet alpha must be a finite number > 0, got '0.5'"):
+        partition.dirichlet(labels, 3, "0.5", 0)
+    with pytest.raises(ValueError, match=r"classes_per_client must be an integer >= 1, got 2.5"):
+        partition.shards(labels, 3, 2.5, 0)
+    with pytest.raises(ValueError, match=r"num_clients must be an integer >= 1 \(or None"):
+        partition.natural(labels, 0, seed=0)  # returned [] before
