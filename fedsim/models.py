@@ -865,12 +865,17 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
     """Build a registered model.
 
     Raises:
-      ValueError: for an unknown model name (the message lists known names).
+      ValueError: for an unknown model name (the message lists known names), or
+        a ``num_classes`` that is not an integer >= 1.
     """
     if name not in MODEL_REGISTRY:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(MODEL_REGISTRY))}"
                          f"{did_you_mean(name, MODEL_REGISTRY)}")
-    return MODEL_REGISTRY[name](num_classes=num_classes)
+    if isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes, (int, np.integer)) \
+            or num_classes < 1:
+        # Accepted before, and init_params then blamed the input shape.
+        raise ValueError(f"num_classes must be an integer >= 1, got {num_classes!r}")
+    return MODEL_REGISTRY[name](num_classes=int(num_classes))
 
 
 def init_params(model: nn.Module, input_shape: Sequence[int], key: jax.Array):

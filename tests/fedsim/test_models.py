@@ -320,3 +320,11 @@ def test_convnet_input_standardise_is_a_fixed_first_step():
     for bad in ((0.3, 0.0), (0.3, float("nan")), (0.3,), "ab"):
         with pytest.raises(ValueError, match="input_standardise"):
             ConvNet(width=4, input_standardise=bad).apply({"params": params}, x)
+
+
+@pytest.mark.parametrize("bad", ["10", 0, -1, 2.5, True, None])
+def test_build_model_refuses_a_class_count_that_is_not_a_positive_integer(bad):
+    # Before, build_model took it and init_params blamed the input shape.
+    with pytest.raises(ValueError, match=r"num_classes must be an integer >= 1"):
+        build_model("mlp", bad)
+    assert build_model("mlp", np.int64(7)).num_classes == 7
