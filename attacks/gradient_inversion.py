@@ -177,9 +177,15 @@ def _is_number(v) -> bool:
 # --- building blocks -----------------------------------------------------------
 
 def total_variation(x: jax.Array) -> jax.Array:
-    """Mean absolute difference of vertically and horizontally adjacent pixels."""
-    dh = jnp.mean(jnp.abs(x[..., 1:, :, :] - x[..., :-1, :, :]))
-    dw = jnp.mean(jnp.abs(x[..., :, 1:, :] - x[..., :, :-1, :]))
+    """Mean absolute difference of vertically and horizontally adjacent pixels.
+
+    An image one pixel high (or wide) has no such pair in that direction,
+    which then adds 0 (the mean of no differences was NaN).
+    """
+    dh = (jnp.mean(jnp.abs(x[..., 1:, :, :] - x[..., :-1, :, :])) if x.shape[-3] > 1
+          else jnp.zeros((), x.dtype))
+    dw = (jnp.mean(jnp.abs(x[..., :, 1:, :] - x[..., :, :-1, :])) if x.shape[-2] > 1
+          else jnp.zeros((), x.dtype))
     return dh + dw
 
 
@@ -715,16 +721,62 @@ _LABELS_NOT_GRANTED = ("attack.config.label_mode=given attacks with the victims'
 
 
 def victim_batch_size(obs: Observation, config: Mapping[str, Any]) -> int:
-    """B: granted by the threat model, or assumed by the attacker's config."""
+    """B: granted by the threat model, or assumed by the attacker's config.
+
+    Raises:
+      AttackConfigError: when B is unknown, or not an integer >= 1 (naming
+        where it came from).
+    """
     if config.get("batch_size") is not None:
-        return int(config["batch_size"])
+        return _batch_count(config["batch_size"], "attack.config.batch_size")
     if obs.algorithm == "fedsgd" and obs.num_examples is not None:
-        return int(obs.num_examples)
+        return _batch_count(obs.num_examples, "the observation's num_examples")
     if obs.batch_size is not None and (obs.algorithm == "fedsgd" or obs.local_steps == 1):
-        return int(obs.batch_size)
+        return _batch_count(obs.batch_size, "the observation's batch_size")
     if obs.num_examples is not None:
-        return int(obs.num_examples)
+        return _batch_count(obs.num_examples, "the observation's num_examples")
     raise AttackConfigError(_UNKNOWN_BATCH_SIZE)
+
+
+def _batch_count(value, where: str) -> int:
+    # 0 failed in a modulo, −1 in np.repeat, and 2.5 was read as 2.
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or value < 1:
+        raise AttackConfigError(f"{where} must be an integer >= 1 (the victim's batch size), "
+                                f"got {value!r}")
+    return int(value)
+
+
+def check_observation_fits_model(obs: Observation, batch: int) -> None:
+    """Refuse an observation whose ``input_shape`` or ``num_classes`` the model does not take.
+
+    Traced shapes only (``jax.eval_shape``): a batch of ``batch`` inputs of
+    ``input_shape`` must go through ``apply_fn`` and give ``num_classes``
+    logits. Before, a shape with the batch axis in it was attacked as such,
+    and a wrong one failed deep inside flax or as a NaN loss blamed on the lr.
+
+    Raises:
+      AttackConfigError: naming the shape or class count and what the model takes.
+    """
+    shape = tuple(obs.input_shape)
+    if len(shape) != 3 or not all(isinstance(n, (int, np.integer)) and n >= 1 for n in shape):
+        # The attacks reconstruct images (their TV prior, the metrics): [H, W, C].
+        raise AttackConfigError(f"the observation's input_shape must be one image's (H, W, C), "
+                                f"e.g. (28, 28, 1), without the batch axis; got "
+                                f"{obs.input_shape!r}")
+    try:
+        out = jax.eval_shape(obs.apply_fn, obs.params,
+                             jax.ShapeDtypeStruct((batch, *shape), jnp.float32))
+    except Exception as e:  # noqa: BLE001 -- flax/jax name many shape errors differently
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise AttackConfigError(
+            f"the model cannot take a batch of inputs of the observation's input_shape "
+            f"{shape} (one example, no batch axis: e.g. (28, 28, 1)): {type(e).__name__}: "
+            f"{first}") from None
+    classes = getattr(out, "shape", (None,))[-1]
+    if classes != obs.num_classes:
+        raise AttackConfigError(f"the observation's num_classes is {obs.num_classes!r}, but the "
+                                f"model gives {classes} logits per example")
 
 
 def prepare_victims(observations: Sequence[Observation], config: Mapping[str, Any],
@@ -744,6 +796,7 @@ def prepare_victims(observations: Sequence[Observation], config: Mapping[str, An
         raise AttackConfigError("no observations to attack")
     first = observations[0]
     bs = victim_batch_size(first, config)
+    check_observation_fits_model(first, bs)
     label_keys = jax.random.split(jax.random.fold_in(key, 1), len(observations))
     labels, inferred = [], False
     for obs, k in zip(observations, label_keys):
@@ -756,6 +809,10 @@ def prepare_victims(observations: Sequence[Observation], config: Mapping[str, An
             lab = jnp.asarray(obs.labels, jnp.int32)
             if lab.shape != (bs,):
                 raise AttackConfigError(f"granted labels have shape {lab.shape}, expected ({bs},)")
+            if bool(jnp.any((lab < 0) | (lab >= obs.num_classes))):
+                # Out of range, one_hot gives a zero row: a NaN loss blamed on the lr.
+                raise AttackConfigError(f"granted labels must be classes in [0, "
+                                        f"{obs.num_classes}); got {np.asarray(lab).tolist()}")
             labels.append(lab)
         elif config.get("label_mode") == "given":  # not silently inferred instead
             raise AttackConfigError(_LABELS_NOT_GRANTED)

@@ -176,6 +176,45 @@ def test_hygiene_unknown_batch_size_is_a_clear_error(mlp):
     assert rec.x.shape == (1, *SHAPE)
 
 
+@pytest.mark.parametrize("change,match", [
+    # Before: 0 failed in a modulo, −1 in np.repeat, and 2.5 was attacked as 2.
+    # (A FedSGD observation's B is its num_examples, which observation_from_gradient
+    # sets to the batch size.)
+    ({"batch_size": 0, "num_examples": 0},
+     r"the observation's num_examples must be an integer >= 1 .*got 0"),
+    ({"batch_size": -1, "num_examples": -1}, r"the observation's num_examples must be an integer"),
+    ({"batch_size": 2.5, "num_examples": 2.5}, r"num_examples must be an integer >= 1 .*got 2.5"),
+    ({"algorithm": "fedavg", "batch_size": 0, "num_examples": None},
+     r"the observation's batch_size must be an integer >= 1 .*got 0"),
+    # Before: the batch axis in input_shape was attacked as part of the image.
+    ({"input_shape": (1, 16, 16, 1)}, r"input_shape must be one image's \(H, W, C\), e.g. "
+                                      r"\(28, 28, 1\), without the batch axis; got \(1, 16"),
+    ({"input_shape": (28, 28, 1)}, r"input_shape \(28, 28, 1\) \(one example, no batch axis"),
+    ({"input_shape": ()}, r"input_shape must be one image's \(H, W, C\)"),
+    # Before: a mul of (1, 15) by (1, 10) deep in the label inference.
+    ({"num_classes": 15}, r"the observation's num_classes is 15, but the model gives 10 logits"),
+    # Before: a NaN loss, blamed on the learning rate.
+    ({"labels": jnp.asarray([12], jnp.int32)}, r"granted labels must be classes in \[0, 10\); "
+                                               r"got \[12\]"),
+])
+def test_an_observation_the_model_cannot_take_is_refused_by_name(mlp, change, match):
+    f, p = mlp
+    obs, _, _ = _obs(f, p, 4, batch_size=1)
+    with pytest.raises(GI.AttackConfigError, match=match):
+        run_attack("inverting_gradients", obs._replace(**change), {"iterations": 2},
+                   jax.random.key(0))
+
+
+def test_total_variation_of_a_one_pixel_high_image_is_finite():
+    x = jnp.arange(12.0).reshape(1, 1, 4, 3)
+    assert float(GI.total_variation(x)) == pytest.approx(3.0)  # |Δ| of 3 along W, none along H
+    assert float(GI.total_variation(x.reshape(1, 4, 1, 3))) == pytest.approx(3.0)
+    y = jnp.asarray(np.random.default_rng(0).random((2, 5, 6, 1)), jnp.float32)
+    want = (np.mean(np.abs(np.diff(np.asarray(y), axis=1)))
+            + np.mean(np.abs(np.diff(np.asarray(y), axis=2))))
+    assert float(GI.total_variation(y)) == pytest.approx(want, rel=1e-6)
+
+
 @pytest.mark.slow
 def test_dlg_joint_labels_runs(mlp):
     f, p = mlp
