@@ -57,8 +57,38 @@ def ones_like(tree: PyTree) -> PyTree:
 
 
 def apply_mask(tree: PyTree, mask: PyTree) -> PyTree:
-    """``tree ⊙ mask`` leaf-wise (pruned coordinates become exactly 0)."""
+    """``tree ⊙ mask`` leaf-wise (pruned coordinates become exactly 0).
+
+    Raises:
+      ValueError: when ``mask`` is not a pytree of ``tree``'s structure and leaf
+        shapes (:func:`check_mask_fits`).
+    """
+    check_mask_fits(tree, mask)
     return jax.tree_util.tree_map(lambda t, m: t * m.astype(jnp.result_type(t)), tree, mask)
+
+
+def check_mask_fits(tree: PyTree, mask: PyTree, what: str = "mask") -> None:
+    """Refuse a mask whose pytree structure or leaf shapes differ from ``tree``'s.
+
+    Shapes only (free under ``jit``). A leaf of shape (out,) against an
+    (in, out) kernel used to broadcast and mask whole columns without a word,
+    and another structure failed with jax's "pytree structure error", which
+    names neither argument.
+
+    Raises:
+      ValueError: naming the first leaf (by its path) that does not fit.
+    """
+    t_leaves, t_def = jax.tree_util.tree_flatten_with_path(tree)
+    m_leaves, m_def = jax.tree_util.tree_flatten(mask)
+    if t_def.num_leaves != m_def.num_leaves or \
+            jax.tree_util.tree_structure(tree) != m_def:
+        raise ValueError(f"{what}: its pytree structure differs from the parameters' "
+                         f"({m_def.num_leaves} leaves against {t_def.num_leaves}); a mask has "
+                         f"one {{0,1}} leaf per parameter leaf")
+    for (path, t), m in zip(t_leaves, m_leaves):
+        if jnp.shape(m) != jnp.shape(t):
+            raise ValueError(f"{what}: leaf {jax.tree_util.keystr(path)} has shape "
+                             f"{tuple(jnp.shape(m))}, the parameter {tuple(jnp.shape(t))}")
 
 
 def density(mask: PyTree) -> jax.Array:
