@@ -58,17 +58,34 @@ def auc(scores_members, scores_nonmembers) -> float:
 BATCH_SIZE = 256
 
 
-def _check_examples(x, y, batch_size) -> tuple[jax.Array, jax.Array]:
+def _check_examples(x, y, batch_size, num_classes=None) -> tuple[jax.Array, jax.Array]:
     x, y = jnp.asarray(x), jnp.asarray(y)
     if y.ndim != 1 or x.ndim < 2 or x.shape[0] != y.shape[0]:
         raise ValueError(f"membership: x {tuple(x.shape)} and y {tuple(y.shape)} must hold the "
                          "same number of examples (x [n, ...], y [n] integer labels)")
     if x.shape[0] == 0:
         raise ValueError("membership: no examples to score")
+    if not jnp.issubdtype(y.dtype, jnp.integer):
+        raise ValueError(f"membership: y must be integer class labels, got {y.dtype} (one-hot "
+                         f"or float labels? pass the class indices)")
+    # Out of range, the cross-entropy of a label was NaN (≥ C) or a finite wrong
+    # number (< 0), and the scores went on without a word.
+    low, high = int(jnp.min(y)), int(jnp.max(y))
+    if low < 0 or (num_classes is not None and high >= num_classes):
+        raise ValueError(f"membership: y must be classes in [0, "
+                         f"{num_classes if num_classes is not None else 'C'}); got labels from "
+                         f"{low} to {high}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
             or batch_size < 1:
         raise ValueError(f"membership: batch_size must be an integer >= 1, got {batch_size!r}")
     return x, y
+
+
+def _num_classes(apply_fn, params, x) -> int:
+    """The model's logits per example (shapes only)."""
+    x = jnp.asarray(x)
+    return int(jax.eval_shape(apply_fn, params, jax.ShapeDtypeStruct((1, *x.shape[1:]),
+                                                                    x.dtype)).shape[-1])
 
 
 def _in_batches(fn, x, y, batch_size: int):
@@ -103,6 +120,7 @@ def _losses(apply_fn, params, x, y, batch_size, settings):
 def loss_scores(apply_fn, params, x, y, *, batch_size: int = BATCH_SIZE) -> np.ndarray:
     """Membership score −loss (Yeom et al. 2018), in chunks of ``batch_size`` examples."""
     x, y = _check_examples(x, y, batch_size)
+    _check_examples(x, y, batch_size, _num_classes(apply_fn, params, x))
     return -np.asarray(_losses(apply_fn, params, x, y, int(batch_size), models.trace_settings()))
 
 
@@ -124,7 +142,7 @@ def gradient_norm_scores(apply_fn, params, x, y, num_classes: int, *,
                          batch_size: int = BATCH_SIZE) -> np.ndarray:
     """Membership score −‖∇_{W_last} ℓ(x, y)‖₂ (small gradients: seen in training),
     in chunks of ``batch_size`` examples."""
-    x, y = _check_examples(x, y, batch_size)
+    x, y = _check_examples(x, y, batch_size, int(num_classes))
     grads = _grads(apply_fn, params, x, y, int(num_classes), int(batch_size),
                    models.trace_settings())
     return -np.linalg.norm(np.asarray(grads), axis=1)
@@ -156,7 +174,7 @@ def _features(apply_fn, params, x, y, num_classes, batch_size, settings):
 def features(apply_fn, params, x, y, num_classes: int, *,
              batch_size: int = BATCH_SIZE) -> MIAFeatures:
     """The white-box features of every example, in chunks of ``batch_size``."""
-    x, y = _check_examples(x, y, batch_size)
+    x, y = _check_examples(x, y, batch_size, int(num_classes))
     return _features(apply_fn, params, x, y, int(num_classes), int(batch_size),
                      models.trace_settings())
 

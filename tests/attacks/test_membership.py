@@ -176,6 +176,24 @@ def test_bad_example_sets_are_named(x_shape, y_shape, batch_size, match):
             call()
 
 
+@pytest.mark.parametrize("y,match", [
+    # Before: optax's dtype message, not naming y.
+    (jnp.zeros(5, jnp.float32), r"membership: y must be integer class labels, got float32"),
+    # Before: NaN scores (>= C) or finite wrong ones (< 0), without a word.
+    (jnp.asarray([0, 1, 12, 3, 4]), r"membership: y must be classes in \[0, 10\); got labels "
+                                    r"from 0 to 12"),
+    (jnp.asarray([0, -1, 2, 3, 4]), r"y must be classes in \[0, (10|C)\); got labels from -1"),
+])
+def test_labels_the_scores_would_misread_are_named(y, match):
+    f, p = _model("mlp")
+    x = jnp.zeros((5, 16, 16, 1))
+    for call in (lambda: MIA.loss_scores(f, p, x, y),
+                 lambda: MIA.gradient_norm_scores(f, p, x, y, 10),
+                 lambda: MIA.features(f, p, x, y, 10)):
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
 def test_features_trace_again_inside_a_conv_implementation_block():
     # Jitted once per model, they must not reuse the other implementation's
     # executable (benchmarks/diagnose_mia_im2col.py compares the two).
