@@ -87,6 +87,16 @@ def soteria_gradient(grad: PyTree, context: DefenseContext, p_fc: float, *,
         if getattr(context, field) is None:
             raise ValueError(f"soteria needs context.{field} (it runs at stage 'layer')")
     params, x, y = context.params, context.x, context.y
+    batch = x.shape[0]
+    # Shapes and dtypes only (static under jit): one-hot or float labels failed
+    # in optax's dtype check, and a y or mask of another length in a broadcast.
+    if jnp.ndim(y) != 1 or jnp.shape(y)[0] != batch or not jnp.issubdtype(
+            jnp.result_type(y), jnp.integer):
+        raise ValueError(f"soteria: context.y must be the batch's integer class labels, shape "
+                         f"({batch},); got {jnp.result_type(y)} of shape {tuple(jnp.shape(y))}")
+    if context.mask is not None and tuple(jnp.shape(context.mask)) != (batch,):
+        raise ValueError(f"soteria: context.mask must have shape ({batch},), one 0/1 entry per "
+                         f"example; got shape {tuple(jnp.shape(context.mask))}")
     kernel = layer_params(params, path)["kernel"]
     mask = jnp.ones(x.shape[:1], jnp.float32) if context.mask is None else context.mask
     num_out = kernel.shape[1]

@@ -244,6 +244,21 @@ def test_bad_layer_path_is_named():
         d.apply(grad, (), key=jax.random.key(0), context=_ctx(params, apply_fn, x, y, mask))
 
 
+def test_labels_or_a_mask_not_one_per_example_are_refused_by_name():
+    # Before: one-hot y failed in optax's dtype check, a y or mask of another
+    # length in a broadcast, neither naming the context's field.
+    _, params, apply_fn, x, y, mask = _explicit_setup(B=4)
+    grad = jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, x, y, mask)
+    d = build_defense("soteria", p_fc=0.5)
+    for bad_y in (jax.nn.one_hot(y, 10), y[:2], y.astype(jnp.float32)):
+        with pytest.raises(ValueError, match=r"soteria: context.y must be the batch's integer "
+                                             r"class labels, shape \(4,\)"):
+            d.apply(grad, (), key=jax.random.key(0),
+                    context=_ctx(params, apply_fn, x, bad_y, mask))
+    with pytest.raises(ValueError, match=r"soteria: context.mask must have shape \(4,\)"):
+        d.apply(grad, (), key=jax.random.key(0), context=_ctx(params, apply_fn, x, y, mask[:1]))
+
+
 @pytest.mark.parametrize("chunk", [1, 5, 64])
 def test_batched_jacobian_equals_per_example_jacrev(chunk):
     # The batched VJP relies on examples not interacting in the forward pass;
