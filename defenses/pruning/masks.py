@@ -41,8 +41,17 @@ def flatten(tree: PyTree) -> jax.Array:
 
 
 def unflatten(vec: jax.Array, like: PyTree) -> PyTree:
-    """Inverse of :func:`flatten`: split ``vec`` back into ``like``'s structure."""
+    """Inverse of :func:`flatten`: split ``vec`` back into ``like``'s structure.
+
+    Raises:
+      ValueError: unless ``vec`` is a vector of exactly ``like``'s size (a longer
+        one used to lose its tail without a word).
+    """
     leaves, treedef = jax.tree_util.tree_flatten(like)
+    total = sum(int(jnp.size(l)) for l in leaves)
+    if jnp.ndim(vec) != 1 or jnp.shape(vec)[0] != total:
+        raise ValueError(f"unflatten: expected a vector of the tree's {total} coordinates, got "
+                         f"shape {tuple(jnp.shape(vec))}")
     out, i = [], 0
     for l in leaves:
         n = int(jnp.size(l))
@@ -122,6 +131,8 @@ def mask_from_scores(scores: PyTree, p: float, prune: str = "lowest",
     p = check_rate(p)
     if prune not in ("lowest", "highest"):
         raise ValueError(f"prune must be 'lowest' or 'highest', got {prune!r}")
+    if eligible is not None:
+        check_mask_fits(scores, eligible, "eligible")
     if rate_of_eligible:
         if eligible is None:
             raise ValueError("rate_of_eligible=True needs an eligible mask")
