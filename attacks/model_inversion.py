@@ -134,8 +134,16 @@ run.reconstructs_batch = False
 
 
 def class_centres(x, y, num_classes: int) -> np.ndarray:
-    """Mean image of each class: [num_classes, ...] (NaN for absent classes)."""
+    """Mean image of each class: [num_classes, ...] (NaN for absent classes).
+
+    Raises:
+      ValueError: unless ``y`` holds one integer label per image of ``x`` (one-hot
+        labels failed in a boolean index that named neither).
+    """
     x, y = np.asarray(x, np.float64), np.asarray(y)
+    if y.ndim != 1 or y.shape[0] != x.shape[0] or not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"class_centres: y must be one integer label per image, shape "
+                         f"({x.shape[0]},); got {y.dtype} of shape {y.shape}")
     return np.stack([x[y == c].mean(0) if np.any(y == c) else np.full(x.shape[1:], np.nan)
                      for c in range(num_classes)])
 

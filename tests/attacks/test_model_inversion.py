@@ -89,3 +89,13 @@ def test_model_inversion_is_the_same_under_x64():
         wide = run_attack("model_inversion", obs, config, jax.random.key(0))
     assert wide.x.dtype == plain.x.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(wide.x), np.asarray(plain.x))
+
+
+def test_class_centres_refuse_labels_that_are_not_one_integer_per_image():
+    x = np.random.default_rng(0).random((6, 4, 4, 1))
+    y = np.array([0, 1, 2, 0, 1, 2])
+    np.testing.assert_allclose(class_centres(x, y, 3)[1], x[[1, 4]].mean(0))
+    for bad in (np.eye(3)[y], y[:4], y.astype(np.float32)):  # one-hot: an IndexError before
+        with pytest.raises(ValueError, match=r"class_centres: y must be one integer label per "
+                                             r"image, shape \(6,\)"):
+            class_centres(x, bad, 3)
