@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import functools
 import time
+from collections.abc import Mapping
 from typing import Callable
 
 import jax
@@ -136,6 +137,28 @@ def on_run_data(specs: list[dict], cfg: Config) -> list[dict]:
                     spec[key] = setting(cfg)
         out.append(spec)
     return out
+
+
+def _check_defense_mapping(defenses) -> None:
+    """Refuse a ``Simulation(defenses=...)`` that is not ``{stage: Defense}`` with each
+    Defense under its own stage.
+
+    A list or a spec used to fail in ``dict()`` with a message naming neither;
+    a Defense under another stage's key would have run at that stage.
+
+    Raises:
+      TypeError: for anything but a mapping of stages to :class:`Defense`.
+      ValueError: for a Defense under a key other than its ``stage``.
+    """
+    if not isinstance(defenses, Mapping) or not all(
+            isinstance(d, Defense) for d in defenses.values()):
+        raise TypeError(f"Simulation(defenses=...) takes a mapping {{stage: Defense}}, e.g. "
+                        f"{{d.stage: d}} for d = dp_gaussian(1.0) (several of one stage: "
+                        f"fedsim.hooks.chain); got {type(defenses).__name__}")
+    for stage, d in defenses.items():
+        if stage != d.stage:
+            raise ValueError(f"Simulation(defenses=...): {d.name!r} acts at stage "
+                             f"{d.stage!r} but was given under {stage!r}")
 
 
 def build_defenses(specs: list[dict]) -> dict[str, Defense]:
@@ -252,6 +275,11 @@ class Simulation:
     def __init__(self, cfg: Config, dataset: Dataset | None = None,
                  defenses: dict[str, Defense] | None = None, strategy: str | None = None,
                  donate: bool = False, client_update_factory: Callable | None = None):
+        if not isinstance(cfg, Config):
+            raise TypeError(f"Simulation needs a fedsim.config.Config (fedsim.config.load_config "
+                            f"builds one), got {type(cfg).__name__}")
+        if defenses is not None:
+            _check_defense_mapping(defenses)
         self.cfg = cfg
         self.donate = donate
         d, t = cfg.data, cfg.training

@@ -112,3 +112,19 @@ def test_a_checkpoint_with_names_only_is_still_checked_by_name(tmp_path):
     check_hand_defenses({"hand_defenses": {"upload": "gc(p=0.3)"}}, sim, tmp_path)
     with pytest.raises(CheckpointError, match=r"upload: gc\(p=0\.5\) then, gc\(p=0\.3\) now"):
         check_hand_defenses({"hand_defenses": {"upload": "gc(p=0.5)"}}, sim, tmp_path)
+
+
+def test_simulation_names_what_is_wrong_with_its_config_or_hand_defenses():
+    cfg, ds = small_config(), small_dataset()
+    d = build_defense("dp_gaussian", noise_multiplier=1.0)
+    # Before: "dictionary update sequence element #0 ...", naming neither.
+    for bad in ([d], "dp_gaussian", {"example": "dp_gaussian"}):
+        with pytest.raises(TypeError, match=r"Simulation\(defenses=\.\.\.\) takes a mapping "
+                                            r"\{stage: Defense\}"):
+            Simulation(cfg, dataset=ds, defenses=bad)
+    # Before: accepted, and the example-stage defense would have run at the upload.
+    with pytest.raises(ValueError, match=r"acts at stage 'example' but was given under 'upload'"):
+        Simulation(cfg, dataset=ds, defenses={"upload": d})
+    with pytest.raises(TypeError, match=r"Simulation needs a fedsim.config.Config"):
+        Simulation({"seed": 0}, dataset=ds)
+    assert Simulation(cfg, dataset=ds, defenses={d.stage: d}).defenses == {"example": d}
