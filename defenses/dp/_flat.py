@@ -58,7 +58,7 @@ def flatten_batched(tree: PyTree) -> tuple[jax.Array, callable]:
     return jnp.concatenate(blocks, axis=1), unflatten
 
 
-def check_mask(mask: jax.Array | None, batch: int) -> None:
+def check_mask(mask: jax.Array | None, batch: int, who: str = "") -> None:
     """Refuse a ``DefenseContext.mask`` that is not one entry per example.
 
     A mask of shape (1,) broadcast silently: the "mean" became the batch's sum
@@ -68,7 +68,8 @@ def check_mask(mask: jax.Array | None, batch: int) -> None:
       ValueError: unless the mask has shape (batch,).
     """
     if mask is not None and tuple(jnp.shape(mask)) != (batch,):
-        raise ValueError(f"context.mask must have shape ({batch},), one 0/1 entry per example "
+        raise ValueError(f"{who + ': ' if who else ''}context.mask must have shape ({batch},), "
+                         f"one 0/1 entry per example "
                          f"of the batch; got shape {tuple(jnp.shape(mask))}")
 
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from defenses.dp._flat import check_mask
 from defenses.soteria._layer_io import (JACOBIAN_METHODS, jacobian_row_norms, layer_params,
                                         parse_layer, replace_layer, run_with_layer)
 from defenses.soteria._scores import SCOPES, SCORES, check_rate, perturb_representation
@@ -94,9 +95,7 @@ def soteria_gradient(grad: PyTree, context: DefenseContext, p_fc: float, *,
             jnp.result_type(y), jnp.integer):
         raise ValueError(f"soteria: context.y must be the batch's integer class labels, shape "
                          f"({batch},); got {jnp.result_type(y)} of shape {tuple(jnp.shape(y))}")
-    if context.mask is not None and tuple(jnp.shape(context.mask)) != (batch,):
-        raise ValueError(f"soteria: context.mask must have shape ({batch},), one 0/1 entry per "
-                         f"example; got shape {tuple(jnp.shape(context.mask))}")
+    check_mask(context.mask, batch, "soteria")
     kernel = layer_params(params, path)["kernel"]
     mask = jnp.ones(x.shape[:1], jnp.float32) if context.mask is None else context.mask
     num_out = kernel.shape[1]
