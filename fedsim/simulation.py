@@ -139,6 +139,28 @@ def on_run_data(specs: list[dict], cfg: Config) -> list[dict]:
     return out
 
 
+def _check_dataset_fits_config(ds: Dataset, data_cfg) -> None:
+    """Refuse a preloaded dataset whose image size is not the config's ``data.image_size``.
+
+    The run trains on the dataset's images, but what reads the config describes
+    them by ``data.image_size``: a channel calibrated on the run's data
+    (:func:`on_run_data`) would be built for the config's size, and the results
+    and checkpoints would record a size the run never used.
+
+    Raises:
+      ConfigError: naming both sizes.
+    """
+    size = data_cfg.image_size
+    if size is None:
+        return
+    hw = tuple(ds.input_shape[:2])
+    if hw != (size, size):
+        raise ConfigError(f"config key 'data.image_size' ({size}) does not match the dataset "
+                          f"given to Simulation(dataset=...), whose images are "
+                          f"{hw[0]}x{hw[1]}: set data.image_size to {hw[0]} if the images are "
+                          "square, or null, or load the dataset at the config's size")
+
+
 def _check_defense_mapping(defenses) -> None:
     """Refuse a ``Simulation(defenses=...)`` that is not ``{stage: Defense}`` with each
     Defense under its own stage.
@@ -286,6 +308,8 @@ class Simulation:
         ds = dataset if dataset is not None else load_dataset(
             d.dataset, image_size=d.image_size, source=d.source, data_dir=d.data_dir,
             max_train=d.max_train, max_test=d.max_test, label_key=d.label_key, seed=cfg.seed)
+        if dataset is not None:
+            _check_dataset_fits_config(ds, d)
         if d.normalize:
             ds = dataclasses.replace(ds, x_train=(ds.x_train - ds.mean) / ds.std,
                                      x_test=(ds.x_test - ds.mean) / ds.std)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fedsim.checkpoint import CheckpointError, check_hand_defenses, hand_defense_specs, make_meta
+from fedsim.config import ConfigError
 from fedsim.defense_spec import describe, factory_spec
 from fedsim.hooks import Defense, build_defense, chain, mask_around, spec_of
 from fedsim.simulation import Simulation
@@ -128,3 +129,14 @@ def test_simulation_names_what_is_wrong_with_its_config_or_hand_defenses():
     with pytest.raises(TypeError, match=r"Simulation needs a fedsim.config.Config"):
         Simulation({"seed": 0}, dataset=ds)
     assert Simulation(cfg, dataset=ds, defenses={d.stage: d}).defenses == {"example": d}
+
+
+def test_simulation_refuses_a_dataset_of_another_image_size_than_the_configs():
+    ds = small_dataset()  # 16x16
+    # Before: accepted; the run trained on 16x16 images while its config, results
+    # and any channel calibrated on the run's data said 8x8.
+    with pytest.raises(ConfigError, match=r"config key 'data.image_size' \(8\) does not match "
+                                          r"the dataset .* images are 16x16"):
+        Simulation(small_config(**{"data.image_size": 8}), dataset=ds)
+    assert Simulation(small_config(**{"data.image_size": 16}), dataset=ds).dataset is ds
+    assert Simulation(small_config(), dataset=ds).dataset is ds  # image_size unset
