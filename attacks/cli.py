@@ -131,10 +131,13 @@ def attack_uploads(uploads: list[ObservedUpload], section: dict, key) -> list[di
         obs = [restrict(u.observation, section["grants"]) for u in group]
         k = jax.random.fold_in(key, rnd)
         t0 = time.perf_counter()
+        # Each client's key is its id's, as it would be attacked alone: its
+        # numbers do not depend on which other clients are observed with it.
+        keys = [jax.random.fold_in(k, o.client_id) for o in obs]
         if hasattr(fn, "run_many"):
-            recs = fn.run_many(obs, section["config"], k)
+            recs = fn.run_many(obs, section["config"], keys)
         else:
-            recs = [fn(o, section["config"], jax.random.fold_in(k, o.client_id)) for o in obs]
+            recs = [fn(o, section["config"], kc) for o, kc in zip(obs, keys)]
         seconds = (time.perf_counter() - t0) / len(group)
         for u, r in zip(group, recs):
             x_rec = np.asarray(r.x)

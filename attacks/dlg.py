@@ -30,7 +30,11 @@ check_config = config_checker(DEFAULTS)
 
 def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key
              ) -> list[Reconstruction]:
-    """Attack several victims at once (one vmapped, jitted loop)."""
+    """Attack several victims at once (one vmapped, jitted loop).
+
+    ``key``: one for the call, or one per victim (then victim i gets what it
+    gets alone with ``key[i]``; :func:`attacks.gradient_inversion.victim_keys`).
+    """
     return run_inversion(observations, config, key, DEFAULTS)
 
 

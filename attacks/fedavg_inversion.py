@@ -73,7 +73,11 @@ def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = 
 
 def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key
              ) -> list[Reconstruction]:
-    """Attack several FedAvg uploads at once (one vmapped, jitted loop)."""
+    """Attack several FedAvg uploads at once (one vmapped, jitted loop).
+
+    ``key``: one for the call, or one per victim (then victim i gets what it
+    gets alone with ``key[i]``; :func:`attacks.gradient_inversion.victim_keys`).
+    """
     check_config(config)
     if not observations:
         raise AttackConfigError("no observations to attack")

@@ -779,6 +779,31 @@ def check_observation_fits_model(obs: Observation, batch: int) -> None:
                                 f"model gives {classes} logits per example")
 
 
+def victim_keys(key, stream: int, n: int):
+    """The ``n`` victims' keys for one ``stream`` (1: label inference, 2: the attack).
+
+    ``key`` is either one key for the call, victim i's stream then being
+    derived from its position i, or a sequence of ``n`` keys, one per victim
+    (a list, or a key array of shape (n,)), victim i's stream then being what
+    ``[victim i]`` alone with ``key[i]`` gets. The second keeps a victim's
+    numbers the same whichever other victims are attacked with it (up to
+    vmap's float rounding): ``fedsim attack`` keys each observed client by its
+    id, so attacking clients [0, 1] or [1] gives client 1 the same start.
+
+    Raises:
+      AttackConfigError: a sequence of keys whose length is not ``n``.
+    """
+    dtype = getattr(key, "dtype", None)
+    if isinstance(key, (list, tuple)) or (
+            dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+            and key.ndim == 1):
+        if len(key) != n:
+            raise AttackConfigError(f"{len(key)} keys given for {n} victims: pass one key, or "
+                                    "one per victim")
+        return jnp.stack([jax.random.split(jax.random.fold_in(k, stream), 1)[0] for k in key])
+    return jax.random.split(jax.random.fold_in(key, stream), n)
+
+
 def prepare_victims(observations: Sequence[Observation], config: Mapping[str, Any],
                     cfg: InversionConfig, key, target_fn: Callable[[Observation], Params]):
     """Stack V observations into arrays and resolve labels (given / inferred / joint).
@@ -797,7 +822,7 @@ def prepare_victims(observations: Sequence[Observation], config: Mapping[str, An
     first = observations[0]
     bs = victim_batch_size(first, config)
     check_observation_fits_model(first, bs)
-    label_keys = jax.random.split(jax.random.fold_in(key, 1), len(observations))
+    label_keys = victim_keys(key, 1, len(observations))
     labels, inferred = [], False
     for obs, k in zip(observations, label_keys):
         if victim_batch_size(obs, config) != bs or obs.input_shape != first.input_shape:
@@ -823,7 +848,7 @@ def prepare_victims(observations: Sequence[Observation], config: Mapping[str, An
     shared = all(_same_tree(o.params, first.params) for o in observations[1:])
     params = first.params if shared else stack([o.params for o in observations])
     targets = stack([target_fn(o) for o in observations])
-    attack_keys = jax.random.split(jax.random.fold_in(key, 2), len(observations))
+    attack_keys = victim_keys(key, 2, len(observations))
     return bs, params, targets, jnp.stack(labels), attack_keys, inferred, shared
 
 

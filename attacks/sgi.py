@@ -123,7 +123,8 @@ def run_many(observations: Sequence[Observation], config: Mapping[str, Any], key
     With the same ``config`` and ``key``, victims get the same labels and the
     same initial dummies as :func:`attacks.inverting_gradients.run_many`
     (paired comparison). ``uploads``: each victim's upload semantics, where
-    they differ (else ``config["upload"]`` for all).
+    they differ (else ``config["upload"]`` for all). ``key``: one for the call,
+    or one per victim (:func:`attacks.gradient_inversion.victim_keys`).
     """
     check_config(config)
     config = dict(config)

@@ -450,3 +450,19 @@ def test_a_float64_victim_is_attacked_in_float64(attack):
     # It moved from its start towards the victim.
     x, got, start = np.asarray(x), np.asarray(rec.x), np.asarray(start["x"])
     assert np.mean((got - x) ** 2) < 0.5 * np.mean((start - x) ** 2)
+
+
+def test_victim_keys_take_one_key_or_one_per_victim():
+    k = jax.random.key(3)
+    data = jax.random.key_data
+    # One key: victim i's stream is the i-th of the call's split (as before).
+    np.testing.assert_array_equal(data(GI.victim_keys(k, 2, 3)),
+                                  data(jax.random.split(jax.random.fold_in(k, 2), 3)))
+    # One per victim (list or key array): victim i gets what it gets alone with key[i].
+    keys = [jax.random.fold_in(k, 5), jax.random.fold_in(k, 1)]
+    for given in (keys, jnp.stack(keys)):
+        got = GI.victim_keys(given, 2, 2)
+        for i in range(2):
+            np.testing.assert_array_equal(data(got[i]), data(GI.victim_keys(keys[i], 2, 1)[0]))
+    with pytest.raises(GI.AttackConfigError, match="2 keys given for 3 victims"):
+        GI.victim_keys(keys, 1, 3)
