@@ -236,10 +236,14 @@ def make_client_update(
                 new, loss, _ = do_step(params, opt_state, states, s, idx)
                 # The reported loss is float32 whatever the parameters' dtype, so
                 # both branches agree (float64 parameters under jax_enable_x64).
-                return new, (loss.astype(jnp.float32), 1.0)
+                return new, (loss.astype(jnp.float32), jnp.float32(1.0))
 
             def skip(_):
-                return (params, opt_state, states), (jnp.zeros((), jnp.float32), 0.0)
+                # Not 0.0: a Python float is float64 under jax_enable_x64, and the
+                # mean loss below would be divided in float64 there (a float32
+                # run's train_loss then moved with x64 in its 8th digit).
+                return (params, opt_state, states), (jnp.zeros((), jnp.float32),
+                                                     jnp.float32(0.0))
 
             return jax.lax.cond(has_data, run, skip, None)
 

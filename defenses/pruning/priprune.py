@@ -309,13 +309,14 @@ def priprune_client_update(hp: PriPruneConfig):
                     upd, new_opt = tx.update(g, opt_state, params)
                     return ((optax.apply_updates(params, upd), new_opt,
                              optax.apply_updates(theta, upd_t), new_a, ls),
-                            (loss.astype(jnp.float32), 1.0))
+                            (loss.astype(jnp.float32), jnp.float32(1.0)))
 
                 def skip(_):
-                    # float32 as the engine's loss, whatever jax_enable_x64 (the
-                    # branches must agree).
+                    # float32 as the engine's loss and step count, whatever
+                    # jax_enable_x64 (the branches must agree; a float64 count
+                    # would divide a float32 run's loss in float64).
                     zero = jnp.zeros((), jnp.float32)
-                    return (params, opt_state, theta, a_state, lstate), (zero, 0.0)
+                    return (params, opt_state, theta, a_state, lstate), (zero, zero)
 
                 return jax.lax.cond(jnp.any(valid & (mask > 0)), do, skip, None)
 

@@ -18,10 +18,13 @@ from fedsim.simulation import Simulation
 
 RUNS = {
     # Random pruning draws the global mask; Mix withholds a random share of the
-    # update (defense_prune.py's draw).
+    # update (defense_prune.py's draw). The local steps are a lax.scan: its
+    # skipped-step count was a Python float, float64 under x64, so the train loss
+    # was divided in float64 (its 8th digit moved; 3 steps, so not by a power of 2).
     "prune_mix_on_random": {
         "pruning": {"scheme": "random", "p": 0.4},
-        "defenses": [{"name": "prune_mix", "p_largest": 0.2, "p_random": 0.2}]},
+        "defenses": [{"name": "prune_mix", "p_largest": 0.2, "p_random": 0.2}],
+        "training": {"unroll_steps": 0, "batch_size": 6}},
     # FedDST regrows at random when it reconfigures (round 1); PriPrune's local
     # steps are a lax.cond between a step and a skipped one.
     "priprune_on_feddst": {
@@ -50,18 +53,21 @@ def _final_params(extra: dict) -> tuple[np.ndarray, set]:
         **extra})
     sim = Simulation(cfg)
     state = sim.init_state()
+    losses = []
     for r in range(2):
-        state, _ = sim.run_round(state, r)
+        state, res = sim.run_round(state, r)
+        losses.append(res.train_loss)
     leaves = jax.tree_util.tree_leaves(state.params)
     return (np.concatenate([np.asarray(leaf).ravel() for leaf in leaves]),
-            {str(leaf.dtype) for leaf in leaves})
+            {str(leaf.dtype) for leaf in leaves}, losses)
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_a_float32_run_is_the_same_under_x64(name):
     assert not jax.config.jax_enable_x64
-    plain, dtypes = _final_params(RUNS[name])
+    plain, dtypes, losses = _final_params(RUNS[name])
     with jax.enable_x64(True):
-        wide, wide_dtypes = _final_params(RUNS[name])
+        wide, wide_dtypes, wide_losses = _final_params(RUNS[name])
     assert dtypes == wide_dtypes == {"float32"}
     np.testing.assert_array_equal(wide, plain)
+    assert wide_losses == losses
