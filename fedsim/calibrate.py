@@ -323,9 +323,12 @@ def choose_strategy(sim, use_cache: bool = True) -> tuple[str, str]:
                     f"{cohort}-client cohort {_ranked(cohort_timings)}")
     fastest = ("fastest measured" if choice == ranked[0]
                else "fastest measured that fits in memory")
+    # The strategies agree up to float rounding, which training can grow: the
+    # choice is part of what gives the run's numbers, so say how to repeat it.
     reason = (f"client_parallelism=auto -> {choice}: {fastest} ms/client on "
               f"{jax.default_backend()} ({sim.cfg.model.name}): {measured}; {source}"
-              f"{memory_note}")
+              f"{memory_note}; set training.client_parallelism: {choice} to repeat this "
+              "run's numbers where auto may choose otherwise")
     return choice, reason
 
 

@@ -1,7 +1,8 @@
 """The simulation: sample a cohort, train it, aggregate, evaluate; repeat.
 
 Cohort strategies (``training.client_parallelism``), all computing the same
-numbers (tested):
+numbers up to float rounding (tested; training can grow the rounding, so the
+strategy is part of what repeats a run's numbers):
 
 * ``vmap``: all cohort clients vectorised in one jit (accelerators).
 * ``map``: ``lax.scan`` over clients in one jit, accumulating the weighted sum

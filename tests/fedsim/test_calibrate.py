@@ -31,6 +31,9 @@ def test_auto_picks_the_fastest_measured_and_caches_it(cache_dir, monkeypatch):
     sim = Simulation(cfg, dataset=ds)
     assert sim.strategy == "vmap"
     assert "auto -> vmap" in sim.strategy_reason and "measured now" in sim.strategy_reason
+    # The strategies agree only up to float rounding: the log says how to repeat the run.
+    assert sim.strategy_reason.endswith("set training.client_parallelism: vmap to repeat "
+                                        "this run's numbers where auto may choose otherwise")
     cache = json.loads((cache_dir / "calibration.json").read_text())
     assert [v["choice"] for v in cache.values()] == ["vmap"]
     # Second build: read from the cache, no new measurement.
