@@ -38,11 +38,14 @@ def attack_key(seed: int):
     return experiment_key(seed, ATTACK_STREAM)
 
 
-def fedsgd_observations(dataset, model_name: str, victims: int, *, batch_size: int = 1,
-                        lr: float = 0.1, init_seed: int = 0, first_index: int = 0):
+def fedsgd_observations(dataset, model_name: str, victims: int, *, init_seed: int,
+                        batch_size: int = 1, lr: float = 0.1, first_index: int = 0):
     """Observations (labels not granted) of ``victims`` clients on real data.
 
-    Victim v holds training images [first + v·B, first + (v+1)·B).
+    Victim v holds training images [first + v·B, first + (v+1)·B). The model is
+    initialised from ``jax.random.key(init_seed)``, which the caller names (it
+    had a silent default of 0, so a benchmark's ``--seed`` left the model as it
+    was while its results said "seed S").
     """
     model = build_model(model_name, dataset.num_classes)
     apply_fn = make_apply_fn(model)

@@ -56,7 +56,7 @@ def run_attack_rows(name: str, victims: int, splits: list[int], seed: int,
     attack, config = ATTACKS[name]
     config = dict(config, iterations=max(1, round(config["iterations"] * iterations_scale)))
     ds = load_dataset("fashion_mnist", image_size=16)
-    obs, xs, _ = fedsgd_observations(ds, "lenet", victims)
+    obs, xs, _ = fedsgd_observations(ds, "lenet", victims, init_seed=0)  # the meta's "model jax.random.key(0)"
     truth = np.concatenate(xs)  # [V, 16, 16, 1]: batch 1 per victim
     run_many = ATTACK_REGISTRY[attack].run_many
     rows, ref = [], None

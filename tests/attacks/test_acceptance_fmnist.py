@@ -23,7 +23,7 @@ def fmnist():
 ])
 def test_batch_one_reconstruction(fmnist, model, attack, iterations, target):
     from attacks.acceptance import attack_and_score, fedsgd_observations
-    obs, xs, ys = fedsgd_observations(fmnist, model, 2, first_index=100)
+    obs, xs, ys = fedsgd_observations(fmnist, model, 2, init_seed=0, first_index=100)
     assert all(o.labels is None for o in obs)
     res = attack_and_score(attack, obs, xs, ys, {"iterations": iterations}, seed=0)
     assert res["mean"]["label_acc"] == 1.0
