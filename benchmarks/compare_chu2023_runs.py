@@ -57,15 +57,16 @@ def short_commits(text) -> str:
     return re.sub(r"\b([0-9a-f]{7})[0-9a-f]{33}\b", r"\1", str(text))
 
 
-def settings_differences(old: dict, new: dict) -> list[str]:
+def settings_differences(old: dict, new: dict, allowed=()) -> list[str]:
     """The recorded settings in which two results differ (seed included; the file-naming
-    options aside), as "name (old vs new)"; none where either records no settings."""
+    options aside), as "name (old vs new)"; none where either records no settings.
+    Settings named in ``allowed`` are left out."""
     so, sn = old.get("settings"), new.get("settings")
     if so is None or sn is None:
         return []
     diff = [("seed", so.get("seed", old.get("seed")), sn.get("seed", new.get("seed")))]
     diff = [d for d in diff if d[1] != d[2]] + settings_diff(so, sn)
-    return [f"{k} ({a!r} vs {b!r})" for k, a, b in diff]
+    return [f"{k} ({a!r} vs {b!r})" for k, a, b in diff if k not in allowed]
 
 
 def merge(results: list[dict]) -> dict:
@@ -92,17 +93,24 @@ def merge(results: list[dict]) -> dict:
     return merged
 
 
-def compare(old: dict, new: dict) -> dict:
+def compare(old: dict, new: dict, differing=()) -> dict:
     """The differences between two results dicts of the same settings.
 
+    Args:
+        differing: settings the runs may differ in, by name (e.g. ``pseudo_start``, to
+            compare a rerun under a changed setting with its recorded run); the report
+            names them with both values.
+
     Raises:
-        ValueError: the runs record different settings, or their rows do not match one
-            to one.
+        ValueError: the runs record different settings (other than ``differing``), or
+            their rows do not match one to one.
     """
-    diff = settings_differences(old, new)
+    diff = settings_differences(old, new, allowed=differing)
     if diff:
         raise ValueError("the runs were made with other settings, so they are not a rerun of "
-                         "each other: " + ", ".join(diff))
+                         "each other: " + ", ".join(diff)
+                         + " (--differing NAME compares them all the same)")
+    chosen = [d for d in settings_differences(old, new) if d not in diff]
     a = {row_key(r): r for r in old["rows"]}
     b = {row_key(r): r for r in new["rows"]}
     if len(a) != len(old["rows"]) or len(b) != len(new["rows"]):
@@ -121,17 +129,22 @@ def compare(old: dict, new: dict) -> dict:
     return {"rows": len(a), "diffs": diffs, "checks": checks,
             "seconds": [old.get("seconds"), new.get("seconds")],
             "attack_seconds": [attack_seconds(old), attack_seconds(new)],
-            "commits": [old.get("commit"), new.get("commit")]}
+            "commits": [old.get("commit"), new.get("commit")], "differing": chosen}
 
 
-def render(report: dict, names: tuple[str, str]) -> str:
+def render(report: dict, names: tuple[str, str], differing=()) -> str:
     fmt = lambda v: "–" if v is None else f"{v:.0f}"  # noqa: E731
+    flags = "".join(f" --differing {d}" for d in differing)
     lines = [f"# {names[1]} against {names[0]}", "",
              f"Produced by `python -m benchmarks.compare_chu2023_runs "
-             f"{names[0].replace(' + ', ' ')} {names[1]}`. "
+             f"{names[0].replace(' + ', ' ')} {names[1]}{flags}`. "
              f"Commits: old {short_commits(report['commits'][0])}, "
              f"new {short_commits(report['commits'][1])}. "
-             f"{report['rows']} rows matched by {', '.join(KEY)}.", "",
+             f"{report['rows']} rows matched by {', '.join(KEY)}.", ""]
+    if report.get("differing"):
+        lines += ["The runs differ in these settings, as asked (old vs new): "
+                  + ", ".join(report["differing"]) + ".", ""]
+    lines += [
              "| | old | new |", "|---|---|---|",
              f"| seconds | {fmt(report['seconds'][0])} | {fmt(report['seconds'][1])} |",
              "| attack seconds | " + " | ".join(", ".join(f"{s:.0f}" for s in v) or "–"
@@ -155,6 +168,9 @@ def main(argv=None):
     ap.add_argument("runs", nargs="+", metavar="RUN.json",
                     help="the old run's file(s), then the new run's")
     ap.add_argument("--out", default=None, help="write the markdown report here")
+    ap.add_argument("--differing", action="append", default=[], metavar="SETTING",
+                    help="a recorded setting the runs may differ in (repeat for several), "
+                         "e.g. pseudo_start for a rerun with the masked start")
     args = ap.parse_args(argv)
     if len(args.runs) < 2:
         ap.error("give at least two files: the old run's, then the new run's")
@@ -168,11 +184,16 @@ def main(argv=None):
             ap.error(f"{path} is not JSON: {e}")
         if not isinstance(runs[-1], dict) or "rows" not in runs[-1]:
             ap.error(f"{path} has no 'rows': not a reproduce_chu2023 results file")
+    known = {"seed"}.union(*((r.get("settings") or {}) for r in runs))
+    for name in args.differing:
+        if name not in known:
+            ap.error(f"--differing {name}: not a setting the runs record "
+                     f"({', '.join(sorted(known))})")
     try:
-        report = compare(merge(runs[:-1]), runs[-1])
+        report = compare(merge(runs[:-1]), runs[-1], differing=tuple(args.differing))
     except ValueError as e:
         ap.error(str(e))
-    md = render(report, (" + ".join(args.runs[:-1]), args.runs[-1]))
+    md = render(report, (" + ".join(args.runs[:-1]), args.runs[-1]), tuple(args.differing))
     if args.out:
         Path(args.out).write_text(md)
     print(md)

@@ -120,3 +120,24 @@ def test_the_header_keeps_the_dirty_mark(run):
     combined = {**run, "commit": "A " + "e" * 40 + "-dirty, B " + "f" * 40}
     md = cmp.render(cmp.compare(combined, new), ("old.json", "new.json"))
     assert "Commits: old A eeeeeee-dirty, B fffffff, new bbbbbbb-dirty." in md
+
+
+def test_named_settings_may_differ_and_the_report_names_them(run, tmp_path, capsys):
+    # The masked-start reruns differ from their recorded runs in pseudo_start only:
+    # refused without --differing (the reports could not be regenerated), compared with it.
+    old = str(RESULTS / "chu2023_B.json")
+    new = str(RESULTS / "chu2023_B_masked_start.json")
+    out = tmp_path / "report.md"
+    cmp.main([old, new, "--differing", "pseudo_start", "--out", str(out)])
+    text = out.read_text()
+    assert "--differing pseudo_start`" in text
+    assert "differ in these settings, as asked (old vs new): pseudo_start ('kept' vs 'masked')" \
+        in text
+    other = copy.deepcopy(run)
+    other["settings"].update(pseudo_start="masked", rounds=120)
+    with pytest.raises(ValueError, match=r"other settings.*: rounds \(30 vs 120\) "
+                                         r"\(--differing NAME"):
+        cmp.compare(run, other, differing=("pseudo_start",))
+    with pytest.raises(SystemExit):
+        cmp.main([old, new, "--differing", "pseudo_strat"])
+    assert "--differing pseudo_strat: not a setting the runs record" in capsys.readouterr().err
