@@ -471,12 +471,23 @@ def read_raw_config(path: str | Path) -> dict:
       ConfigError: for a missing or unparsable file.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"config file {path} is a directory or a device, not a file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({e.reason} at byte "
+                          f"{e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
+    try:
+        raw = yaml_load(text) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    except TypeError as e:  # a complex key (``? [a, b]``) builds an unhashable dict key
+        raise ConfigError(f"config file {path}: keys must be plain names ({e})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a mapping, got {type(raw).__name__}")
     return raw

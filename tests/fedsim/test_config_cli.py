@@ -93,6 +93,22 @@ def test_unknown_key_in_file(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
+def test_a_config_file_that_is_not_a_readable_text_mapping_is_named(tmp_path):
+    # Before: a bare UnicodeDecodeError / TypeError traceback, or "not found" for a
+    # path that exists.
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00a")
+    with pytest.raises(ConfigError, match=r"binary.yaml is not UTF-8 text"):
+        load_config(binary)
+    complex_key = tmp_path / "complex.yaml"
+    complex_key.write_text("? [a, b]\n: 1\n")
+    with pytest.raises(ConfigError, match=r"complex.yaml: keys must be plain names"):
+        load_config(complex_key)
+    (tmp_path / "adir.yaml").mkdir()
+    with pytest.raises(ConfigError, match=r"adir.yaml is a directory or a device, not a file"):
+        load_config(tmp_path / "adir.yaml")
+
+
 def test_exponent_numbers_without_a_dot_are_numbers_in_files_and_overrides(tmp_path):
     # YAML 1.1 (PyYAML) reads 1e-3 as a string; this failed validation before.
     p = tmp_path / "c.yaml"
