@@ -127,7 +127,10 @@ def read_metrics(path) -> list[dict]:
     p = Path(path)
     if not p.exists():
         return rows
-    lines = p.read_text().splitlines()
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:  # a directory, unreadable, not text
+        raise RunFileError(f"{p}: not readable as text ({type(e).__name__}: {e})") from None
     for i, line in enumerate(lines, start=1):
         try:
             row = json.loads(line)
@@ -135,10 +138,14 @@ def read_metrics(path) -> list[dict]:
             if i == len(lines):
                 break  # torn by a kill mid-append: the round is redone on resume
             raise RunFileError(f"{p}, line {i}: not JSON ({e})") from None
+        loss = row.get("train_loss", "absent") if isinstance(row, dict) else "absent"
         if not (isinstance(row, dict) and isinstance(row.get("round"), int)
-                and not isinstance(row["round"], bool) and "train_loss" in row):
+                and not isinstance(row["round"], bool)
+                and (loss is None or (isinstance(loss, (int, float))
+                                      and not isinstance(loss, bool)))):
             raise RunFileError(f"{p}, line {i}: expected a round's row, a JSON object with "
-                                   f"an integer 'round' and a 'train_loss', got {line[:80]!r}")
+                               f"an integer 'round' and a number 'train_loss' (null where "
+                               f"none), got {line[:80]!r}")
         rows.append(row)
     return rows
 

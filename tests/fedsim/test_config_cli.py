@@ -213,10 +213,24 @@ def test_metrics_files_are_read_strictly_but_a_torn_last_line_is_forgiven(tmp_pa
     with pytest.raises(RunFileError, match=r"metrics.jsonl, line 2: not JSON"):
         read_metrics(path)
     # JSON that is not a round's row ended in an AttributeError in `fedsim report`.
-    for line in ("[1, 2]", '{"train_loss": 1.0}', '{"round": "0", "train_loss": 1.0}'):
+    # A train_loss that is not a number (or null) ended in a TypeError there.
+    for line in ("[1, 2]", '{"train_loss": 1.0}', '{"round": "0", "train_loss": 1.0}',
+                 '{"round": 2}', '{"round": 2, "train_loss": {"a": 1}}',
+                 '{"round": 2, "train_loss": true}'):
         path.write_text(good + line + "\n")
         with pytest.raises(RunFileError, match=r"line 3: expected a round's row"):
             read_metrics(path)
+    path.write_text(good + '{"round": 2, "train_loss": null}\n')
+    assert read_metrics(path)[2]["train_loss"] is None  # a round every client skipped
+    # Not text, or not a file: a bare UnicodeDecodeError / IsADirectoryError before.
+    path.write_bytes(b"\xff\xfe\n")
+    with pytest.raises(RunFileError, match=r"metrics.jsonl: not readable as text"):
+        read_metrics(path)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(RunFileError, match=r"metrics.jsonl: not readable as text"):
+        read_metrics(path)
+    path.rmdir()
     (tmp_path / "summary.json").write_text('{"test_accuracy": 0.5}')
     path.write_text("[1, 2]\n")
     for command in (["report", str(tmp_path)], ["compare", str(tmp_path)]):
