@@ -23,6 +23,9 @@ __all__ = [
 
 
 def _as_float(name: str, value: Any) -> float:
+    # float(True) is 1.0: a YAML ``clip_norm: true`` would have run as C = 1.
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
     try:
         out = float(value)
     except (TypeError, ValueError):

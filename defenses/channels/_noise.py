@@ -13,6 +13,8 @@ __all__ = ["additive_data_channel", "check_kappa"]
 
 
 def check_kappa(kappa, who: str) -> float:
+    if isinstance(kappa, (bool, np.bool_)):  # float(True) is 1.0
+        raise ValueError(f"{who}: kappa must be a number > 0 (nats per step), got {kappa!r}")
     try:
         k = float(kappa)
     except (TypeError, ValueError):

@@ -15,6 +15,7 @@ defense state empty and the noise identical in law for all clients).
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 import numpy as np
@@ -120,6 +121,37 @@ def dataset_statistics(name: str, image_size: int | None = None, *,
     return data_statistics(x)
 
 
+def _check_loading(who, *, dataset, image_size, max_examples, normalize, source, data_dir,
+                   dataset_seed) -> None:
+    """Refuse loading settings of the wrong type by name.
+
+    They used to be coerced: ``normalize: abc`` read as true, a negative
+    ``max_examples`` dropped the last examples, a list ``data_dir`` was named
+    as a directory, a bool ``dataset_seed`` drew seed 1.
+    """
+    def integer(value, low):
+        return (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+                and value >= low)
+
+    problems = []
+    if not isinstance(dataset, str):
+        problems.append(f"dataset must be a dataset name (a string), got {dataset!r}")
+    if image_size is not None and not integer(image_size, 1):
+        problems.append(f"image_size must be an integer >= 1 or null, got {image_size!r}")
+    if max_examples is not None and not integer(max_examples, 2):
+        problems.append(f"max_examples must be an integer >= 2 or null, got {max_examples!r}")
+    if not isinstance(normalize, (bool, np.bool_)):
+        problems.append(f"normalize must be true or false, got {normalize!r}")
+    if not isinstance(source, str):
+        problems.append(f"source must be a string, got {source!r}")
+    if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
+        problems.append(f"data_dir must be a path or null, got {data_dir!r}")
+    if dataset_seed is not None and not integer(dataset_seed, 0):
+        problems.append(f"dataset_seed must be an integer >= 0 or null, got {dataset_seed!r}")
+    if problems:
+        raise ValueError(f"{who}: " + "; ".join(problems))
+
+
 def resolve_statistics(*, statistics=None, data=None, dataset=None, image_size=None,
                        max_examples=None, normalize=False, source="auto", data_dir=None,
                        dataset_seed=None, who="channel") -> DataStatistics:
@@ -145,6 +177,9 @@ def resolve_statistics(*, statistics=None, data=None, dataset=None, image_size=N
         return statistics
     if data is not None:
         return data_statistics(data, max_examples=max_examples)
+    _check_loading(who, dataset=dataset, image_size=image_size, max_examples=max_examples,
+                   normalize=normalize, source=source, data_dir=data_dir,
+                   dataset_seed=dataset_seed)
     if str(dataset) == "synthetic" and dataset_seed is None:
         # Σ_D of seed 0's synthetic data would calibrate a run of another seed.
         raise ValueError(f"{who}: dataset 'synthetic' needs dataset_seed= (its examples are "

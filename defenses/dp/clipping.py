@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from defenses.accounting._validation import check_nonnegative
 
@@ -107,6 +108,8 @@ def check_noise_multiplier(value) -> float:
 
 
 def check_positive(name: str, value) -> float:
+    if isinstance(value, (bool, np.bool_)):  # float(True) is 1.0
+        raise ValueError(f"{name} must be a number, got {value!r}")
     try:
         value = float(value)
     except (TypeError, ValueError):

@@ -15,12 +15,15 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedsim.typing import PRNGKey, PyTree
 
 
 def check_rate(p, name: str = "p") -> float:
     """Validate a pruning rate in [0, 1]."""
+    if isinstance(p, (bool, np.bool_)):  # float(True) is 1.0: prune everything
+        raise ValueError(f"{name} must be a number in [0, 1], got {p!r}")
     try:
         p = float(p)
     except (TypeError, ValueError):

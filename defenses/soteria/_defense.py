@@ -45,6 +45,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from defenses.accounting._validation import check_positive_int
 from defenses.dp._flat import check_mask
 from defenses.soteria._layer_io import (JACOBIAN_METHODS, jacobian_row_norms, layer_params,
                                         parse_layer, replace_layer, run_with_layer)
@@ -146,12 +147,12 @@ def soteria(p_fc: float, layer: str = "Dense_0", score: str = "exact",
         raise ValueError(f"soteria score {score!r}; allowed: {', '.join(SCORES)}")
     if scope not in SCOPES:
         raise ValueError(f"soteria scope {scope!r}; allowed: {', '.join(SCOPES)}")
-    if int(chunk) < 1:
-        raise ValueError(f"soteria chunk must be >= 1, got {chunk}")
+    # An integer >= 1: not a bool, a fraction (2.5 ran as 2) or an infinity
+    # (an OverflowError before).
+    chunk = check_positive_int("soteria chunk", chunk)
     if jacobian not in JACOBIAN_METHODS:
         raise ValueError(f"soteria jacobian {jacobian!r}; allowed: {', '.join(JACOBIAN_METHODS)}")
-    if int(probes) < 1:
-        raise ValueError(f"soteria probes must be >= 1, got {probes}")
+    probes = check_positive_int("soteria probes", probes)
     parse_layer(layer)
 
     def apply(grad, state, *, key=None, context=None):

@@ -1,4 +1,4 @@
-"""Every registered defense refuses a NaN or infinite number by name when it is built.
+"""Every registered defense refuses a NaN, an infinite number or a bool by name when it is built.
 
 A NaN passes any ``x < 0`` test, and a later ``x > 0`` then reads it as 0: dp_psac
 built with ``noise_multiplier: nan`` trained with no noise at all. Checked for
@@ -41,7 +41,9 @@ def test_the_registry_has_float_parameters_to_check():
 
 
 @pytest.mark.parametrize("name,param", CASES)
-@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+# True: float(True) is 1.0, so a YAML ``clip_norm: true`` ran as C = 1 (``p: true``
+# pruned everything) without a word.
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), True])
 def test_a_non_finite_number_is_refused_by_name(name, param, value):
     factory = hooks.DEFENSE_REGISTRY[name]
     required = [p.name for p in inspect.signature(factory).parameters.values()
@@ -52,3 +54,14 @@ def test_a_non_finite_number_is_refused_by_name(name, param, value):
     assert not missing, f"add {name}'s required arguments {missing} to REQUIRED"
     with pytest.raises(ValueError, match=param):
         hooks.build_defense(name, **{**args, param: value})
+
+
+@pytest.mark.parametrize("param,value", [
+    ("normalize", "abc"), ("max_examples", -5), ("max_examples", 2.5), ("image_size", True),
+    ("source", 3), ("data_dir", [1, 2]), ("dataset_seed", True), ("dataset_seed", -1)])
+def test_a_channels_data_loading_setting_of_the_wrong_type_is_refused_by_name(param, value):
+    # They were coerced: normalize "abc" read as true, max_examples -5 dropped the
+    # last 5 examples, a list data_dir was named as a directory, seed True drew seed 1.
+    args = dict(kappa=10.0, dataset="synthetic", image_size=8, dataset_seed=0)
+    with pytest.raises(ValueError, match=rf"natural_channel: {param} must be"):
+        hooks.build_defense("natural_channel", **{**args, param: value})
