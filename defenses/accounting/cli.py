@@ -59,8 +59,8 @@ def _add_schedule(p: argparse.ArgumentParser) -> None:
                        help="number of compositions N under paper 001's per-epoch convention")
     group.add_argument("--epochs", type=float,
                        help="epochs; converted with --convention (default per-step: T = ceil(E/Q))")
-    p.add_argument("--convention", choices=["per-step", "per-epoch"], default="per-step",
-                   help="how --epochs is counted (default per-step)")
+    p.add_argument("--convention", choices=["per-step", "per-epoch"], default=None,
+                   help="how --epochs is counted (default per-step); only with --epochs")
     p.add_argument("--sample-rate", type=float, required=True, help="Poisson sampling rate Q in (0, 1]")
     p.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
     p.add_argument("--json", action="store_true", help="print JSON (always the case for epsilon)")
@@ -120,6 +120,12 @@ def add_privacy_parser(subparsers) -> argparse.ArgumentParser:
 def _schedule(args: argparse.Namespace) -> dict:
     q = check_rate("--sample-rate", args.sample_rate)
     check_open_unit("--delta", args.delta)
+    if args.convention is not None and args.epochs is None:
+        # It was ignored: "--steps 10 --convention per-epoch" printed a per-step ε.
+        given = "--steps" if args.steps is not None else "--compositions"
+        raise ValueError(f"--convention says how --epochs is counted; with {given} it does "
+                         f"not apply (--steps counts DP-SGD steps, --compositions paper 001's "
+                         f"per-epoch compositions)")
     if args.steps is not None:
         return {"steps": check_positive_int("--steps", args.steps)}
     if args.compositions is not None:
@@ -221,6 +227,13 @@ def run_privacy(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except ArithmeticError as err:
+        # dp_accounting (or our own sums) at settings far outside any use, e.g.
+        # --sigma 1e-300 (ZeroDivisionError) or 1e300 (OverflowError).
+        print(f"error: the {args.privacy_command} accountant's arithmetic failed at these "
+              f"settings ({type(err).__name__}: {err}); they are outside the range it can "
+              "evaluate (check --sigma, --sample-rate and the step count)", file=sys.stderr)
+        return 1
     except MemoryError as err:
         # dp_accounting's PLD discretises the privacy loss on a grid that grows
         # as σ shrinks (38 GiB at σ = 1e-3, q = 0.1, 10 steps).

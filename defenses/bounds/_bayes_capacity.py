@@ -16,6 +16,25 @@ __all__ = ["log_bayes_capacity_gaussian", "log_bayes_capacity_vmf"]
 
 _LOG2 = np.log(2.0)
 
+#: The Gaussian capacity sums p terms (one array of p floats): beyond this it
+#: would ask for more memory than a machine has, or numpy's size limit.
+MAX_GAUSSIAN_DIM = 10**8
+
+
+def _checked_sum(terms: list[float], who: str) -> float:
+    """``sum(terms)``, or a ValueError where float64 cannot hold it to 1e-6.
+
+    At an absurd κ or p the terms reach 1e150 and cancel: the sum was
+    rounding noise (the VMF capacity came out 0 at κ = p = 1e200, with only a
+    RuntimeWarning), so its rounding error is bounded and checked instead.
+    """
+    val = float(sum(terms))
+    scale = max(abs(t) for t in terms)
+    if not np.isfinite(val) or 8 * np.finfo(np.float64).eps * scale > 1e-6 * max(1.0, abs(val)):
+        raise ValueError(f"{who}: the capacity's log-terms reach {scale:.3g} and cancel beyond "
+                         "float64's precision at these settings; use a smaller kappa or dim")
+    return val
+
 
 def log_bayes_capacity_gaussian(sigma: float, radius: float, dim: int) -> float:
     """log C_Bayes of y = x + N(0, sigma^2 I_p) with inputs x in the ball B_R^p.
@@ -50,6 +69,9 @@ def log_bayes_capacity_gaussian(sigma: float, radius: float, dim: int) -> float:
     sigma = check_positive("sigma", sigma)
     radius = check_nonnegative("radius", radius)
     p = check_dim("dim", dim)
+    if p > MAX_GAUSSIAN_DIM:
+        raise ValueError(f"dim must be at most {MAX_GAUSSIAN_DIM:.0e} for the Gaussian capacity "
+                         f"(it sums p terms), got {p:.3g}")
     if radius == 0.0:
         return 0.0
     log_r, log_s = np.log(radius), np.log(sigma)
@@ -95,12 +117,9 @@ def log_bayes_capacity_vmf(kappa: float, dim: int) -> float:
     if kappa == 0.0:
         return 0.0
     nu = p / 2.0 - 1.0
-    val = (
-        _LOG2
-        - special.gammaln(p / 2.0)
-        + nu * np.log(kappa)
-        - 0.5 * p * _LOG2
-        - float(log_bessel_ive(nu, kappa))
-    )
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is named below
+        terms = [float(_LOG2), -float(special.gammaln(p / 2.0)), float(nu * np.log(kappa)),
+                 -float(0.5 * p * _LOG2), -float(log_bessel_ive(nu, kappa))]
+    val = _checked_sum(terms, "log_bayes_capacity_vmf")
     # Rounding can put the kappa -> 0 limit a hair below 0.
     return float(max(val, 0.0))

@@ -58,6 +58,14 @@ _FEDAVG = ["dp-fedavg", "--sigma", "1", "--clients-per-round", "2", "--num-clien
     (["vmf", "--kappa", "1", "--dim", "1", "--sample-rate", "0.1", "--steps", "3", "--delta", "1e-5"], "--dim"),
     (["vmf", "--kappa", "1", "--dim", "10", "--sample-rate", "1.5", "--steps", "3", "--delta", "1e-5"], "--sample-rate"),
     (["vmf", "--kappa", "1", "--dim", "10", "--sample-rate", "0.1", "--steps", "3", "--delta", "1"], "--delta"),
+    # Was ignored: a per-step ε printed under "--convention per-epoch".
+    (["gaussian", "--sigma", "1", "--sample-rate", "0.01", "--steps", "10", "--convention",
+      "per-epoch", "--delta", "1e-5"], "--convention says how --epochs is counted; with --steps"),
+    # Was 0 (the log-terms cancelled to rounding noise), exit 0, with a RuntimeWarning.
+    (["capacity", "vmf", "--kappa", "1e200", "--dim", "1e200"], "cancel beyond float64"),
+    # Was numpy's "Maximum allowed size exceeded", naming no argument.
+    (["capacity", "gaussian", "--sigma", "1", "--radius", "1", "--dim", "1e300"],
+     "dim must be at most 1e+08"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, name):
     assert cli.main(["privacy", *argv]) == 2
@@ -116,3 +124,27 @@ def test_running_out_of_memory_is_one_line_naming_the_accountant(capsys, monkeyp
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "out of memory" in err and "38.0 GiB" in err
     assert "try --accountant rdp" in err
+
+
+@pytest.mark.parametrize("sigma", ["1e-300", "1e300"])
+def test_arithmetic_that_fails_far_outside_any_use_is_one_line_exit_1(capsys, sigma):
+    # Before: a ZeroDivisionError / OverflowError traceback from dp_accounting.
+    argv = ["privacy", "gaussian", "--sigma", sigma, "--sample-rate", "0.01", "--steps", "100",
+            "--delta", "1e-5"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert err.startswith("error: the gaussian accountant's arithmetic failed at these settings")
+
+
+def test_the_vmf_capacitys_precision_check_refuses_only_what_float64_cannot_hold():
+    import math
+
+    from defenses.bounds import log_bayes_capacity_vmf
+
+    # Large but representable (the sum's rounding far below 1e-6 of it): not refused.
+    # Its value is tested against mpmath in test_accounting_bessel.py up to κ = 1e20.
+    big = log_bayes_capacity_vmf(1e154, 1e154)
+    assert math.isfinite(big) and big > 1e150
+    with pytest.raises(ValueError, match="cancel beyond float64's precision"):
+        log_bayes_capacity_vmf(1e200, 1e200)
