@@ -120,6 +120,8 @@ def _grid_values(key: str, text: str) -> list:
     Raises:
       ConfigError: a value that is not valid YAML, naming the key.
     """
+    if not text.strip():
+        return []
     pieces, values, i = text.split(","), [], 0
     while i < len(pieces):
         item, i = pieces[i], i + 1
@@ -128,7 +130,9 @@ def _grid_values(key: str, text: str) -> list:
             item, i = item + "," + pieces[i], i + 1
         item = item.strip()
         if not item:
-            continue
+            # Was dropped: "seed=0," swept one seed without a word.
+            raise ConfigError(f"--grid {key}: an empty value in {text!r} (a stray comma?); "
+                              "write null for a null value")
         try:
             values.append(yaml_load(item))
         except yaml.YAMLError as e:
@@ -222,6 +226,33 @@ def cell_config(raw: dict, assignment: dict, out_dir: Path, name: str) -> Config
     cfg = from_dict(Config, raw)
     validate(cfg)
     return cfg
+
+
+def _check_cell_defenses(built) -> None:
+    """Build each cell's defenses once per distinct spec, before any cell runs.
+
+    A defense's parameters are checked when it is built: a grid value the
+    defense refuses (``defenses[0].p=abc``) or a misspelt parameter used to
+    fail only in its cell's run, after the cells before it had run.
+
+    Raises:
+      ConfigError: naming the cell and the defense's config key.
+    """
+    from fedsim.simulation import build_defenses, on_run_data
+
+    seen = set()
+    for _, name, cfg in built:
+        if not cfg.defenses:
+            continue
+        specs = on_run_data(cfg.defenses, cfg)
+        key = json.dumps(specs, sort_keys=True, default=repr)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            build_defenses(specs)
+        except ConfigError as e:
+            raise ConfigError(f"sweep cell {name}: {e}") from None
 
 
 def _set_path(raw: dict, dotted: str, value) -> None:
@@ -387,6 +418,7 @@ def run_sweep(config_path, grid_items: list[str], out_dir, overrides: list[str] 
         check_float64(cfg)  # a float64 cell needs JAX_ENABLE_X64=1: said before any cell runs
         if check_cell is not None:
             check_cell(cfg)
+    _check_cell_defenses(built)
     # A finished cell is reused only if it ran with its config now; another
     # base config or --set would otherwise put the old numbers in the table
     # under the new settings. Checked before any cell runs, by process 0 (the

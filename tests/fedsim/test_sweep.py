@@ -12,7 +12,7 @@ data: {dataset: synthetic, num_clients: 4, image_size: 8, max_train: 200, max_te
 model: {name: mlp}
 training: {rounds: 2, clients_per_round: 2, client_parallelism: loop}
 eval: {every: 1}
-defenses: [{name: fake, kappa: 0.5}]
+defenses: [{name: dp_vmf, kappa: 0.5}]
 output: {progress: false, plots: false}
 """
 
@@ -183,10 +183,10 @@ def test_a_finished_cell_is_reused_only_under_the_config_it_ran_with(tmp_path):
     before = (tmp_path / "out" / "results.json").read_text()
     for sets, said in ((("lr=0.5",), "training.lr: 0.05 there, 0.5 now"),
                        (("training.lr=0.05", "rounds=3"), "training.rounds: 2 there, 3 now"),
-                       (("training.lr=0.05", "defenses=[{name: fake, kappa: 0.7}]"),
+                       (("training.lr=0.05", "defenses=[{name: dp_vmf, kappa: 0.7}]"),
                         "defenses[0].kappa: 0.5 there, 0.7 now"),
-                       (("training.lr=0.05", "defenses=[{name: fake, kappa: 0.5, p: 1}]"),
-                        "defenses[0].p: (absent) there, 1 now")):
+                       (("training.lr=0.05", "defenses=[{name: dp_vmf, kappa: 0.5, clip_norm: 2}]"),
+                        "defenses[0].clip_norm: (absent) there, 2 now")):
         with pytest.raises(ConfigError) as e:
             sweep(*sets)
         assert "sweep cell 'seed=1' finished under another config" in str(e.value)
@@ -197,7 +197,7 @@ def test_a_finished_cell_is_reused_only_under_the_config_it_ran_with(tmp_path):
         assert ran == []
     assert (tmp_path / "out" / "results.json").read_text() == before
     # 1 and 1.0 are one setting; a fresh sweep directory runs the new config.
-    assert [r["status"] for r in sweep("training.lr=0.05", "defenses=[{name: fake, kappa: 0.5}]")
+    assert [r["status"] for r in sweep("training.lr=0.05", "defenses=[{name: dp_vmf, kappa: 0.5}]")
             ] == ["done (skipped)"] * 2
     assert [r["test_accuracy"] for r in sweep("lr=0.5", out="out2")] == [0.5, 0.5]
     # A finished cell whose config.yaml is gone (or unreadable) cannot be
@@ -326,7 +326,7 @@ def test_sigterm_in_a_cells_last_round_stops_the_sweep_before_the_next_cell(tmp_
     from fedsim.preemption import SweepPreempted
     from fedsim.run import run_simulation
     cfg = tmp_path / "base.yaml"
-    cfg.write_text(BASE.replace("defenses: [{name: fake, kappa: 0.5}]\n", ""))
+    cfg.write_text(BASE.replace("defenses: [{name: dp_vmf, kappa: 0.5}]\n", ""))
     ran = []
 
     def run_fn(c):
@@ -352,7 +352,7 @@ def test_sigterm_in_a_cells_last_round_stops_the_sweep_before_the_next_cell(tmp_
 def test_sweep_end_to_end_cli(tmp_path):
     from fedsim.cli import main
     cfg = tmp_path / "base.yaml"
-    cfg.write_text(BASE.replace("defenses: [{name: fake, kappa: 0.5}]\n", ""))
+    cfg.write_text(BASE.replace("defenses: [{name: dp_vmf, kappa: 0.5}]\n", ""))
     rc = main(["sweep", str(cfg), "--grid", "seed=0,1", "--out", str(tmp_path / "s")])
     assert rc == 0
     rows = json.loads((tmp_path / "s" / "results.json").read_text())["rows"]
@@ -377,3 +377,25 @@ def test_a_float64_cell_without_64_bit_jax_is_refused_before_any_cell_runs(tmp_p
         run_sweep(cfg, ["training.dtype=float32,float64"], tmp_path / "out",
                   run_fn=seen.append, log=lambda m: None)
     assert seen == []
+
+
+def test_a_defense_value_a_cell_would_refuse_and_a_stray_comma_stop_the_sweep_before_any_cell(
+        tmp_path):
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE)
+    ran = []
+
+    def fake_run(c):
+        ran.append(c.output.dir)
+        return {"test_accuracy": 0.5}
+
+    # Before: the good cell ran and the bad one was recorded as failed at run time.
+    for grid, said in ((["defenses[0].kappa=0.3,-1"], r"sweep cell defenses_0_.kappa=-1: "
+                                                      r"config key 'defenses\[0\]': .*kappa"),
+                       (["defenses[0].kapa=0.3"], r"config key 'defenses\[0\]'.*kapa")):
+        with pytest.raises(ConfigError, match=said):
+            run_sweep(cfg, grid, tmp_path / "out", run_fn=fake_run, log=lambda m: None)
+        assert ran == []
+    # Before: "seed=0," swept seed 0 alone without a word.
+    with pytest.raises(ConfigError, match=r"--grid seed: an empty value in '0,' \(a stray comma"):
+        parse_grid(["seed=0,"])
