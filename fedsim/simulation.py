@@ -1053,8 +1053,7 @@ class Simulation:
             self._raise_if_nonfinite(round_idx, ids, finite, stop)
         return new_state, losses, weights, finite, observed
 
-    @staticmethod
-    def _raise_if_nonfinite(round_idx, ids, finite, stop):
+    def _raise_if_nonfinite(self, round_idx, ids, finite, stop):
         bad = [int(c) for c, f in zip(ids, finite) if not f]
         if bad and stop:
             # Every client at once points at the model they all started from: a
@@ -1064,8 +1063,15 @@ class Simulation:
             every = (" (every client of the round: the global model they started from "
                      "may have diverged in the last server step; see training.server_lr)"
                      if len(bad) == len(ids) and round_idx > 0 else "")
+            # A defense's setting (σ = 1e30, a huge clip norm) overflows as a
+            # large lr does; the message used to blame training.lr alone.
+            specs = getattr(self, "defense_specs", None) or []
+            named = ([f"defenses[{i}] {spec.get('name')}" for i, spec in enumerate(specs)]
+                     or [f"{d.name} ({stage})" for stage, d in getattr(self, "defenses", {}).items()])
+            blame = (f"; lower training.lr or check the defenses' settings ({', '.join(named)})"
+                     if named else "; lower training.lr")
             raise NonFiniteError(f"round {round_idx}: client {bad[0]} produced a NaN/Inf "
-                                 f"loss or update (clients {bad}){every}; lower training.lr "
+                                 f"loss or update (clients {bad}){every}{blame}, "
                                  "or set training.on_nonfinite=skip_client")
 
     def _observation(self, out: ClientOutput, params, cid: int, round_idx: int) -> ObservedUpload:

@@ -152,7 +152,9 @@ def _nan_upload():
 def test_nonfinite_update_stops_with_round_and_client(strategy):
     cfg = small_config(**{"training.client_parallelism": strategy})
     sim = Simulation(cfg, dataset=small_dataset(), defenses={"upload": _nan_upload()})
-    with pytest.raises(NonFiniteError, match=r"round 0: client \d+"):
+    # The defense is named as a suspect next to the lr (before: the lr alone).
+    with pytest.raises(NonFiniteError, match=r"round 0: client \d+ .*lower training.lr or "
+                                             r"check the defenses' settings \(nan \(upload\)\)"):
         sim.run_round(sim.init_state(), 0)
 
 
