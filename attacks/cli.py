@@ -142,8 +142,14 @@ def attack_uploads(uploads: list[ObservedUpload], section: dict, key) -> list[di
         for u, r in zip(group, recs):
             x_rec = np.asarray(r.x)
             if x_rec.shape != u.x.shape:
-                raise ValueError(f"attack {section['name']!r} returned x of shape {x_rec.shape} for "
-                                 f"client {u.observation.client_id} holding {u.x.shape}")
+                # The batch the attack assumed is not what the client holds (a
+                # traceback before): name the settings that set it.
+                raise ConfigError(
+                    f"attack {section['name']!r} returned x of shape {x_rec.shape} for client "
+                    f"{u.observation.client_id} holding {u.x.shape}: the batch it reconstructs "
+                    f"({x_rec.shape[0]}) is not the client's {u.x.shape[0]} examples; check "
+                    f"attack.config.batch_size / num_examples against attack.grants and the "
+                    f"data (data.examples_per_client)")
             s = score_batch(x_rec, u.x, np.asarray(r.labels), u.y).as_dict()
             results.append({"client": u.observation.client_id, "round": rnd, **s,
                             "loss": float(r.loss), "seconds": seconds,

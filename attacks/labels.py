@@ -35,6 +35,7 @@ import numpy as np
 
 from fedsim import random_draws
 from fedsim.client import cross_entropy
+from fedsim.config import ConfigError
 from fedsim.typing import Observation, Params
 
 
@@ -83,7 +84,10 @@ def last_layer(tree: Params, num_classes: int, name: str | None = None) -> dict[
     """
     if name is not None:
         if name not in tree:
-            raise ValueError(f"last_layer {name!r} not in params; modules: {list(tree)}")
+            # A ConfigError (a ValueError) naming the setting: `fedsim attack` reports it
+            # in one line, where a bare ValueError was a traceback.
+            raise ConfigError(f"attack.config.last_layer: {name!r} is not a module of the "
+                              f"model (last_layer {name!r} not in params); modules: {list(tree)}")
         layer = tree[name]
     else:
         layer = None

@@ -1,6 +1,7 @@
 """The attack harness on a tiny synthetic federation."""
 
 import json
+import re
 
 import pytest
 
@@ -416,3 +417,22 @@ def test_an_observed_clients_reconstruction_does_not_depend_on_who_else_is_obser
     assert [r["client"] for r in both] == [0, 1] and alone[0]["client"] == 1
     np.testing.assert_allclose(both[1]["_rec"], alone[0]["_rec"], atol=1e-6)
     assert both[1]["labels_rec"] == alone[0]["labels_rec"]
+
+
+@pytest.mark.parametrize("config,said", [
+    ("{iterations: 1, batch_size: 3}", r"is not the client's 1 examples; check attack\.config\."
+                                       r"batch_size"),
+    ("{iterations: 1, last_layer: nope}", r"attack\.config\.last_layer: 'nope' is not a module"),
+])
+def test_an_attack_setting_the_victims_contradict_is_one_line_through_fedsim(
+        tmp_path, capsys, config, said):
+    # Before: a ValueError traceback from `fedsim attack` (one line only through
+    # python -m attacks.cli).
+    from fedsim.cli import main as fedsim_main
+
+    argv = ["attack", "configs/attack_quickstart.yaml", "--quiet",
+            "--set", f"output.dir={tmp_path}"] + sum((["--set", s] for s in BASE), [])
+    assert fedsim_main(argv + ["--set", f"attack.config={config}"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert re.search(said, err)
