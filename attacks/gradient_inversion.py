@@ -148,7 +148,8 @@ def parse_config(defaults: Mapping[str, Any], config: Mapping[str, Any],
                                     f"allowed: {', '.join(choices)}")
     for k in ("iterations", "restarts", "local_steps", "local_batch"):
         if k in out and not _is_positive_int(out[k]):
-            raise AttackConfigError(f"attack.config.{k}: must be a positive integer, got {out[k]!r}")
+            raise AttackConfigError(f"attack.config.{k}: must be a positive integer (at most "
+                                    f"2**31 - 1), got {out[k]!r}")
     for k in ("tv", "lr", "local_lr"):
         # NaN would pass a bare `< 0` and poison every step of the attack
         if k in out and not (_is_number(out[k]) and 0 <= out[k] < float("inf")):
@@ -167,7 +168,9 @@ def parse_config(defaults: Mapping[str, Any], config: Mapping[str, Any],
 
 
 def _is_positive_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
+    # At most int32's largest: iterations = 3e9 passed and overflowed in the jitted loop.
+    return (isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+            and 1 <= v <= 2**31 - 1)
 
 
 def _is_number(v) -> bool:

@@ -295,6 +295,10 @@ def _coerce(value, t, path):
     raise ConfigError(f"config key '{path}': expected {_type_name(t)}, got {value!r}")
 
 
+#: The largest count a config key takes where it names no bound of its own.
+INT32_MAX = 2**31 - 1
+
+
 def _check_range(value, meta, path):
     if value is None:
         return
@@ -307,6 +311,12 @@ def _check_range(value, meta, path):
         # NaN fails every comparison below, but inf passes min/gt: lr = .inf
         # loaded and only failed in round 0, naming a client.
         raise ConfigError(f"config key '{path}': {value!r} is not a finite number")
+    if (isinstance(value, int) and not isinstance(value, bool) and "max" not in meta
+            and abs(value) > INT32_MAX):
+        # Counts reach jitted code as int32: local_epochs = 3e9 passed here and
+        # failed in round 0 with an OverflowError naming no key.
+        raise ConfigError(f"config key '{path}': {value!r} is out of range; must be <= "
+                          f"{INT32_MAX} (a 32-bit integer)")
     for key, ok, word in (("min", lambda v, b: v >= b, ">="), ("max", lambda v, b: v <= b, "<="),
                           ("gt", lambda v, b: v > b, ">"), ("lt", lambda v, b: v < b, "<")):
         if key in meta and not ok(value, meta[key]):

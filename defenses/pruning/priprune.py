@@ -118,6 +118,10 @@ class PriPruneConfig:
             # bool is an int: `tau: true` would otherwise pass as 1.0.
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"priprune {f} must be a finite number, got {v!r}")
+            if isinstance(v, int) and abs(v) > 2**31 - 1:
+                # A Python int enters the jitted step as int32 (an OverflowError there).
+                raise ValueError(f"priprune {f}: the integer {v} does not fit in 32 bits; "
+                                 f"write it as a float ({float(v):g})")
         for f in ("lambda_acc", "lambda_pri", "lambda_sha"):
             if getattr(self, f) < 0:
                 raise ValueError(f"priprune {f} must be >= 0, got {getattr(self, f)}")

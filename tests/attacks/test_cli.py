@@ -37,7 +37,11 @@ def test_cli_writes_summary_and_grid(tmp_path):
     ("attack.foo=1", "unknown key"),
     ("observer.clients=[]", "observer.clients"),
     # The attack's own settings (each attack's check_config), before anything runs.
-    ("attack.config={restarts: 0}", r"attack\.config\.restarts: must be a positive integer, got 0"),
+    ("attack.config={restarts: 0}", r"attack\.config\.restarts: must be a positive integer "
+                                    r"\(at most 2\*\*31 - 1\), got 0"),
+    # Once accepted, then an OverflowError in the jitted loop after simulating.
+    ("attack.config={iterations: 3000000000}", r"attack\.config\.iterations: must be a positive "
+                                               r"integer \(at most"),
     ("attack.config={iterations: 30, lr: .nan}", r"attack\.config\.lr: must be a finite"),
     ("attack.config={tv: -1.0}", r"attack\.config\.tv: must be a finite non-negative"),
     ("attack.config={signed: 'yes'}", r"attack\.config\.signed: must be true or false"),

@@ -113,6 +113,8 @@ def test_what_priprune_cannot_run_with_is_named(extra, match):
     ("lambda_privacy: 1.0", "bad arguments"),
     ("reference_size: 0", "reference_size must be a positive integer"),
     ("reference_size: 1.5e6", "reference_size must be a positive integer"),
+    # Once accepted, then an OverflowError in the jitted step.
+    ("lambda_pri: 3000000000", r"lambda_pri: the integer 3000000000 does not fit in 32 bits"),
 ])
 def test_bad_priprune_settings_are_named(hp, match):
     cfg = small_config(defenses=f"[{{name: priprune, {hp}}}]")

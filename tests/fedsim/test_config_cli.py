@@ -318,3 +318,12 @@ def test_run_of_an_attack_config_says_the_attack_is_not_run(tmp_path, capsys):
     # a plain config gets no note
     assert main(args[:1] + [str(QUICKSTART)] + args[2:-1] + [f"output.dir={tmp_path / 'plain'}"]) == 0
     assert "`attack` section" not in capsys.readouterr().err
+
+
+def test_a_count_beyond_32_bits_is_refused_by_key():
+    # Before: accepted, then an OverflowError in round 0 naming no key.
+    for key in ("training.local_epochs", "data.classes_per_client", "pruning.synflow_iterations"):
+        with pytest.raises(ConfigError, match=rf"'{key}': 3000000000 is out of range; must be "
+                                              r"<= 2147483647"):
+            load_config(None, [f"{key}=3000000000"])
+    assert load_config(None, ["seed=4294967295"]).seed == 2**32 - 1  # its own bound
