@@ -226,6 +226,10 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {where} is unreadable or corrupted "
                                   f"({type(e).__name__}: {str(e)[:200]}); delete it to start over"
                                   ) from None
+        problem = _meta_problem(meta)
+        if problem:
+            raise CheckpointError(f"checkpoint {where} is corrupted: its metadata {problem}; "
+                                  "delete it to start over")
         accepted = (fingerprint,) if isinstance(fingerprint, str) else fingerprint
         if accepted is not None and meta.get("config_fingerprint") not in accepted:
             raise CheckpointError(
@@ -289,12 +293,40 @@ def read_meta(directory) -> dict | None:
         return None
     ocp = ck._ocp
     try:
-        return ck.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        meta = ck.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     except Exception as e:
         raise CheckpointError(f"checkpoint {ck.directory / str(step)} is unreadable or corrupted "
                               f"({type(e).__name__}); delete it to start over") from None
     finally:
         ck.close()
+    problem = _meta_problem(meta)
+    if problem:
+        raise CheckpointError(f"checkpoint {ck.directory / str(step)} is corrupted: its metadata "
+                              f"{problem}; delete it to start over")
+    return meta
+
+
+def _meta_problem(meta) -> str | None:
+    """What is wrong with a checkpoint's metadata, or None.
+
+    Read as it was, a list raised an AttributeError, ``"callbacks": 5`` a
+    TypeError, and ``"strategy": "warp"`` resumed a run whose log and summary
+    then named a strategy that does not exist.
+    """
+    from fedsim.calibrate import CANDIDATES, SHARDED
+
+    if not isinstance(meta, dict):
+        return f"is a {type(meta).__name__}, not a JSON object"
+    strategy = meta.get("strategy")
+    if strategy is not None and strategy not in (*CANDIDATES, SHARDED):
+        return f"names the strategy {strategy!r}, which is none of {', '.join((*CANDIDATES, SHARDED))}"
+    callbacks = meta.get("callbacks")
+    if callbacks is not None and not isinstance(callbacks, list):
+        return f"has callbacks {callbacks!r}, not a list"
+    for key in ("hand_defenses", "hand_defense_specs"):
+        if meta.get(key) is not None and not isinstance(meta[key], dict):
+            return f"has {key} {meta[key]!r}, not a mapping"
+    return None
 
 
 def make_meta(cfg, sim, state) -> dict:

@@ -257,3 +257,24 @@ def test_hand_given_channels_of_another_kappa_have_other_names():
              for k in (10.0, 100.0)]
     assert names == [{"layer": "parameter_channel(kappa=10)"},
                      {"layer": "parameter_channel(kappa=100)"}]
+
+
+@pytest.mark.parametrize("meta,said", [
+    ([1], "is a list, not a JSON object"),
+    ({"strategy": "warp"}, "names the strategy 'warp', which is none of loop, vmap"),
+    ({"callbacks": 5}, "has callbacks 5, not a list"),
+])
+def test_checkpoint_metadata_of_the_wrong_shape_is_named_as_corrupted(tmp_path, meta, said):
+    # Before: an AttributeError or TypeError traceback, or a resumed run whose log
+    # and summary named the strategy "warp".
+    from fedsim.checkpoint import read_meta
+
+    cfg = small_config()
+    sim, state = _trained_state(cfg)
+    good = make_meta(cfg, sim, state)
+    Checkpointer(tmp_path).save(1, state, meta if isinstance(meta, list) else {**good, **meta})
+    for read in (lambda: read_meta(tmp_path),
+                 lambda: Checkpointer(tmp_path).restore(sim.init_state())):
+        with pytest.raises(CheckpointError, match=rf"{tmp_path / '1'} is corrupted: its "
+                                                  rf"metadata {said}"):
+            read()
