@@ -156,8 +156,19 @@ def resize_images(x: np.ndarray, size: int, chunk: int = 4096) -> np.ndarray:
 # --- Fashion-MNIST from IDX files ------------------------------------------
 
 def _find_fashion_mnist_idx(explicit: str | None) -> Path | None:
-    candidates = [explicit] if explicit else [os.environ.get("FEDSIM_FASHION_MNIST_DIR"),
-                                               *FASHION_MNIST_DIRS]
+    """The directory holding the IDX files: ``explicit``, else
+    ``$FEDSIM_FASHION_MNIST_DIR``, else the Debian package's.
+
+    Raises:
+      DatasetError: ``$FEDSIM_FASHION_MNIST_DIR`` is set but holds no IDX files
+        (it used to fall back to the package's files without a word, so a run
+        meant for other files trained on those).
+    """
+    env = os.environ.get("FEDSIM_FASHION_MNIST_DIR")
+    if not explicit and env and not (Path(env) / "train-images-idx3-ubyte.gz").exists():
+        raise DatasetError(f"FEDSIM_FASHION_MNIST_DIR={env} holds no train-images-idx3-ubyte.gz; "
+                           "point it at the directory with the Fashion-MNIST IDX files, or unset it")
+    candidates = [explicit] if explicit else [env, *FASHION_MNIST_DIRS]
     for c in candidates:
         if c and (Path(c) / "train-images-idx3-ubyte.gz").exists():
             return Path(c)

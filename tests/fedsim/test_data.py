@@ -55,6 +55,14 @@ def test_missing_idx_folder_says_how_to_get_it(tmp_path):
         load_dataset("fashion_mnist", source="idx", data_dir=str(tmp_path))
 
 
+def test_an_env_dir_without_the_files_is_named_not_passed_over(tmp_path, monkeypatch):
+    # Before: it fell back to /usr/share/datasets/fashion-mnist without a word.
+    monkeypatch.setenv("FEDSIM_FASHION_MNIST_DIR", str(tmp_path / "nope"))
+    with pytest.raises(DatasetError, match=r"FEDSIM_FASHION_MNIST_DIR=.*nope holds no "
+                                           r"train-images-idx3-ubyte.gz"):
+        load_dataset("fashion_mnist")
+
+
 def test_tfds_source_under_mock_data():
     tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=12):
