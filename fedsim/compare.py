@@ -251,6 +251,9 @@ def plot_path(out: str | Path) -> Path:
     """Where :func:`compare` writes the plot of ``--out out``: ``out``, with
     ``.png`` added where it has no extension (as matplotlib would add it; the
     command says this path, not ``out``)."""
+    if not str(out).strip() or not Path(out).name:  # "" or a directory such as "."
+        raise CompareError(f"--out {str(out)!r}: expected a file path for the plot (e.g. "
+                           "runs.png)")
     out = Path(out)
     return out if out.suffix else out.with_name(out.name + ".png")
 

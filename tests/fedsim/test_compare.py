@@ -118,6 +118,13 @@ def test_a_plot_that_cannot_be_written_is_named(tmp_path, capsys, where):
     assert f"fedsim: error: --out {out}: cannot write" in capsys.readouterr().err
 
 
+def test_an_out_that_names_no_file_is_named(tmp_path, capsys):
+    # Before: "ValueError: PosixPath('.') has an empty name", a traceback.
+    run = _write_run(tmp_path / "r", [0.5], [2.0], summary={"seconds": 2.0})
+    assert main(["compare", str(run), "--out", ""]) == 1
+    assert "fedsim: error: --out '': expected a file path for the plot" in capsys.readouterr().err
+
+
 def test_runs_from_other_environments_are_named(tmp_path):
     """Runs whose summary.json environments differ (commit, convolution rule)
     get a line naming how; equal environments, or runs without one, none."""
