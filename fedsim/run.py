@@ -18,7 +18,7 @@ import numpy as np
 from fedsim import checkpoint, distributed, preemption
 from fedsim.config import Config, dump_config
 from fedsim.provenance import environment
-from fedsim.results import (MetricsLog, RunFileError, atomic_write_text, make_dir,
+from fedsim.results import (MetricsLog, OutputPathError, RunFileError, atomic_write_text, make_dir,
                             plot_learning_curve, read_metrics, write_json)
 from fedsim.simulation import NonFiniteError, RoundResult, Simulation
 
@@ -82,9 +82,19 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     out = run_dir_for(cfg)
     primary = distributed.is_primary()
     quiet = quiet or not primary
+    ckpt_dir = out / "checkpoints"
     if primary:
         make_dir(out, "output.dir")
-    ckpt_dir = out / "checkpoints"
+        # The files a run writes or reads there must be files (and checkpoints a
+        # directory): one that is not ended in an IsADirectoryError or orbax's
+        # NotADirectoryError, after the simulation was built.
+        for name in ("config.yaml", "metrics.jsonl", "summary.json", "run.log"):
+            if (out / name).is_dir():
+                raise OutputPathError(f"output.dir {out}: {name} there is a directory, not the "
+                                      "run's file; move it away or choose another output.dir")
+        if cfg.output.checkpoint_every and ckpt_dir.exists() and not ckpt_dir.is_dir():
+            raise OutputPathError(f"output.dir {out}: checkpoints there is a file, not the run's "
+                                  "checkpoint directory; move it away or choose another output.dir")
     every = cfg.output.checkpoint_every
     rounds = cfg.training.rounds
     meta = checkpoint.read_meta(ckpt_dir) if every else None

@@ -147,6 +147,28 @@ def test_an_output_dir_that_is_a_file_is_a_one_line_error(tmp_path, capsys, wher
     assert afile.read_text() == "not a directory\n"
 
 
+@pytest.mark.parametrize("what", ["config.yaml", "summary.json", "checkpoints"])
+def test_a_run_file_of_the_wrong_kind_in_output_dir_is_a_one_line_error(tmp_path, capsys, what):
+    # Before: IsADirectoryError or orbax's NotADirectoryError tracebacks.
+    from fedsim.cli import main
+
+    out = tmp_path / "run"
+    out.mkdir()
+    if what == "checkpoints":
+        (out / what).write_text("a file\n")
+    else:
+        (out / what).mkdir()
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump({"data": {"dataset": "synthetic", "num_clients": 4},
+                                      "model": {"name": "mlp"},
+                                      "training": {"rounds": 1, "clients_per_round": 2},
+                                      "output": {"checkpoint_every": 1}}))
+    assert main(["run", str(config), "--quiet", "--set", f"output.dir={out}"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().startswith(f"fedsim: error: output.dir {out}: {what} there is a")
+
+
 def test_result_files_get_the_mode_open_would_give_them(tmp_path):
     """mkstemp makes 0600 files and the rename kept that, so collaborators who can
     read a shared run directory could not read its config, metrics or summary."""
