@@ -50,7 +50,7 @@ from fedsim import distributed, keys, memory, models
 from fedsim import partition as partition_lib
 from fedsim.client import LocalTraining, init_client_state, make_client_update
 from fedsim.config import Config, ConfigError
-from fedsim.data import Dataset, load_dataset
+from fedsim.data import Dataset, DatasetError, load_dataset
 from fedsim.hooks import (DEFENSE_REGISTRY, SIMULATION_PLUGINS, Defense, _load_defenses,
                           build_defense, build_mask, chain, check_stage_compatibility,
                           mask_around, mask_defense, reconfigure_mask)
@@ -195,6 +195,9 @@ def build_defenses(specs: list[dict]) -> dict[str, Defense]:
             d = build_defense(name, **spec)
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
+        except DatasetError as e:  # a channel's own dataset: its spec's keys, not data.*
+            raise ConfigError(f"{where} ({name}): cannot load the dataset its spec names "
+                              f"(dataset, source, data_dir there): {e}") from None
         by_stage.setdefault(d.stage, []).append(_naming_errors(d, f"{where} ({name})"))
     try:
         built = {s: (ds[0] if len(ds) == 1 else chain(*ds)) for s, ds in by_stage.items()}

@@ -65,3 +65,17 @@ def test_a_channels_data_loading_setting_of_the_wrong_type_is_refused_by_name(pa
     args = dict(kappa=10.0, dataset="synthetic", image_size=8, dataset_seed=0)
     with pytest.raises(ValueError, match=rf"natural_channel: {param} must be"):
         hooks.build_defense("natural_channel", **{**args, param: value})
+
+
+def test_a_channel_whose_own_dataset_cannot_load_names_its_defense_entry():
+    # Before: a DatasetError saying "data.source='abc'", the run's key, not the spec's.
+    from fedsim.config import ConfigError, load_config
+    from fedsim.simulation import Simulation
+
+    cfg = load_config(None, [
+        "data.dataset=synthetic", "data.image_size=12", "model.name=mlp", "data.num_clients=4",
+        "training.clients_per_round=2",
+        "defenses=[{name: natural_channel, kappa: 1.0, dataset: fashion_mnist, source: abc}]"])
+    with pytest.raises(ConfigError, match=r"config key 'defenses\[0\]' \(natural_channel\): "
+                                          r"cannot load the dataset its spec names"):
+        Simulation(cfg)
