@@ -451,6 +451,11 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 ranked = sorted(matches, key=lambda p: _BARE_PRIORITY.index(p.split(".")[0])
                                 if p.split(".")[0] in _BARE_PRIORITY else len(_BARE_PRIORITY))
                 key = ranked[0]
+            elif any(p.startswith(key + ".") for p in leaves):
+                # A section: `--set training={rounds: 1}` was called an unknown key.
+                inside = [p for p in leaves if p.startswith(key + ".")]
+                raise ConfigError(f"--set {key}: {key} is a section; set one of its keys, "
+                                  f"e.g. --set {inside[0]}=... (its keys: {', '.join(inside)})")
             else:
                 raise ConfigError(f"--set {key}: unknown config key; known keys: "
                                   f"{', '.join(leaves)}, defenses[i].PARAM"

@@ -327,3 +327,10 @@ def test_a_count_beyond_32_bits_is_refused_by_key():
                                               r"<= 2147483647"):
             load_config(None, [f"{key}=3000000000"])
     assert load_config(None, ["seed=4294967295"]).seed == 2**32 - 1  # its own bound
+
+
+def test_setting_a_whole_section_says_it_is_a_section():
+    # Before: "--set training: unknown config key", though training is one.
+    with pytest.raises(ConfigError, match=r"--set training: training is a section; set one of "
+                                          r"its keys, e\.g\. --set training\.algorithm=\.\.\."):
+        load_config(None, ["training={rounds: 1}"])
