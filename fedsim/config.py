@@ -535,6 +535,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'training.{key}': {val!r} applies to FedAvg's local "
                           f"training; a FedSGD client sends one plain gradient step (use "
                           f"training.server_optimizer for momentum or Adam at the server)")
+    if t.algorithm == "fedsgd" and t.local_epochs != 1:
+        # Ignored without a word: a FedSGD client takes one full-batch step
+        # (fedsim.client.LocalTraining), whatever local_epochs says.
+        raise ConfigError(f"config key 'training.local_epochs': {t.local_epochs} applies to "
+                          "FedAvg's local training; a FedSGD client sends one full-batch "
+                          "gradient step (use training.algorithm: fedavg for local epochs)")
     _check_data_source(d)
     for i, spec in enumerate(cfg.defenses):
         if not isinstance(spec, dict) or "name" not in spec:

@@ -282,6 +282,14 @@ def test_fedsgd_refuses_a_client_optimizer_it_would_ignore(override, key):
     load_config(None, ["training.algorithm=fedavg", override])
 
 
+def test_fedsgd_refuses_local_epochs_it_would_ignore():
+    # Before: accepted; the client took one step whatever local_epochs said.
+    with pytest.raises(ConfigError, match=r"'training.local_epochs': 5 applies to FedAvg's "
+                                          r"local training; a FedSGD client sends one"):
+        load_config(None, ["training.algorithm=fedsgd", "training.local_epochs=5"])
+    assert load_config(None, ["training.algorithm=fedavg", "training.local_epochs=5"])
+
+
 def test_a_key_given_twice_is_refused_and_a_quoted_number_stays_a_string(tmp_path):
     """PyYAML keeps the last of two equal keys silently (the first ``training``
     section, and its lr, was lost); and a dump/reload turned ``"1e5"`` into a float."""
