@@ -22,7 +22,8 @@ MAX_GAUSSIAN_DIM = 10**8
 
 
 def _checked_sum(terms: list[float], who: str) -> float:
-    """``sum(terms)``, or a ValueError where float64 cannot hold it to 1e-6.
+    """``sum(terms)``, or a ValueError where float64 cannot hold it to 1e-3
+    (relative, or absolute below 1 nat).
 
     At an absurd κ or p the terms reach 1e150 and cancel: the sum was
     rounding noise (the VMF capacity came out 0 at κ = p = 1e200, with only a
@@ -30,7 +31,7 @@ def _checked_sum(terms: list[float], who: str) -> float:
     """
     val = float(sum(terms))
     scale = max(abs(t) for t in terms)
-    if not np.isfinite(val) or 8 * np.finfo(np.float64).eps * scale > 1e-6 * max(1.0, abs(val)):
+    if not np.isfinite(val) or 8 * np.finfo(np.float64).eps * scale > 1e-3 * max(1.0, abs(val)):
         raise ValueError(f"{who}: the capacity's log-terms reach {scale:.3g} and cancel beyond "
                          "float64's precision at these settings; use a smaller kappa or dim")
     return val
