@@ -121,7 +121,7 @@ def make_server_optimizer(name: str, lr: float, **kwargs) -> optax.GradientTrans
     (defaults: Adam β = (0.9, 0.99), ε = 1e-3; Yogi and Adagrad ε = 1e-3, optax's
     other defaults). Deviation: optax's rules are not Alg 2's. Adam and Yogi
     correct the moments' bias (Alg 2 does not), Yogi uses β2 = 0.999 and starts
-    both moments at 1e-6, and Adagrad starts it at 0.1 and adds ε inside the
+    both moments at 1e-6, and Adagrad starts its accumulator at 0.1 and adds ε inside the
     square root (Alg 2: v₀ = τ², τ outside). The moments start alike after many
     rounds, but the first rounds' steps differ (several times over for Adagrad).
     Kept as optax's so far, since the results committed with a server optimizer
