@@ -122,8 +122,8 @@ def make_server_optimizer(name: str, lr: float, **kwargs) -> optax.GradientTrans
     other defaults). Deviation: optax's rules are not Alg 2's. Adam and Yogi
     correct the moments' bias (Alg 2 does not), Yogi uses β2 = 0.999 and starts
     both moments at 1e-6, and Adagrad starts its accumulator at 0.1 and adds ε inside the
-    square root (Alg 2: v₀ = τ², τ outside). The moments start alike after many
-    rounds, but the first rounds' steps differ (several times over for Adagrad).
+    square root (Alg 2: v₀ = τ², τ outside). The first rounds' steps differ
+    from Alg 2's; the start's weight in the moments fades over the rounds.
     Kept as optax's so far, since the results committed with a server optimizer
     ran with these; ``tests/fedsim/test_server_optimizers_closed_forms.py`` pins them.
 
