@@ -19,7 +19,9 @@ Two rules, chosen by batch size:
   of class c (a_c) and of one example of another class (b_c); then
   n_c ≈ B·(s_c − b_c)/(a_c − b_c), clipped at 0 and rounded to integers summing
   to B by largest remainder. Every class with a negative signal gets at least
-  one example. Exact for B = 1; an estimate for larger B (its accuracy is
+  one example; where more than B classes have one (noise, or a FedAvg update's
+  drift), the batch is read as one example each of the B of them with the
+  largest n_c. Exact for B = 1; an estimate for larger B (its accuracy is
   reported, not assumed).
 """
 
@@ -176,6 +178,13 @@ def infer_label_counts(grad: Params, apply_fn, params: Params, batch_size: int,
             _impacts(apply_fn, params, tuple(input_shape), num_classes, key, num_dummy, name))
     est = batch_size * (s - b) / np.minimum(a - b, -1e-12)
     present = s < 0
+    if present.sum() > batch_size:
+        # Flooring every present class at 1 would make them all tie, and the
+        # rounding would then keep the lowest class ids, not the likeliest.
+        keep = np.argsort(-np.where(present, est, -np.inf), kind="stable")[:batch_size]
+        counts = np.zeros(num_classes, np.int64)
+        counts[keep] = 1
+        return counts
     est = np.where(present, np.maximum(est, 1.0), np.maximum(est, 0.0))
     counts = largest_remainder(est, batch_size)
     # Largest remainder can drop a certainly-present class when B is small.
