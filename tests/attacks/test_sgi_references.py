@@ -1,4 +1,4 @@
-"""Round-3 mutation tests for attacks/sgi.py (paper 002, Chu et al. 2023, Alg 2)."""
+"""Checks of attacks/sgi.py (paper 002, Chu et al. 2023, Alg 2)."""
 
 import jax
 import jax.numpy as jnp

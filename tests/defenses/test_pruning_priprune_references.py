@@ -1,4 +1,4 @@
-"""Round-3 mutation tests of PriPrune (paper 002, Alg 3, Eq 6–8; papers README).
+"""Checks of PriPrune (paper 002, Alg 3, Eq 6–8; papers README).
 
 Each expected value is recomputed by hand in numpy from the equations, never
 read off the code under test.

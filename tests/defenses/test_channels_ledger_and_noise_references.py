@@ -1,4 +1,4 @@
-"""Round-3 mutation tests of the channels (000, Tan et al.): the parameter channel's
+"""Checks of the channels (000, Tan et al.): the parameter channel's
 padding rows, Eq 18's capacity, the ledger's step counts and its min κ, Σ_D of a
 standardised dataset.
 
@@ -166,7 +166,7 @@ def test_dataset_statistics_standardise_per_channel(monkeypatch):
     monkeypatch.setattr(fedsim.data, "load_dataset", lambda *a, **k: ds)
     dataset_statistics.cache_clear()
     try:
-        st = dataset_statistics("stub_round3", 2, normalize=True)
+        st = dataset_statistics("stub_dataset", 2, normalize=True)
     finally:
         dataset_statistics.cache_clear()
     z = ((x.astype(np.float64) - mean) / std).reshape(50, -1)

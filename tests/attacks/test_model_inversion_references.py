@@ -1,4 +1,4 @@
-"""Round-3 mutation tests for attacks/model_inversion.py (Fredrikson et al. 2015 as
+"""Checks of attacks/model_inversion.py (Fredrikson et al. 2015 as
 run in paper 000 §6.1), each against a hand-written reference."""
 
 import jax

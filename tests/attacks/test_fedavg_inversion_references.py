@@ -1,4 +1,4 @@
-"""Round-3 mutation tests for attacks/fedavg_inversion.py (Geiping et al. 2020 §4,
+"""Checks of attacks/fedavg_inversion.py (Geiping et al. 2020 §4,
 "multiple local steps"): the objective the attack reports, against local SGD
 unrolled by hand."""
 

@@ -1,4 +1,4 @@
-"""Round-3 mutation tests for attacks/membership.py, each against an independent computation."""
+"""Checks of attacks/membership.py, each against an independent computation."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Round-3 mutation tests for attacks/representation.py (Soteria, paper 003 App. A,
+"""Checks of attacks/representation.py (Soteria, paper 003 App. A,
 Alg. 3): the class-peak rules at their documented boundaries, on kernels whose
 column norms are exact in floating point."""
 

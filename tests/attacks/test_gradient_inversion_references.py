@@ -1,4 +1,4 @@
-"""Round-3 mutation tests for attacks/gradient_inversion.py: the Inverting-Gradients
+"""Checks of attacks/gradient_inversion.py: the Inverting-Gradients
 optimiser, the objective (cosine + TV, SGI's masked variant) and restarts, each
 against a hand-written reference."""
 

@@ -1,4 +1,4 @@
-"""Round-3 mutation tests of Soteria (paper 003 §4.2, Alg 1–2; module docstrings).
+"""Checks of Soteria (paper 003 §4.2, Alg 1–2; module docstrings).
 
 Expected values are derived by hand (closed forms of a tanh layer's Jacobian,
 the scores' definitions), never read off the code under test.

@@ -1,4 +1,4 @@
-"""Round-3 mutation tests for attacks/labels.py, each against an independent computation.
+"""Checks of attacks/labels.py, each against an independent computation.
 
 * ``observed_gradient`` of a FedSGD upload is −Δ/lr whatever ``local_steps`` says
   (module docstring: "For FedSGD, Δ = −lr·∇L exactly, so ∇L = −Δ/lr").

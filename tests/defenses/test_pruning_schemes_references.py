@@ -1,4 +1,4 @@
-"""Round-3 mutation tests of the base pruning schemes (paper 002's Table 1 schemes).
+"""Checks of the base pruning schemes (paper 002's Table 1 schemes).
 
 FedDST's prune-and-regrow count, its drop rule and cosine-annealed schedule, and
 SynFlow's linearised network without biases. Expected values come from the

@@ -1,4 +1,4 @@
-"""Round-3 mutation tests for attacks/acceptance.py (the acceptance experiments' setup)."""
+"""Checks of attacks/acceptance.py (the acceptance experiments' setup)."""
 
 from types import SimpleNamespace
 

@@ -1,4 +1,4 @@
-"""Round-3 mutation tests for attacks/metrics.py, each against a numpy reference."""
+"""Checks of attacks/metrics.py, each against a numpy reference."""
 
 import numpy as np
 import pytest
