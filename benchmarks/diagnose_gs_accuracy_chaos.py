@@ -97,7 +97,7 @@ def dlg_control(results: dict) -> dict:
     """Retrain the DLG part's no-defense run at its first FL seed; compare with the JSON."""
     a = part_settings(results, "dlg", ("seed", "dataset", "image_size", "lr", "rounds",
                                        "train_lr", "acc_last"))
-    dataset = load_dataset(a.dataset, image_size=a.image_size)
+    dataset = load_dataset(a.dataset, image_size=a.image_size, seed=0)  # synthetic's seed
     sim = Simulation(sun.make_cfg(a, "lenet_dlginit", a.rounds, lr=a.train_lr,
                                   clients_per_round=10), dataset=dataset)
     t0 = time.perf_counter()
@@ -228,7 +228,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     results = read_or_exit(ap, args.results, "--results")
     a = gs_settings(results)
-    dataset = load_dataset(a.dataset, image_size=a.image_size)
+    dataset = load_dataset(a.dataset, image_size=a.image_size, seed=0)  # synthetic's seed
     if a.gs_max_test:
         dataset = dataclasses.replace(dataset, x_test=dataset.x_test[:a.gs_max_test],
                                       y_test=dataset.y_test[:a.gs_max_test])

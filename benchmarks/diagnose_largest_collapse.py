@@ -128,7 +128,8 @@ def diagnose(result: dict, defenses: list[str]) -> list[dict]:
     args = argparse.Namespace(**result["settings"])
     seed, rows, R = result["seed"], result["rows"], args.rounds
     ds = fedsim.data.load_dataset(result.get("dataset", "fashion_mnist"),
-                                  image_size=result["image_size"])
+                                  image_size=result["image_size"],
+                                  seed=0)  # synthetic's seed, as reproduce_chu2023 loads it
     cfg = fl_config(args, seed, R, sorted({0, R // 2, R - 1}))
     n_victims, position = part_b_victims(rows)
     keys = jax.random.split(jax.random.fold_in(part_b_attack_key(seed), 2), n_victims)

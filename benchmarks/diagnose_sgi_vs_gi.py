@@ -90,7 +90,8 @@ def rebuild(result: dict, protocol: str, only=None):
 
     seed = result["seed"]
     ds = fedsim.data.load_dataset(result.get("dataset", "fashion_mnist"),
-                                  image_size=result["image_size"])
+                                  image_size=result["image_size"],
+                                  seed=0)  # synthetic's seed, as reproduce_chu2023 loads it
     rng = np.random.default_rng(seed)  # part A's first draw: the server's probe batch
     probe = rng.choice(len(ds.y_train), 64, replace=False)
     xp, yp = jnp.asarray(ds.x_train[probe]), jnp.asarray(ds.y_train[probe])

@@ -83,7 +83,7 @@ def load_dataset(
     max_train: int | None = None,
     max_test: int | None = None,
     label_key: str | None = None,
-    seed: int = 0,
+    seed: int | None = None,
 ) -> Dataset:
     """Load a dataset by name.
 
@@ -96,12 +96,17 @@ def load_dataset(
       max_train: keep only the first ``max_train`` training examples.
       max_test: keep only the first ``max_test`` test examples.
       label_key: tfds feature used as label (e.g. an attribute of celeb_a).
-      seed: seed of the synthetic dataset.
+      seed: seed of the synthetic dataset, which needs one (its examples are
+        drawn from it); real datasets do not depend on it.
 
     Raises:
-      DatasetError: if the data cannot be found; says how to get it.
+      DatasetError: if the data cannot be found; says how to get it. Also for
+        ``synthetic`` without a seed.
     """
     if name == "synthetic":
+        if seed is None:
+            raise DatasetError("load_dataset('synthetic') needs seed=: its examples are drawn "
+                               "from it (a Simulation passes the config's seed)")
         ds = synthetic_dataset(seed=seed, image_size=image_size or 16)
     elif name == "fashion_mnist" and source in ("auto", "idx"):
         folder = _find_fashion_mnist_idx(data_dir if source == "idx" else None)
@@ -354,7 +359,7 @@ def _source_to_numpy(src, name, label_key, tfds):
 
 # --- synthetic ---------------------------------------------------------------
 
-def synthetic_dataset(*, seed: int = 0, image_size: int = 16, channels: int = 1,
+def synthetic_dataset(*, seed: int, image_size: int = 16, channels: int = 1,
                       num_classes: int = 10, num_train: int = 2000, num_test: int = 500) -> Dataset:
     """A small, learnable image dataset: class templates plus noise, in [0, 1].
 

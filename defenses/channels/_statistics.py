@@ -114,7 +114,7 @@ def dataset_statistics(name: str, image_size: int | None = None, *,
         raise ValueError("dataset_statistics('synthetic') needs seed= (its examples are drawn "
                          "from it; a run's Σ_D is that of its own seed)")
     ds = load_dataset(name, image_size=image_size, max_train=max_examples, source=source,
-                      data_dir=data_dir, seed=0 if seed is None else seed)
+                      data_dir=data_dir, seed=seed)
     x = ds.x_train
     if normalize:
         x = (x - ds.mean) / ds.std

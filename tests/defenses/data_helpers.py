@@ -26,7 +26,7 @@ def serve_synthetic(monkeypatch, name="cifar10", channels=3, writers=None):
         if requested != name:
             raise DatasetError(f"test loader serves only {name!r}, not {requested!r}")
         load.calls.append((requested, image_size))
-        ds = synthetic_dataset(image_size=image_size or 32, channels=channels)
+        ds = synthetic_dataset(seed=0, image_size=image_size or 32, channels=channels)
         if writers is not None:
             ds = dataclasses.replace(ds, groups=np.arange(len(ds.y_train)) % writers)
         return ds

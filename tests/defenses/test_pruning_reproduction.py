@@ -1387,6 +1387,6 @@ def test_part_b_smoke_records_the_baseline_and_the_row_fields(tmp_path):
         ("none", None), ("largest_pseudo", None), ("priprune", 10.0)}
     assert all(r["accuracy_at_round"] == r["accuracy_by_round"][r["round"]] for r in rows)
     recorded = [r.pop("majority_label_local_accuracy") for r in rows]
-    ds = fedsim.data.load_dataset(res["dataset"], image_size=res["image_size"])
+    ds = fedsim.data.load_dataset(res["dataset"], image_size=res["image_size"], seed=0)
     add_majority_baseline(rows, res["settings"], ds)
     assert [r["majority_label_local_accuracy"] for r in rows] == recorded

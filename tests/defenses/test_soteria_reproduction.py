@@ -237,7 +237,7 @@ def test_attack_grid_per_setting_pairs_the_initialisation(per_setting):
 
     from benchmarks.reproduce_sun2021 import attack_grid
     from fedsim.data import load_dataset
-    ds = load_dataset("synthetic", image_size=16)
+    ds = load_dataset("synthetic", image_size=16, seed=0)
     args = argparse.Namespace(seed=0, victims=2, image_size=16, lr=0.01, attack_lr=1.0,
                               gs_iters=3, soteria_gs=[], gc_gs=[0.0], sigmas_gs=[],
                               dp_sigma="variance")
@@ -335,7 +335,7 @@ def test_attack_grid_keys_are_named_streams_not_other_runs_keys(monkeypatch):
     monkeypatch.setattr(R, "defended_gradient", spy_defended)
     monkeypatch.setattr(R.inverting_gradients, "run_many", spy_attack)
     monkeypatch.setattr(R.dlg, "run_many", spy_attack)
-    ds = load_dataset("synthetic", image_size=16)
+    ds = load_dataset("synthetic", image_size=16, seed=0)
     for attack in ("gs", "dlg"):
         args = argparse.Namespace(seed=3, victims=2, image_size=16, lr=0.01, attack_lr=1.0,
                                   gs_iters=1, dlg_iters=1, soteria_gs=[], gc_gs=[0.1],
@@ -525,7 +525,7 @@ def test_gs_architecture_counts_the_dead_features_of_r(tmp_path):
     from fedsim.client import masked_mean_loss
     from fedsim.data import synthetic_dataset
     from fedsim.simulation import Simulation
-    ds = synthetic_dataset(image_size=16, num_train=12000, num_test=16)  # make_cfg's 100 × 100 shards
+    ds = synthetic_dataset(seed=0, image_size=16, num_train=12000, num_test=16)  # make_cfg's 100 × 100 shards
     model = sun.convnet_factory(4, init="torch")
     args = argparse.Namespace(seed=0, image_size=16, lr=0.01)
     victims = [0, 3, 5]

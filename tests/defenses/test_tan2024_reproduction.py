@@ -193,7 +193,7 @@ def test_batch_size_experiment_hands_out_fresh_keys(monkeypatch):
     monkeypatch.setattr(R, "victim_gradient", lambda apply_fn, params, x, y: zeros(params))
     monkeypatch.setattr(R, "attack", spy_attack)
     monkeypatch.setattr(R, "init_params", spy_init)
-    ds = synthetic_dataset(image_size=16, num_classes=4, num_train=32, num_test=40)
+    ds = synthetic_dataset(seed=0, image_size=16, num_classes=4, num_train=32, num_test=40)
     # B = 3: where fold_in(key, B) used to be the attack key too
     budget = dataclasses.replace(R.BUDGETS["smoke"], batch_sizes=(3,), batch_repeats=2,
                                  train_models=("lenet",))
@@ -289,7 +289,7 @@ def test_ig_and_batch_parts_run_on_colour_images():
 
     from fedsim.data import synthetic_dataset
 
-    ds = synthetic_dataset(image_size=32, channels=3, num_classes=7, num_train=64, num_test=40)
+    ds = synthetic_dataset(seed=0, image_size=32, channels=3, num_classes=7, num_train=64, num_test=40)
     stats = R.data_statistics(ds.x_train)
     budget = dataclasses.replace(R.BUDGETS["smoke"], ig_victims=2, ig_iterations=4,
                                  wide_kappas=(), dp_kappas=(100,), batch_sizes=(1, 2))
@@ -314,7 +314,7 @@ def test_a_batch_size_no_class_can_fill_is_named():
 
     from fedsim.data import synthetic_dataset
 
-    ds = synthetic_dataset(image_size=32, num_train=20, num_test=10)
+    ds = synthetic_dataset(seed=0, image_size=32, num_train=20, num_test=10)
     budget = dataclasses.replace(R.BUDGETS["smoke"], batch_sizes=(50,))
     with pytest.raises(ValueError, match=r"batch size 50: no class has 50 test examples"):
         R.batch_size_experiment(ds, budget, 0)

@@ -190,3 +190,16 @@ def test_resizing_gives_the_same_images_under_x64():
         wide = data.resize_images(x, 16)
     assert plain.dtype == wide.dtype == np.float32 and plain.shape == (5, 16, 16, 1)
     np.testing.assert_array_equal(wide, plain)
+
+
+def test_the_synthetic_dataset_is_never_seeded_silently():
+    """Its examples are drawn from its seed, so the caller must give one (a
+    Simulation gives the config's); real datasets need none."""
+    from fedsim.data import DatasetError, synthetic_dataset
+    with pytest.raises(DatasetError, match="seed="):
+        load_dataset("synthetic")
+    with pytest.raises(TypeError, match="seed"):
+        synthetic_dataset(image_size=8)
+    a, b = (load_dataset("synthetic", image_size=8, seed=s) for s in (3, 4))
+    assert not np.array_equal(a.x_train, b.x_train)
+    np.testing.assert_array_equal(a.x_train, load_dataset("synthetic", image_size=8, seed=3).x_train)

@@ -106,7 +106,7 @@ def test_normalisation_statistics_are_the_training_splits_pixel_moments():
     mean and std of ``x_train`` (the split the run keeps), i.e. over every
     pixel of every training image, here computed in float64 with numpy.
     """
-    ds = load_dataset("synthetic", max_train=300, max_test=100)
+    ds = load_dataset("synthetic", max_train=300, max_test=100, seed=0)
     pixels = ds.x_train.astype(np.float64).reshape(-1, ds.x_train.shape[-1])
     np.testing.assert_allclose(ds.mean, pixels.mean(axis=0), rtol=1e-5)
     np.testing.assert_allclose(ds.std, pixels.std(axis=0), rtol=1e-5)
@@ -119,8 +119,8 @@ def test_max_train_and_max_test_keep_the_first_examples_with_their_labels():
     only the *first* examples, so the subset is the full split's prefix, images
     and labels alike.
     """
-    full = load_dataset("synthetic")
-    sub = load_dataset("synthetic", max_train=100, max_test=40)
+    full = load_dataset("synthetic", seed=0)
+    sub = load_dataset("synthetic", max_train=100, max_test=40, seed=0)
     np.testing.assert_array_equal(sub.x_train, full.x_train[:100])
     np.testing.assert_array_equal(sub.y_train, full.y_train[:100])
     np.testing.assert_array_equal(sub.x_test, full.x_test[:40])
@@ -141,7 +141,7 @@ def test_max_train_keeps_the_natural_ids_of_the_examples_it_keeps(monkeypatch):
         return data.dataclasses.replace(ds, groups=np.arange(len(ds.y_train)) // 7)
 
     monkeypatch.setattr(data, "synthetic_dataset", with_groups)
-    ds = load_dataset("synthetic", max_train=50)
+    ds = load_dataset("synthetic", max_train=50, seed=0)
     np.testing.assert_array_equal(ds.groups, np.arange(50) // 7)
 
 

@@ -16,7 +16,7 @@ def tiny(monkeypatch):
     y = (np.arange(64) % 10).astype(np.int32)
     ds = data.Dataset(name="tiny", x_train=x, y_train=y, x_test=x[:16], y_test=y[:16],
                       num_classes=10, mean=x.mean((0, 1, 2)), std=x.std((0, 1, 2)))
-    monkeypatch.setattr(data, "load_dataset", lambda name, image_size=None: ds)
+    monkeypatch.setattr(data, "load_dataset", lambda name, image_size=None, seed=None: ds)
     return ds
 
 
