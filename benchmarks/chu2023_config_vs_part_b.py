@@ -98,8 +98,8 @@ def main(argv=None) -> dict:
     if mismatched or cfg.pruning.reconfigurations != args.reconfigs:
         raise SystemExit(f"{CONFIG.name} no longer matches part B's recorded settings: "
                          f"{mismatched or 'reconfigurations'}")
-    # seed: the synthetic dataset's own (real data has none), 0 as in every
-    # committed run of this script.
+    # seed: the synthetic dataset's own (real data has none); 0, the seed
+    # this script has always loaded it with.
     ds = load_dataset(args.dataset, image_size=args.image_size, seed=0)
 
     # The config's federation (its observer.fill), and the record's (its own fill:

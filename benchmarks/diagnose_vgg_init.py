@@ -137,8 +137,8 @@ def main(argv=None) -> dict:
         ap.error(f"--lrs must be > 0, got {args.lrs}")
     import fedsim.data
     try:
-        # seed: the synthetic dataset's own (real data has none), 0 as in every
-        # committed run of this script.
+        # seed: the synthetic dataset's own (real data has none); 0, the seed
+        # this script has always loaded it with.
         ds = fedsim.data.load_dataset(args.dataset, image_size=args.image_size, seed=0)
     except fedsim.data.DatasetError as e:
         ap.error(f"--dataset {args.dataset}: {e}")

@@ -2046,8 +2046,8 @@ def _load(ap, dataset, partition, image_size):
     """The dataset, or an argparse error naming the option and the loader's reason."""
     import fedsim.data
     try:
-        # seed: the synthetic dataset's own (real data has none), 0 as in every
-        # committed run of this script.
+        # seed: the synthetic dataset's own (real data has none); 0, the seed
+        # this script has always loaded it with.
         ds = fedsim.data.load_dataset(dataset, image_size=image_size, seed=0)
     except fedsim.data.DatasetError as e:
         ap.error(f"--dataset {dataset}: {e}")

@@ -904,8 +904,8 @@ def main(argv=None):
     settings = {k: v for k, v in vars(a).items() if k not in ("out", "parts", "render")}
     from fedsim.data import DatasetError, load_dataset
     try:  # fail before anything is written
-        # seed: the synthetic dataset's own (real data has none), 0 as in every
-        # committed run of this script.
+        # seed: the synthetic dataset's own (real data has none); 0, the seed
+        # this script has always loaded it with.
         dataset = load_dataset(a.dataset, image_size=a.image_size, seed=0)
     except DatasetError as e:
         ap.error(f"--dataset {a.dataset}: {e}")

@@ -1605,8 +1605,8 @@ def main(argv=None):
                            "seconds": time.perf_counter() - t0}
 
     try:
-        # seed: the synthetic dataset's own (real data has none), 0 as in every
-        # committed run of this script.
+        # seed: the synthetic dataset's own (real data has none); 0, the seed
+        # this script has always loaded it with.
         ds_full = load_dataset(args.dataset, image_size=32, seed=0)
     except DatasetError as e:
         ap.error(f"--dataset {args.dataset}: {e}")
