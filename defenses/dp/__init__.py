@@ -8,6 +8,9 @@ Example stage (per-example gradients [B, ...] -> one gradient):
 Upload stage (client update):
   update_gaussian(sigma), update_laplace(scale)           # Soteria baselines (003 §6.1)
   client_level_dp(clip_norm, noise_multiplier, clients_per_round)   # DP-FedAvg
+Server side (not an engine stage; usable in one's own JAX code):
+  quantile_dp_fedavg(noise_multiplier, expected_clients_per_round, ...)   # Andrew et al. 2021
+      DP-FedAvg whose clip norm tracks a private quantile of the update norms
 Sampler:
   sample_vmf(key, mu, kappa, num=None), sample_vmf_cosine(key, kappa, dim, num)
 Accounting:
@@ -20,6 +23,8 @@ Accounting:
 """
 
 from defenses.dp._params import DPParameters, dp_parameters
+from defenses.dp.adaptive_clipping import (clip_to_quantile_estimate, quantile_dp_fedavg,
+                                           update_noise_multiplier)
 from defenses.dp.clipping import clip_examples, clip_layers
 from defenses.dp.gaussian import dp_clip, dp_gaussian
 from defenses.dp.psac import dp_psac, psac_weights
@@ -30,6 +35,7 @@ __all__ = [
     "DPParameters", "dp_parameters", "clip_examples", "clip_layers", "dp_clip",
     "dp_gaussian", "dp_psac", "psac_weights", "client_level_dp", "update_gaussian",
     "update_laplace", "dp_vmf", "sample_vmf", "sample_vmf_cosine", "wood_constants",
+    "quantile_dp_fedavg", "clip_to_quantile_estimate", "update_noise_multiplier",
 ]
 
 from defenses.dp.accountant_hook import attach_accountant  # noqa: E402  (registers the plugin)
