@@ -6,11 +6,12 @@ training loop (the engine has no server-side stage for it yet, see
 that can be checked on one CPU:
 
 1. the clip norm tracks the target quantile of the cohort's update norms
-   (the median, γ = 0.5) from C₀ = 0.1 (§2, Fig 1): the run records C_t and,
-   for evaluation only (not released, not private), the median norm of each
-   round's updates;
+   (the median, γ = 0.5, and γ = 0.1 here) from C₀ = 0.1 (§2): the run
+   records C_t and, for evaluation only (not released, not private), the
+   norm quantile of each round's cohort;
 2. adaptive clipping to the median is competitive with the best of a grid of
-   fixed clips at the same noise multiplier z (§4, Table 2), without tuning.
+   fixed clips at the same noise multiplier z (§4), without tuning. Run at
+   z = 0 (no noise), 0.3 and 1.
 
 Setting: Fashion-MNIST (the Debian IDX files) standardised, McMahan et al.'s
 shards (2 per client, 50 examples each, 1,200 clients), a 784-64-10 ReLU MLP,
@@ -49,7 +50,7 @@ from fedsim.data import load_dataset  # noqa: E402
 from fedsim.partition import shards  # noqa: E402
 
 NAME = "adaptive_clipping_fmnist"
-FIXED_CLIPS = (0.03, 0.1, 0.3, 1.0, 3.0)
+FIXED_CLIPS = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 
 
 def init_mlp(key, sizes):
@@ -89,11 +90,12 @@ def make_local_update(batch: int, lr: float):
     return local_update
 
 
-def build(args, x_clients, y_clients, x_test, y_test):
-    """Jitted round functions for the adaptive and the fixed aggregations."""
+def build(args, z, gamma, x_clients, y_clients, x_test, y_test):
+    """Jitted round functions for the adaptive (target γ) and the fixed aggregations at z."""
     local = jax.vmap(make_local_update(args.batch, args.client_lr), in_axes=(None, 0, 0, 0))
-    m, z = args.cohort, args.noise_multiplier
-    adaptive = quantile_dp_fedavg(z, m)  # the paper's C0 = 0.1, γ = 0.5, η_C = 0.2, σ_b = m/20
+    m = args.cohort
+    # The paper's C0 = 0.1, η_C = 0.2 and σ_b = m/20 (0 without noise).
+    adaptive = quantile_dp_fedavg(z, m, target_unclipped_quantile=gamma)
 
     def server_step(params, velocity, mean):
         velocity = jax.tree_util.tree_map(lambda v, d: args.server_momentum * v + d,
@@ -113,7 +115,8 @@ def build(args, x_clients, y_clients, x_test, y_test):
         ups, norms = updates_of(params, ids, client_key)
         mean, state, info = adaptive.apply(ups, state, key=noise_key)
         params, velocity = server_step(params, velocity, mean)
-        return params, velocity, state, info, jnp.median(norms)
+        # Evaluation only (not released): the cohort's norm quantile at the target.
+        return params, velocity, state, info, jnp.quantile(norms, gamma), jnp.median(norms)
 
     @jax.jit
     def fixed_round(params, velocity, clip, ids, client_key, noise_key):
@@ -149,9 +152,6 @@ def run(args) -> dict:
     x_clients = jnp.asarray(prep(ds.x_train)[idx])
     y_clients = jnp.asarray(ds.y_train[idx])
     x_test, y_test = jnp.asarray(prep(ds.x_test)), jnp.asarray(ds.y_test)
-    adaptive, adaptive_round, fixed_round, accuracy = build(args, x_clients, y_clients,
-                                                            x_test, y_test)
-
     root = jax.random.key(args.seed)
     init_key, cohort_key, client_key, noise_key = jax.random.split(root, 4)
     params0 = init_mlp(init_key, (x_clients.shape[-1], args.hidden, ds.num_classes))
@@ -162,56 +162,68 @@ def run(args) -> dict:
     eval_rounds = sorted(set(range(args.eval_every - 1, args.rounds, args.eval_every))
                          | {args.rounds - 1})
 
-    configs = [("adaptive", None)] + [(f"fixed C={c:g}", c) for c in FIXED_CLIPS]
-    rows = []
-    for name, clip in configs:
-        params, velocity = params0, zeros
-        state = adaptive.init()
-        trace, accs = [], []
-        t0 = time.perf_counter()
-        for r in range(args.rounds):
-            ids = jnp.asarray(cohorts[r])
-            ck, nk = jax.random.fold_in(client_key, r), jax.random.fold_in(noise_key, r)
-            if clip is None:
-                params, velocity, state, info, median = adaptive_round(
-                    params, velocity, state, ids, ck, nk)
-                trace.append({"round": r, "clip_norm": float(info["clip_norm"]),
-                              "noised_unclipped_fraction":
-                                  float(info["noised_unclipped_fraction"]),
-                              "median_update_norm": float(median)})
-            else:
-                params, velocity, unclipped, median = fixed_round(params, velocity, clip, ids,
-                                                                  ck, nk)
-                trace.append({"round": r, "clip_norm": clip,
-                              "unclipped_fraction": float(unclipped),
-                              "median_update_norm": float(median)})
-            if r in eval_rounds:
-                accs.append({"round": r, "accuracy": float(accuracy(params))})
-        if not all(math.isfinite(a["accuracy"]) for a in accs):
-            raise SystemExit(f"{NAME}: {name} gave a non-finite accuracy")
-        rows.append({"config": name, "clip_norm": clip, "trace": trace, "accuracy": accs,
-                     "final_accuracy": accs[-1]["accuracy"],
-                     "mean_accuracy_last_5_evals": float(np.mean([a["accuracy"]
-                                                                  for a in accs[-5:]])),
-                     "seconds": time.perf_counter() - t0})
-        print(f"{name}: final accuracy {accs[-1]['accuracy']:.4f}", flush=True)
-
     q, delta = args.cohort / args.clients, 1.0 / args.clients
-    eps = dp_fedavg_epsilon(args.noise_multiplier, q, delta, sampled_rounds=args.rounds)
+    rows, settings = [], []
+    for z in args.noise_multipliers:
+        eps = (dp_fedavg_epsilon(z, q, delta, sampled_rounds=args.rounds).epsilon if z > 0
+               else None)
+        configs = ([("adaptive", g, None) for g in args.quantiles]
+                   + [("fixed", None, c) for c in FIXED_CLIPS])
+        for kind, gamma, clip in configs:
+            adaptive, adaptive_round, fixed_round, accuracy = build(
+                args, z, 0.5 if gamma is None else gamma, x_clients, y_clients, x_test, y_test)
+            if kind == "adaptive":
+                settings.append({"noise_multiplier": z, "target_unclipped_quantile": gamma,
+                                 "update_noise_multiplier": adaptive.update_noise_multiplier,
+                                 "clipped_count_stddev": adaptive.clipped_count_stddev})
+            name = (f"adaptive γ={gamma:g}" if kind == "adaptive" else f"fixed C={clip:g}")
+            params, velocity = params0, zeros
+            state = adaptive.init()
+            trace, accs = [], []
+            t0 = time.perf_counter()
+            for r in range(args.rounds):
+                ids = jnp.asarray(cohorts[r])
+                ck, nk = jax.random.fold_in(client_key, r), jax.random.fold_in(noise_key, r)
+                if kind == "adaptive":
+                    params, velocity, state, info, quantile, median = adaptive_round(
+                        params, velocity, state, ids, ck, nk)
+                    trace.append({"round": r, "clip_norm": float(info["clip_norm"]),
+                                  "noised_unclipped_fraction":
+                                      float(info["noised_unclipped_fraction"]),
+                                  "quantile_update_norm": float(quantile),
+                                  "median_update_norm": float(median)})
+                else:
+                    params, velocity, unclipped, median = fixed_round(params, velocity, clip,
+                                                                      ids, ck, nk)
+                    trace.append({"round": r, "clip_norm": clip,
+                                  "unclipped_fraction": float(unclipped),
+                                  "median_update_norm": float(median)})
+                if r in eval_rounds:
+                    accs.append({"round": r, "accuracy": float(accuracy(params))})
+            if not all(math.isfinite(a["accuracy"]) for a in accs):
+                raise SystemExit(f"{NAME}: {name} at z={z:g} gave a non-finite accuracy")
+            rows.append({"config": name, "kind": kind, "noise_multiplier": z, "epsilon": eps,
+                         "target_unclipped_quantile": gamma, "clip_norm": clip,
+                         "trace": trace, "accuracy": accs,
+                         "final_accuracy": accs[-1]["accuracy"],
+                         "mean_accuracy_last_5_evals": float(np.mean(
+                             [a["accuracy"] for a in accs[-5:]])),
+                         "seconds": time.perf_counter() - t0})
+            print(f"z={z:g} {name}: final accuracy {accs[-1]['accuracy']:.4f}", flush=True)
+
     return {
         "setting": {k: v for k, v in vars(args).items() if k != "out"},
-        "update_noise_multiplier": adaptive.update_noise_multiplier,
-        "clipped_count_stddev": adaptive.clipped_count_stddev,
+        "adaptive_settings": settings,
         "examples_per_client": int(n),
-        "epsilon": eps.epsilon, "delta": delta, "sample_rate": q,
+        "delta": delta, "sample_rate": q,
         "rows": rows, "device": jax.devices()[0].device_kind, **git_state(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
 
 def tracking(row, start: int) -> dict:
-    """Median over rounds ≥ start of log(C_t / median norm), and its spread."""
-    ratios = np.array([t["clip_norm"] / t["median_update_norm"] for t in row["trace"][start:]])
+    """Median over rounds ≥ start of log(C_t / the cohort's target-quantile norm), and spread."""
+    ratios = np.array([t["clip_norm"] / t["quantile_update_norm"] for t in row["trace"][start:]])
     logs = np.log(ratios)
     return {"median_ratio": float(np.exp(np.median(logs))),
             "q10_ratio": float(np.exp(np.quantile(logs, 0.1))),
@@ -221,10 +233,7 @@ def tracking(row, start: int) -> dict:
 def markdown(result: dict) -> str:
     s = result["setting"]
     rows = result["rows"]
-    adaptive = rows[0]
-    start = len(adaptive["trace"]) // 2
-    track = tracking(adaptive, start)
-    frac = [t["noised_unclipped_fraction"] for t in adaptive["trace"][start:]]
+    start = s["rounds"] // 2
     lines = [
         "# DP-FedAvg with adaptive clipping (Andrew et al. 2021) against fixed clips",
         "",
@@ -235,41 +244,56 @@ def markdown(result: dict) -> str:
         f"{s['dataset']}, {s['clients']} clients × {result['examples_per_client']} examples "
         f"(2 shards each), MLP 784-{s['hidden']}-10, m = {s['cohort']} a round, "
         f"{s['rounds']} rounds, E = 1, B = {s['batch']}, client lr {s['client_lr']}, server "
-        f"momentum {s['server_momentum']} lr {s['server_lr']}, seed {s['seed']}. Noise "
-        f"multiplier z = {s['noise_multiplier']:g} for every row: user-level ε = "
-        f"{result['epsilon']:.3g} at δ = {result['delta']:.3g} (q = {result['sample_rate']:.3g}, "
-        f"RDP). The adaptive row puts z_Δ = {result['update_noise_multiplier']:.4f} on the update "
-        f"and σ_b = {result['clipped_count_stddev']:g} on the count.",
+        f"momentum {s['server_momentum']} lr {s['server_lr']}, seed {s['seed']}. Every row "
+        "sees the same cohorts, client keys and initial model. At each noise multiplier z "
+        f"every row is accounted at z (user-level, q = {result['sample_rate']:.3g}, "
+        f"δ = {result['delta']:.3g}, RDP); the adaptive rows put z_Δ on the update and σ_b "
+        "on the count (below). z = 0: no noise, no DP, the count exact.",
         "",
-        "## Does the clip norm track the median update norm?",
+        "## Does the clip norm track its target quantile?",
         "",
-        f"Rounds {start}–{len(adaptive['trace']) - 1}: C_t over the cohort's median update "
-        f"norm (evaluation only; the median is not released) has median "
-        f"{track['median_ratio']:.3f}, 10–90 % range {track['q10_ratio']:.3f}–"
-        f"{track['q90_ratio']:.3f}; the noised unclipped fraction b̃ averages "
-        f"{np.mean(frac):.3f} (target 0.5). C went from {adaptive['trace'][0]['clip_norm']:g} "
-        f"to {adaptive['trace'][-1]['clip_norm']:.3g}.",
+        f"Rounds {start}–{s['rounds'] - 1}. The ratio is C_t over the cohort's update-norm "
+        "quantile at the target (computed for evaluation only: not released, not private); "
+        "b̃ is the released noised unclipped fraction.",
         "",
-        "## Accuracy at the same z",
-        "",
-        "| aggregation | clip | final accuracy | mean of the last 5 evaluations | share of "
-        "updates unclipped, 2nd half (adaptive: the noised b̃) | seconds |",
-        "|---|---|---|---|---|---|",
+        "| z | γ | z_Δ | σ_b | C_t / quantile: median (10–90 %) | mean b̃ | C at the end |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for row in rows:
-        key = ("noised_unclipped_fraction" if row["clip_norm"] is None
-               else "unclipped_fraction")
-        share = np.mean([t[key] for t in row["trace"][start:]])
-        clip = ("adaptive" if row["clip_norm"] is None else f"{row['clip_norm']:g}")
-        lines.append(f"| {row['config']} | {clip} | {row['final_accuracy']:.4f} | "
-                     f"{row['mean_accuracy_last_5_evals']:.4f} | {share:.3f} | "
-                     f"{row['seconds']:.1f} |")
-    best = max(rows[1:], key=lambda r: r["mean_accuracy_last_5_evals"])
-    lines += ["", f"Best fixed clip: {best['config']} ({best['mean_accuracy_last_5_evals']:.4f}); "
-              f"adaptive: {adaptive['mean_accuracy_last_5_evals']:.4f} "
-              f"({adaptive['mean_accuracy_last_5_evals'] - best['mean_accuracy_last_5_evals']:+.4f})."
-              " One seed: a difference of a point or two is within what another seed "
-              "moves.", ""]
+    for st in result["adaptive_settings"]:
+        row = next(r for r in rows if r["kind"] == "adaptive"
+                   and r["noise_multiplier"] == st["noise_multiplier"]
+                   and r["target_unclipped_quantile"] == st["target_unclipped_quantile"])
+        t = tracking(row, start)
+        frac = np.mean([x["noised_unclipped_fraction"] for x in row["trace"][start:]])
+        lines.append(f"| {st['noise_multiplier']:g} | {st['target_unclipped_quantile']:g} | "
+                     f"{st['update_noise_multiplier']:.4f} | {st['clipped_count_stddev']:g} | "
+                     f"{t['median_ratio']:.3f} ({t['q10_ratio']:.3f}–{t['q90_ratio']:.3f}) | "
+                     f"{frac:.3f} | {row['trace'][-1]['clip_norm']:.3g} |")
+    lines += ["", "## Accuracy at the same z", ""]
+    for z in s["noise_multipliers"]:
+        group = [r for r in rows if r["noise_multiplier"] == z]
+        eps = group[0]["epsilon"]
+        lines += [f"### z = {z:g} ({'no DP' if eps is None else f'ε = {eps:.3g}'})", "",
+                  "| aggregation | final accuracy | mean of the last 5 evaluations | share of "
+                  "updates unclipped, 2nd half (adaptive: the noised b̃) | seconds |",
+                  "|---|---|---|---|---|"]
+        for row in group:
+            key = ("noised_unclipped_fraction" if row["kind"] == "adaptive"
+                   else "unclipped_fraction")
+            share = np.mean([t[key] for t in row["trace"][start:]])
+            lines.append(f"| {row['config']} | {row['final_accuracy']:.4f} | "
+                         f"{row['mean_accuracy_last_5_evals']:.4f} | {share:.3f} | "
+                         f"{row['seconds']:.1f} |")
+        fixed = [r for r in group if r["kind"] == "fixed"]
+        best = max(fixed, key=lambda r: r["mean_accuracy_last_5_evals"])
+        edge = best["clip_norm"] in (min(FIXED_CLIPS), max(FIXED_CLIPS))
+        lines += ["", f"Best fixed clip: {best['config']} "
+                  f"({best['mean_accuracy_last_5_evals']:.4f}"
+                  f"{', at the edge of the grid' if edge else ''}); "
+                  + "; ".join(f"{r['config']}: {r['mean_accuracy_last_5_evals']:.4f} "
+                              f"({r['mean_accuracy_last_5_evals'] - best['mean_accuracy_last_5_evals']:+.4f})"
+                              for r in group if r["kind"] == "adaptive")
+                  + ". One seed.", ""]
     return "\n".join(lines)
 
 
@@ -279,25 +303,33 @@ def plot(result: dict, path: pathlib.Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = result["rows"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    tr = rows[0]["trace"]
-    a.plot([t["round"] for t in tr], [t["clip_norm"] for t in tr], label="adaptive C_t")
-    a.plot([t["round"] for t in tr], [t["median_update_norm"] for t in tr],
-           label="median update norm (not released)", alpha=0.7)
-    a.set_yscale("log")
-    a.set_xlabel("round")
-    a.legend()
-    a.set_title("clip norm against the median update norm")
-    for row in rows:
-        b.plot([e["round"] for e in row["accuracy"]], [e["accuracy"] for e in row["accuracy"]],
-               label=row["config"], lw=2.5 if row["clip_norm"] is None else 1.2)
-    b.set_xlabel("round")
-    b.set_ylabel("test accuracy")
-    b.legend(fontsize=8)
-    b.set_title(f"z = {result['setting']['noise_multiplier']:g}, "
-                f"ε = {result['epsilon']:.3g}")
+    zs = result["setting"]["noise_multipliers"]
+    fig, axes = plt.subplots(2, len(zs), figsize=(5 * len(zs), 8), squeeze=False)
+    for col, z in enumerate(zs):
+        group = [r for r in rows if r["noise_multiplier"] == z]
+        top, bottom = axes[0][col], axes[1][col]
+        for row in (r for r in group if r["kind"] == "adaptive"):
+            tr = row["trace"]
+            line, = top.plot([t["round"] for t in tr], [t["clip_norm"] for t in tr],
+                             label=f"C_t, {row['config']}")
+            top.plot([t["round"] for t in tr], [t["quantile_update_norm"] for t in tr],
+                     color=line.get_color(), alpha=0.4, ls="--",
+                     label="cohort's γ-quantile norm (not released)")
+        top.set_yscale("log")
+        top.set_xlabel("round")
+        top.set_title(f"z = {z:g}: clip norm against its target")
+        top.legend(fontsize=7)
+        for row in group:
+            bottom.plot([e["round"] for e in row["accuracy"]],
+                        [e["accuracy"] for e in row["accuracy"]], label=row["config"],
+                        lw=2.5 if row["kind"] == "adaptive" else 1.0)
+        eps = group[0]["epsilon"]
+        bottom.set_title(f"z = {z:g}, " + ("no DP" if eps is None else f"ε = {eps:.3g}"))
+        bottom.set_xlabel("round")
+        bottom.set_ylabel("test accuracy")
+        bottom.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -315,7 +347,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--client-lr", type=float, default=0.1)
     ap.add_argument("--server-lr", type=float, default=1.0)
     ap.add_argument("--server-momentum", type=float, default=0.9)
-    ap.add_argument("--noise-multiplier", type=float, default=1.0)
+    ap.add_argument("--noise-multipliers", type=float, nargs="+", default=[0.0, 0.3, 1.0],
+                    help="z values; every configuration runs at each")
+    ap.add_argument("--quantiles", type=float, nargs="+", default=[0.5, 0.1],
+                    help="target unclipped quantiles γ of the adaptive rows (paper: 0.5)")
     ap.add_argument("--eval-every", type=int, default=10)
     args = ap.parse_args(argv)
     if args.rounds is None:
@@ -323,6 +358,10 @@ def main(argv=None) -> dict:
     for name in ("rounds", "clients", "cohort", "hidden", "batch", "eval_every"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if any(not 0 <= g <= 1 for g in args.quantiles):
+        ap.error(f"--quantiles must lie in [0, 1], got {args.quantiles}")
+    if any(not z >= 0 for z in args.noise_multipliers):
+        ap.error(f"--noise-multipliers must be >= 0, got {args.noise_multipliers}")
     if args.cohort > args.clients:
         ap.error(f"--cohort {args.cohort} is larger than --clients {args.clients}")
     result = run(args)
