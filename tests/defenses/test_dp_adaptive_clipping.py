@@ -89,6 +89,16 @@ def test_bad_parameters_are_named(kwargs, name):
                            **args)
 
 
+def test_a_missing_key_is_named():
+    agg = quantile_dp_fedavg(0.5, 100)
+    ups = _updates(jax.random.key(0), 4, jnp.ones(4))
+    for call in (lambda: agg.apply(ups, agg.init(), key=None),
+                 lambda: agg.aggregate(jax.tree_util.tree_map(lambda a: a[0], ups), 0.0,
+                                       agg.init(), key=3)):
+        with pytest.raises(ValueError, match="key must be a jax.random.key"):
+            call()
+
+
 def test_a_present_mask_of_the_wrong_shape_is_named():
     agg = quantile_dp_fedavg(0.0, 4)
     ups = _updates(jax.random.key(0), 4, jnp.ones(4))
