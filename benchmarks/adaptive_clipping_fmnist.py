@@ -17,11 +17,11 @@ Setting: Fashion-MNIST (the Debian IDX files) standardised, McMahan et al.'s
 shards (2 per client, 50 examples each, 1,200 clients), a 784-64-10 ReLU MLP,
 m = 100 clients a round sampled without replacement (accounted as Poisson at
 q = m/K, as the engine's ``client_level_dp`` is), E = 1 epoch of B = 10 at
-client lr 0.1, server SGD with momentum 0.9 and lr 1 (Andrew et al. §4 use
-server momentum 0.9). Every configuration sees the same cohorts and the same
-client keys; only the aggregation differs. The fixed-clip rows are
-DP-FedAvg (McMahan et al. 2018) at noise z·C, the adaptive row adds the
-count at σ_b = m/20 and puts z_Δ on the update, so both are accounted at z.
+client lr 0.1, server SGD with momentum 0.9 and lr 1 (not tuned). Every
+configuration sees the same cohorts and the same client keys; only the
+aggregation differs. The fixed-clip rows are DP-FedAvg (McMahan et al. 2018)
+at noise z·C; the adaptive rows add the count at σ_b = m/20 and put z_Δ on
+the update, so all are accounted at z.
 
 Run:  python benchmarks/adaptive_clipping_fmnist.py [--quick] [--out DIR]
 Writes ``adaptive_clipping_fmnist.{json,md,png}`` under ``--out``

@@ -22,6 +22,9 @@ z_Δ = (z⁻² − (2σ_b)⁻²)^(−½), which needs 2σ_b > z; account the run
 :func:`defenses.accounting.dp_fedavg_epsilon` at z (user level, add/remove
 adjacency, a client's rounds Poisson-sampled at q). The paper's defaults,
 used here: C_0 = 0.1, γ = 0.5 (the median), η_C = 0.2, σ_b = m/20.
+The paper is not among the team's papers (``../shared/papers``): the section
+numbers are those of arXiv 1905.03871, and the defaults are the ones
+TensorFlow Privacy's and Flower's documentation quote from it.
 
 What is built: pure functions, usable in one's own JAX code and under
 ``jax.jit``, in two halves that match secure aggregation (the server needs
@@ -65,7 +68,7 @@ from fedsim.typing import PRNGKey, PyTree, Updates
 __all__ = ["QuantileClipState", "QuantileDPFedAvg", "clip_to_quantile_estimate",
            "quantile_dp_fedavg", "update_noise_multiplier"]
 
-#: Andrew et al.'s recommended σ_b as a share of the expected cohort m (§4: m/20).
+#: Andrew et al.'s recommended σ_b as a share of the expected cohort m (m/20).
 DEFAULT_COUNT_STDDEV_PER_CLIENT = 0.05
 
 
