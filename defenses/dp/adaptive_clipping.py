@@ -88,7 +88,9 @@ class QuantileDPFedAvg(NamedTuple):
     Attributes:
       init: ``init() -> QuantileClipState`` (C_0).
       apply: ``apply(updates, state, *, key, present=None) -> (mean_update,
-        state', info)`` for a stack of client updates (leaves [C, ...]).
+        state', info)`` for a stack of client updates (leaves [C, ...]);
+        ``present`` [C] is 1 for a sampled client and 0 otherwise (a weight
+        other than 0/1 would scale that client's sensitivity).
       aggregate: ``aggregate(clipped_sum, shifted_bit_sum, state, *, key) ->
         (mean_update, state', info)``, the server's half alone, given the sums
         over the cohort of what :func:`clip_to_quantile_estimate` returns: the
