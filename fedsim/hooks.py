@@ -113,6 +113,17 @@ class Defense(NamedTuple):
         data share a name): a checkpoint of hand-given defenses and the
         calibration key. ``""`` for a defense built by hand, whose name then
         stands for it (:func:`spec_of`); ``_replace(name=...)`` keeps it.
+      end_round: optional ``end_round(states, ids, cohort_states) -> states``,
+        the server's step of a defense with server-side state, run once per
+        round after the cohort trained (every strategy, in the same compiled
+        step as the aggregation). ``states`` is the defense's state for
+        every client (leaves [N, ...]) with the cohort's new states already
+        written at ``ids``; ``cohort_states`` is the cohort's (leaves [C, ...],
+        in the order of ``ids``). What it returns becomes every client's
+        state for the next round: e.g. adaptive clipping (Andrew et al. 2021,
+        ``defenses.dp.adaptive_client_level_dp``) sums the cohort's noised
+        unclipped bits and gives every client the next clip norm. A client
+        skipped for a NaN/Inf update keeps its state from before the round.
       guarantees: what the defense promises, as objects an accountant reads
         (:class:`defenses.dp.DPParameters`, whose accountants report ε;
         :class:`defenses.channels.ChannelGuarantee`, whose leakage ledger
@@ -137,6 +148,7 @@ class Defense(NamedTuple):
     scan_local_steps: bool = False
     spec: str = ""
     guarantees: tuple[Any, ...] = ()
+    end_round: Callable[[PyTree, Any, PyTree], PyTree] | None = None
 
 
 class FollowedBy(NamedTuple):
@@ -256,11 +268,17 @@ def chain(*defenses: Defense) -> Defense:
             new_states.append(s)
         return params, tuple(new_states)
 
-    # The chain has a begin_round only where one of its defenses has one.
+    def end(states, ids, cohort_states):
+        return tuple(d.end_round(s, ids, c) if d.end_round is not None else s
+                     for d, s, c in zip(defenses, states, cohort_states))
+
+    # The chain has a begin_round (end_round) only where one of its defenses has one.
     has_begin = any(d.begin_round is not None for d in defenses)
+    has_end = any(d.end_round is not None for d in defenses)
     name = "+".join(d.name for d in defenses)
     return Defense(init=init, apply=apply, stage=stage, name=name,
                    begin_round=begin if has_begin else None,
+                   end_round=end if has_end else None,
                    discards_example_stage=any(d.discards_example_stage for d in defenses),
                    batch_statistics=all(d.batch_statistics for d in defenses),
                    config_checks=tuple(c for d in defenses for c in d.config_checks),

@@ -255,7 +255,8 @@ def _naming_errors(d: Defense, where: str) -> Defense:
                 raise ConfigError(f"{where}: {e}") from e
         return call
 
-    return d._replace(init=named(d.init), apply=named(d.apply), begin_round=named(d.begin_round))
+    return d._replace(init=named(d.init), apply=named(d.apply), begin_round=named(d.begin_round),
+                      end_round=named(d.end_round))
 
 
 def partition_dataset(cfg: Config, ds: Dataset) -> list[np.ndarray]:
@@ -800,6 +801,7 @@ class Simulation:
                 (state.params, state.opt_state))
             cs = jax.tree_util.tree_map(lambda a, n: a.at[ids].set(n), state.client_states,
                                         new_cstates)
+            cs = _end_round(self.defenses, cs, ids, new_cstates)
             if jax.tree_util.tree_leaves(state.mask):  # a mask that changes: Alg 1 line 11
                 params = _apply_mask(params, state.mask)
             return ServerState(params, opt_state, state.round + 1, cs, state.mask)
@@ -1123,6 +1125,16 @@ def enable_config_dtype(cfg: Config) -> None:
 def _copy(tree):
     """New buffers for ``tree`` (a state's leaves may be donated to the round step)."""
     return jax.tree_util.tree_map(jnp.copy, tree)
+
+
+def _end_round(defenses: dict[str, Defense], states: dict, ids, cohort_states: dict) -> dict:
+    """Every client's defense state after the server steps of the defenses that have one
+    (``Defense.end_round``); the stages without one are returned as they are."""
+    out = dict(states)
+    for stage, d in defenses.items():
+        if d.end_round is not None:
+            out[stage] = d.end_round(states[stage], ids, cohort_states[stage])
+    return out
 
 
 def _apply_mask(params, mask):

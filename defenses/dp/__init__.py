@@ -8,7 +8,8 @@ Example stage (per-example gradients [B, ...] -> one gradient):
 Upload stage (client update):
   update_gaussian(sigma), update_laplace(scale)           # Soteria baselines (003 §6.1)
   client_level_dp(clip_norm, noise_multiplier, clients_per_round)   # DP-FedAvg
-Server side (not an engine stage; usable in one's own JAX code):
+  adaptive_client_level_dp(noise_multiplier, clients_per_round, ...)  # Andrew et al. 2021
+Server side, in one's own JAX code:
   quantile_dp_fedavg(noise_multiplier, expected_clients_per_round, ...)   # Andrew et al. 2021
       DP-FedAvg whose clip norm tracks a private quantile of the update norms
 Sampler:
@@ -23,8 +24,8 @@ Accounting:
 """
 
 from defenses.dp._params import DPParameters, dp_parameters
-from defenses.dp.adaptive_clipping import (clip_to_quantile_estimate, quantile_dp_fedavg,
-                                           update_noise_multiplier)
+from defenses.dp.adaptive_clipping import (adaptive_client_level_dp, clip_to_quantile_estimate,
+                                           quantile_dp_fedavg, update_noise_multiplier)
 from defenses.dp.clipping import clip_examples, clip_layers
 from defenses.dp.gaussian import dp_clip, dp_gaussian
 from defenses.dp.psac import dp_psac, psac_weights
@@ -36,6 +37,7 @@ __all__ = [
     "dp_gaussian", "dp_psac", "psac_weights", "client_level_dp", "update_gaussian",
     "update_laplace", "dp_vmf", "sample_vmf", "sample_vmf_cosine", "wood_constants",
     "quantile_dp_fedavg", "clip_to_quantile_estimate", "update_noise_multiplier",
+    "adaptive_client_level_dp",
 ]
 
 from defenses.dp.accountant_hook import attach_accountant  # noqa: E402  (registers the plugin)

@@ -45,16 +45,30 @@ Deviations and limits:
   floored at 0 (a clip norm below 0 means nothing).
 * A client whose update is NaN/Inf is left out of both sums (as if it had not
   been sampled) and counted in ``info["nonfinite"]``; the denominator stays m.
-* ``fedsim.Simulation`` cannot run this yet: it has no server-side stage
-  with state (the clip norm must be one number that the server updates from
-  the round's sums and sends to the next cohort). ``client_level_dp`` is the
-  fixed-clip DP-FedAvg that the engine runs. Adaptive clipping here is not
-  DP-PSAC (:mod:`defenses.dp.psac`), which adapts per-example clipping
-  inside a client's DP-SGD.
+* Adaptive clipping here is not DP-PSAC (:mod:`defenses.dp.psac`), which
+  adapts per-example clipping inside a client's DP-SGD.
+
+In a ``fedsim.Simulation`` (a config's ``defenses:``):
+:func:`adaptive_client_level_dp` is the same round as an upload defense with
+a server step (``Defense.end_round``). Every client's defense state holds
+C_t; a client clips to it and, as ``client_level_dp`` does with the update,
+adds its share of each noise: N(0, (z_Δ C_t)²/m · I) on the update and
+N(0, σ_b²/m) on its shifted bit, which it keeps in its state. The server's
+step sums the cohort's m noisy bits (whose noise adds up to N(0, σ_b²)), sets
+C_{t+1} and gives it to every client. The guarantee is the library's (user
+level at z, for the aggregate, with ``training.weighting: uniform`` and m =
+``training.clients_per_round``); a curious server that sees single uploads
+sees each at z/√m (reported as local ε). A client skipped for a NaN/Inf
+update keeps its state from before the round (its bit 0, as in ``apply``),
+and its noise shares are missing from that round's sums, as with
+``client_level_dp``.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import numbers
 from typing import Callable, NamedTuple
 
 import jax
@@ -63,10 +77,13 @@ import jax.numpy as jnp
 from defenses.accounting._validation import check_nonnegative, check_positive
 from defenses.dp._flat import flatten_batched
 from defenses.dp.clipping import check_noise_multiplier
+from defenses.dp._params import DPParameters
+from defenses.dp.update_noise import check_client_level_dp
+from fedsim.hooks import Defense, register_defense
 from fedsim.typing import PRNGKey, PyTree, Updates
 
-__all__ = ["QuantileClipState", "QuantileDPFedAvg", "clip_to_quantile_estimate",
-           "quantile_dp_fedavg", "update_noise_multiplier"]
+__all__ = ["QuantileClipState", "QuantileDPFedAvg", "adaptive_client_level_dp",
+           "clip_to_quantile_estimate", "quantile_dp_fedavg", "update_noise_multiplier"]
 
 #: Andrew et al.'s recommended σ_b as a share of the expected cohort m (m/20).
 DEFAULT_COUNT_STDDEV_PER_CLIENT = 0.05
@@ -272,3 +289,89 @@ def _check_present(present, count: int) -> jax.Array:
                          f"got shape {shape}")
     return jnp.asarray(present).astype(jnp.float32)
 
+
+
+@register_defense("adaptive_client_level_dp")
+def adaptive_client_level_dp(noise_multiplier: float, clients_per_round: int, *,
+                             initial_clip_norm: float = 0.1,
+                             target_unclipped_quantile: float = 0.5,
+                             clip_learning_rate: float = 0.2,
+                             clipped_count_stddev: float | None = None,
+                             geometric_update: bool = True) -> Defense:
+    """DP-FedAvg with adaptive clipping (Andrew et al. 2021) as an engine upload defense.
+
+    The round of :func:`quantile_dp_fedavg` in distributed form (module
+    docstring): each client clips its update to the C_t in its state and
+    adds its shares of the update's and the count's noise; the defense's
+    ``end_round`` turns the cohort's bits into C_{t+1} for every client.
+    The per-client state is ``{"clip_norm": C_t, "shifted_bit": b − ½ plus
+    its noise share}`` (0 outside the round's cohort).
+
+    Args:
+      noise_multiplier: z > 0, the joint multiplier (accounted as DP-FedAvg's σ).
+      clients_per_round: m, the run's ``training.clients_per_round`` (a
+        Simulation refuses another value, and weighting other than uniform).
+      initial_clip_norm, target_unclipped_quantile, clip_learning_rate,
+        clipped_count_stddev, geometric_update: as :func:`quantile_dp_fedavg`.
+
+    Raises:
+      ValueError: as :func:`quantile_dp_fedavg`, z = 0 (use no defense), or an m
+        that is not a positive integer.
+    """
+    m = clients_per_round
+    if isinstance(m, bool) or not isinstance(m, numbers.Integral) or int(m) < 1:
+        raise ValueError(f"clients_per_round must be a positive integer (the round's cohort "
+                         f"size), got {m!r}")
+    m = int(m)
+    agg = quantile_dp_fedavg(noise_multiplier, m, initial_clip_norm=initial_clip_norm,
+                             target_unclipped_quantile=target_unclipped_quantile,
+                             clip_learning_rate=clip_learning_rate,
+                             clipped_count_stddev=clipped_count_stddev,
+                             geometric_update=geometric_update)
+    z = agg.noise_multiplier
+    if z == 0.0:
+        raise ValueError("noise_multiplier must be > 0 for adaptive_client_level_dp (z = 0 "
+                         "gives no guarantee; quantile_dp_fedavg runs without noise in your "
+                         "own loop)")
+    update_share = agg.update_noise_multiplier / math.sqrt(m)
+    count_share = agg.clipped_count_stddev / math.sqrt(m)
+    gamma, eta = float(target_unclipped_quantile), float(clip_learning_rate)
+    c0 = float(initial_clip_norm)
+
+    def init(params):
+        return {"clip_norm": jnp.asarray(c0, jnp.float32),
+                "shifted_bit": jnp.zeros((), jnp.float32)}
+
+    def apply(update, state, *, key, context=None):
+        value_key, count_key = jax.random.split(key)
+        clip = state["clip_norm"]
+        batched = jax.tree_util.tree_map(lambda u: u[None], update)
+        matrix, unflatten = flatten_batched(batched)
+        v = matrix[0]
+        norm = jnp.sqrt(jnp.sum(v * v))
+        bit = (norm <= clip).astype(jnp.float32) - 0.5
+        v = v / jnp.maximum(1.0, norm / clip)
+        v = v + update_share * clip * jax.random.normal(value_key, v.shape, v.dtype)
+        bit = bit + count_share * jax.random.normal(count_key, (), jnp.float32)
+        return unflatten(v), {"clip_norm": clip, "shifted_bit": bit}
+
+    def end_round(states, ids, cohort_states):
+        # Every client holds the same C_t (set here for all of them each round).
+        clip = states["clip_norm"][0]
+        fraction = jnp.clip(jnp.sum(cohort_states["shifted_bit"]) / m + 0.5, 0.0, 1.0)
+        step = eta * (fraction - gamma)
+        new_clip = clip * jnp.exp(-step) if geometric_update else jnp.maximum(clip - step, 0.0)
+        return {"clip_norm": jnp.full_like(states["clip_norm"], new_clip),
+                "shifted_bit": jnp.zeros_like(states["shifted_bit"])}
+
+    return Defense(
+        init, apply, "upload",
+        f"adaptive_client_level_dp(z={z:g},m={m},gamma={gamma:g})",
+        config_checks=(functools.partial(check_client_level_dp, m,
+                                         name="adaptive_client_level_dp"),),
+        guarantees=(
+            DPParameters("gauss", noise_multiplier=z, clip_norm=c0, level="client"),
+            # One upload (update and bit) carries its shares: jointly z/√m.
+            DPParameters("gauss", noise_multiplier=z / math.sqrt(m), clip_norm=c0,
+                         level="local")),
+        end_round=end_round)

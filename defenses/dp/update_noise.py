@@ -145,7 +145,7 @@ def client_level_dp(clip_norm: float, noise_multiplier: float,
                                     clip_norm=clip, level="local")))
 
 
-def check_client_level_dp(clients_per_round: int, cfg) -> None:
+def check_client_level_dp(clients_per_round: int, cfg, name: str = "client_level_dp") -> None:
     """Refuse a ``client_level_dp`` whose noise shares do not add up to σC.
 
     The shares sum to N(0, σ²C²) only when m equals the cohort the server
@@ -158,6 +158,7 @@ def check_client_level_dp(clients_per_round: int, cfg) -> None:
     Args:
       clients_per_round: the defense's m.
       cfg: the run's :class:`fedsim.config.Config`.
+      name: the defense the messages name (``adaptive_client_level_dp`` too).
 
     Raises:
       fedsim.config.ConfigError: naming ``training.clients_per_round`` or
@@ -168,10 +169,10 @@ def check_client_level_dp(clients_per_round: int, cfg) -> None:
     t = cfg.training
     if clients_per_round != t.clients_per_round:
         raise ConfigError(
-            f"client_level_dp: clients_per_round={clients_per_round} but the run samples "
+            f"{name}: clients_per_round={clients_per_round} but the run samples "
             f"training.clients_per_round={t.clients_per_round} clients a round; the "
             "noise shares add up to σC only over the clients actually summed")
     if t.weighting != "uniform":
         raise ConfigError(
-            f"client_level_dp needs training.weighting: uniform (got {t.weighting!r}): its "
+            f"{name} needs training.weighting: uniform (got {t.weighting!r}): its "
             "guarantee is for the clipped updates' sum, which example-count weights rescale")

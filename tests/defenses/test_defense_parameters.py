@@ -14,6 +14,8 @@ from fedsim import hooks
 
 # The arguments each factory needs besides the one under test.
 REQUIRED = {
+    "adaptive_client_level_dp": dict(noise_multiplier=1.0, clients_per_round=2,
+                                     clipped_count_stddev=1.0),
     "client_level_dp": dict(clip_norm=1.0, noise_multiplier=1.0, clients_per_round=2),
     "dp_gaussian": dict(noise_multiplier=1.0), "dp_psac": dict(noise_multiplier=1.0),
     "dp_vmf": dict(kappa=50.0), "gc": dict(p=0.5), "natural_channel": dict(kappa=10.0),
