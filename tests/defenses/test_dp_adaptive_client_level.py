@@ -232,3 +232,22 @@ def test_the_example_config_runs_reports_epsilon_at_z_and_resumes_with_its_clip_
     resumed = _run_config(tmp_path, "resumed", 3)
     assert resumed[-1]["test_loss"] == whole[-1]["test_loss"]
     assert resumed[-1]["train_loss"] == whole[-1]["train_loss"]
+
+
+def test_each_client_adds_its_share_of_both_noises():
+    """Over 2,000 keys, one client's upload and bit carry N(0, (z_Δ C)²/m) per
+    coordinate and N(0, σ_b²/m): the m shares add up to the round's noise."""
+    z, sigma_b, m, clip = 1.0, 2.0, 4, 0.5
+    d = adaptive_client_level_dp(z, m, clipped_count_stddev=sigma_b, initial_clip_norm=clip)
+    update = {"w": jax.numpy.full((10, 5), 0.01), "b": jax.numpy.zeros(3)}  # norm 0.0707 < C
+    state = d.init(update)
+    outs, states = jax.jit(jax.vmap(lambda k: d.apply(update, state, key=k)))(
+        jax.random.split(jax.random.key(0), 2000))
+    noise = np.concatenate([np.asarray(outs["w"] - 0.01).reshape(2000, -1),
+                            np.asarray(outs["b"]).reshape(2000, -1)], axis=1)
+    z_delta = (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
+    assert noise.std() == pytest.approx(z_delta * clip / math.sqrt(m), rel=0.02)
+    bits = np.asarray(states["shifted_bit"])
+    assert bits.std() == pytest.approx(sigma_b / math.sqrt(m), rel=0.05)
+    assert abs(bits.mean() - 0.5) < 4 * sigma_b / math.sqrt(m) / math.sqrt(2000)
+    assert np.all(np.asarray(states["clip_norm"]) == np.float32(clip))
