@@ -180,7 +180,7 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
         "environment": environment(),
     }
     for key in ("epsilon", "delta", "client_level_epsilon", "client_level_delta",
-                "local_epsilon", "local_delta", "leakage_total"):
+                "local_epsilon", "local_delta", "leakage_total", "adaptive_clip_norm"):
         if key in log.rows[-1]:
             summary[key] = log.rows[-1][key]
     if hand:  # in no config: the summary is the only record of what ran

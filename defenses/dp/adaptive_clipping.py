@@ -79,7 +79,7 @@ from defenses.dp._flat import flatten_batched
 from defenses.dp.clipping import check_noise_multiplier
 from defenses.dp._params import DPParameters
 from defenses.dp.update_noise import check_client_level_dp
-from fedsim.hooks import Defense, register_defense
+from fedsim.hooks import Defense, register_defense, register_simulation_plugin
 from fedsim.typing import PRNGKey, PyTree, Updates
 
 __all__ = ["QuantileClipState", "QuantileDPFedAvg", "adaptive_client_level_dp",
@@ -375,3 +375,41 @@ def adaptive_client_level_dp(noise_multiplier: float, clients_per_round: int, *,
             DPParameters("gauss", noise_multiplier=z / math.sqrt(m), clip_norm=c0,
                          level="local")),
         end_round=end_round)
+
+
+def _clip_states(tree):
+    """The ``adaptive_client_level_dp`` states inside an upload stage's state
+    (itself, or a part of a chain's tuple)."""
+    if isinstance(tree, dict) and set(tree) == {"clip_norm", "shifted_bit"}:
+        yield tree
+    elif isinstance(tree, dict):
+        for value in tree.values():
+            yield from _clip_states(value)
+    elif isinstance(tree, (tuple, list)):
+        for value in tree:
+            yield from _clip_states(value)
+
+
+class ClipNormReport:
+    """Round callback: ``adaptive_clip_norm``, the C_{t+1} that round t's server
+    step released (every client's state holds it; the next round clips to it)."""
+
+    def __call__(self, round_idx: int, row: dict, *, state) -> dict:
+        found = list(_clip_states(state.client_states.get("upload")))
+        if len(found) != 1:  # two of them in one chain: which is meant is unclear
+            return {}
+        return {"adaptive_clip_norm": float(found[0]["clip_norm"][0])}
+
+
+def attach_clip_norm_report(sim) -> bool:
+    """Add ``adaptive_clip_norm`` to every metrics row of a run whose upload
+    stage runs ``adaptive_client_level_dp`` (a simulation plugin)."""
+    upload = sim.defenses.get("upload")
+    if upload is None or "adaptive_client_level_dp" not in upload.name:
+        return False
+    if not any(isinstance(cb, ClipNormReport) for cb in sim.round_callbacks):
+        sim.round_callbacks.append(ClipNormReport())
+    return True
+
+
+register_simulation_plugin(attach_clip_norm_report)

@@ -17,7 +17,9 @@ import pytest
 
 from defenses.accounting import dp_fedavg_epsilon
 from defenses.dp import adaptive_client_level_dp, dp_parameters
+from defenses.dp.adaptive_clipping import ClipNormReport
 from fedsim.config import ConfigError
+from fedsim.run import _call_round_callback
 from fedsim.simulation import Simulation
 from tests.fedsim.helpers import small_config, small_dataset
 
@@ -53,10 +55,14 @@ def _round0(spec, **over):
 @pytest.fixture(scope="module")
 def raw_norms():
     """Round 0's update norms, unclipped (C₀ = 10⁴ is above every one)."""
-    _, state, norms = _round0(_spec(initial_clip_norm=1e4))
+    sim, state, norms = _round0(_spec(initial_clip_norm=1e4))
     # Nothing clipped: every bit +½, b̃ = 1, C₁ = C₀·exp(−0.2·(1 − 0.5)).
     np.testing.assert_allclose(np.asarray(state.client_states["upload"]["clip_norm"]),
                                1e4 * math.exp(-0.1), rtol=1e-6)
+    reports = [cb for cb in sim.round_callbacks if isinstance(cb, ClipNormReport)]
+    assert len(reports) == 1
+    assert reports[0](0, {}, state=state)["adaptive_clip_norm"] == pytest.approx(
+        1e4 * math.exp(-0.1), rel=1e-6)
     return norms
 
 
@@ -140,7 +146,7 @@ def test_the_accountants_report_z_for_the_aggregate_and_z_over_root_m_per_upload
         state, _ = sim.run_round(state, r)
         row = {}
         for cb in sim.round_callbacks:
-            row.update(cb(r, row) or {})
+            row.update(_call_round_callback(cb, r, row, state) or {})
     expected = dp_fedavg_epsilon(1.0, M / 6, 1 / 6, sampled_rounds=2).epsilon
     assert row["client_level_epsilon"] == pytest.approx(expected, rel=1e-6)
     assert "local_epsilon" in row
@@ -228,10 +234,16 @@ def test_the_example_config_runs_reports_epsilon_at_z_and_resumes_with_its_clip_
     expected = [dp_fedavg_epsilon(0.5, 0.2, 0.01, sampled_rounds=r + 1).epsilon
                 for r in range(3)]
     assert [r["client_level_epsilon"] for r in whole] == pytest.approx(expected, rel=1e-9)
+    clips = [r["adaptive_clip_norm"] for r in whole]
+    assert len(set(clips)) == 3 and all(c > 0 for c in clips)  # it moves every round
     _run_config(tmp_path, "resumed", 2)
     resumed = _run_config(tmp_path, "resumed", 3)
     assert resumed[-1]["test_loss"] == whole[-1]["test_loss"]
     assert resumed[-1]["train_loss"] == whole[-1]["train_loss"]
+    assert [r["adaptive_clip_norm"] for r in resumed] == clips
+    import json
+    summary = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+    assert summary["adaptive_clip_norm"] == clips[-1]
 
 
 def test_each_client_adds_its_share_of_both_noises():
