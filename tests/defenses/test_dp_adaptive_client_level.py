@@ -263,3 +263,31 @@ def test_each_client_adds_its_share_of_both_noises():
     assert bits.std() == pytest.approx(sigma_b / math.sqrt(m), rel=0.05)
     assert abs(bits.mean() - 0.5) < 4 * sigma_b / math.sqrt(m) / math.sqrt(2000)
     assert np.all(np.asarray(states["clip_norm"]) == np.float32(clip))
+
+
+def test_a_skipped_client_leaves_its_bit_out_of_the_count():
+    """A client whose upload is NaN is skipped and keeps its state from before
+    the round (bit 0): the others' two +½ bits give b̃ = (½ + ½)/3 + ½."""
+    import jax.numpy as jnp
+
+    from fedsim.hooks import Defense, chain
+    from fedsim.simulation import build_defenses
+
+    sim0 = Simulation(_cfg([_spec()], **{"training.on_nonfinite": "skip_client"}),
+                      small_dataset())
+    counts = [int(c) for c in sim0.client_counts]
+    target = next(c for c in range(M) if counts.count(counts[c]) == 1)
+
+    def apply(update, state, *, key, context=None):
+        bad = context.num_examples == counts[target]
+        return jax.tree_util.tree_map(lambda u: jnp.where(bad, jnp.nan, u), update), state
+
+    poison = Defense(lambda p: (), apply, "upload", "nan_for_one_client")
+    adaptive = build_defenses([_spec(initial_clip_norm=1e4)])["upload"]
+    sim = Simulation(_cfg([], **{"training.on_nonfinite": "skip_client"}), small_dataset(),
+                     defenses={"upload": chain(poison, adaptive)})
+    state, res = sim.run_round(sim.init_state(), 0)
+    assert res.skipped_clients == [target]
+    upload = state.client_states["upload"][1]
+    np.testing.assert_allclose(np.asarray(upload["clip_norm"]),
+                               1e4 * math.exp(-0.2 * (1 / 3 + 0.5 - 0.5)), rtol=1e-6)
