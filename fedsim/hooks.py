@@ -123,7 +123,9 @@ class Defense(NamedTuple):
         state for the next round: e.g. adaptive clipping (Andrew et al. 2021,
         ``defenses.dp.adaptive_client_level_dp``) sums the cohort's noised
         unclipped bits and gives every client the next clip norm. A client
-        skipped for a NaN/Inf update keeps its state from before the round.
+        skipped for a NaN/Inf update keeps its state from before the round;
+        a round that skipped every client has no server step (this one
+        included).
       guarantees: what the defense promises, as objects an accountant reads
         (:class:`defenses.dp.DPParameters`, whose accountants report ε;
         :class:`defenses.channels.ChannelGuarantee`, whose leakage ledger

@@ -801,7 +801,7 @@ class Simulation:
                 (state.params, state.opt_state))
             cs = jax.tree_util.tree_map(lambda a, n: a.at[ids].set(n), state.client_states,
                                         new_cstates)
-            cs = _end_round(self.defenses, cs, ids, new_cstates)
+            cs = _end_round(self.defenses, cs, ids, new_cstates, counted)
             if jax.tree_util.tree_leaves(state.mask):  # a mask that changes: Alg 1 line 11
                 params = _apply_mask(params, state.mask)
             return ServerState(params, opt_state, state.round + 1, cs, state.mask)
@@ -1127,13 +1127,21 @@ def _copy(tree):
     return jax.tree_util.tree_map(jnp.copy, tree)
 
 
-def _end_round(defenses: dict[str, Defense], states: dict, ids, cohort_states: dict) -> dict:
+def _end_round(defenses: dict[str, Defense], states: dict, ids, cohort_states: dict,
+               counted) -> dict:
     """Every client's defense state after the server steps of the defenses that have one
-    (``Defense.end_round``); the stages without one are returned as they are."""
+    (``Defense.end_round``); the stages without one are returned as they are.
+
+    ``counted`` (bool scalar) is False where every client of the round was
+    skipped: then, as for the model, there is no server step, and the states
+    stay as they were.
+    """
     out = dict(states)
     for stage, d in defenses.items():
         if d.end_round is not None:
-            out[stage] = d.end_round(states[stage], ids, cohort_states[stage])
+            stepped = d.end_round(states[stage], ids, cohort_states[stage])
+            out[stage] = jax.tree_util.tree_map(lambda n, o: jnp.where(counted, n, o),
+                                                stepped, states[stage])
     return out
 
 

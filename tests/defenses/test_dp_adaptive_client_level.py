@@ -291,3 +291,25 @@ def test_a_skipped_client_leaves_its_bit_out_of_the_count():
     upload = state.client_states["upload"][1]
     np.testing.assert_allclose(np.asarray(upload["clip_norm"]),
                                1e4 * math.exp(-0.2 * (1 / 3 + 0.5 - 0.5)), rtol=1e-6)
+
+
+
+def test_a_round_that_skips_every_client_leaves_the_clip_norm():
+    """No upload counted: no server step, for the model and for C (whose update
+    from no bits, b̃ = ½, would move it at γ = 0.1)."""
+    import jax.numpy as jnp
+
+    from fedsim.hooks import Defense, chain
+    from fedsim.simulation import build_defenses
+
+    def apply(update, state, *, key, context=None):
+        return jax.tree_util.tree_map(lambda u: u * jnp.nan, update), state
+
+    poison = Defense(lambda p: (), apply, "upload", "nan_for_everyone")
+    adaptive = build_defenses([_spec(target_unclipped_quantile=0.1)])["upload"]
+    sim = Simulation(_cfg([], **{"training.on_nonfinite": "skip_client"}), small_dataset(),
+                     defenses={"upload": chain(poison, adaptive)})
+    state, res = sim.run_round(sim.init_state(), 0)
+    assert len(res.skipped_clients) == M
+    np.testing.assert_array_equal(np.asarray(state.client_states["upload"][1]["clip_norm"]),
+                                  np.float32(0.1))
