@@ -18,7 +18,7 @@ from fedsim.results import (RunFileError, finite_number, read_attack_summary, re
 
 #: Columns shown where at least one run has them, after the ones every run has.
 OPTIONAL_COLUMNS = ("epsilon", "client_level_epsilon", "local_epsilon", "leakage_total",
-                    "attack_psnr", "attack_nmi", "attack_ami")
+                    "adaptive_clip_norm", "attack_psnr", "attack_nmi", "attack_ami")
 
 #: The fields of ``summary.json``'s ``environment`` (:func:`fedsim.provenance.environment`)
 #: that a comparison names where the runs differ in them.
@@ -150,7 +150,8 @@ def table_row(label: str, run: dict) -> dict:
         "seconds": summary.get("seconds",
                                sum(finite_number(r.get("seconds")) or 0 for r in rows)),
     }
-    for key in ("epsilon", "client_level_epsilon", "local_epsilon", "leakage_total"):
+    for key in ("epsilon", "client_level_epsilon", "local_epsilon", "leakage_total",
+                "adaptive_clip_norm"):
         out[key] = summary.get(key, last.get(key))
     out["attack_psnr"] = attack.get("psnr")
     out["attack_nmi"] = attack.get("nmi")

@@ -244,6 +244,10 @@ def test_the_example_config_runs_reports_epsilon_at_z_and_resumes_with_its_clip_
     import json
     summary = json.loads((tmp_path / "resumed" / "summary.json").read_text())
     assert summary["adaptive_clip_norm"] == clips[-1]
+    from fedsim.compare import compare
+    table = compare([tmp_path / "whole", tmp_path / "resumed"])
+    header = table.splitlines()[0]
+    assert "adaptive_clip_norm" in header
 
 
 def test_each_client_adds_its_share_of_both_noises():
