@@ -179,7 +179,8 @@ def _clip_rows(updates: PyTree, clip_norm):
     norms = jnp.sqrt(jnp.sum(matrix * matrix, axis=1))
     clip = jnp.asarray(clip_norm, jnp.float32)
     bits = (norms <= clip).astype(jnp.float32)
-    scale = 1.0 / jnp.maximum(1.0, norms / clip)
+    # min(1, C/‖Δ‖), also where the linear update took C to 0 (a 0/0 would be NaN).
+    scale = jnp.where(norms > clip, clip / jnp.where(norms > clip, norms, 1.0), 1.0)
     clipped = jax.tree_util.tree_map(
         lambda u: (u * scale.reshape((-1,) + (1,) * (u.ndim - 1)).astype(u.dtype)), updates)
     return clipped, bits, norms
@@ -290,7 +291,6 @@ def _check_present(present, count: int) -> jax.Array:
     return jnp.asarray(present).astype(jnp.float32)
 
 
-
 @register_defense("adaptive_client_level_dp")
 def adaptive_client_level_dp(noise_multiplier: float, clients_per_round: int, *,
                              initial_clip_norm: float = 0.1,
@@ -350,7 +350,7 @@ def adaptive_client_level_dp(noise_multiplier: float, clients_per_round: int, *,
         v = matrix[0]
         norm = jnp.sqrt(jnp.sum(v * v))
         bit = (norm <= clip).astype(jnp.float32) - 0.5
-        v = v / jnp.maximum(1.0, norm / clip)
+        v = v * jnp.where(norm > clip, clip / jnp.where(norm > clip, norm, 1.0), 1.0)
         v = v + update_share * clip * jax.random.normal(value_key, v.shape, v.dtype)
         bit = bit + count_share * jax.random.normal(count_key, (), jnp.float32)
         return unflatten(v), {"clip_norm": clip, "shifted_bit": bit}

@@ -154,6 +154,11 @@ def test_the_linear_update_stops_at_zero_and_the_fraction_is_clamped():
     _, state, info = agg.apply(ups, agg.init(), key=jax.random.key(1))
     assert float(info["noised_unclipped_fraction"]) == 1.0
     assert float(state.clip_norm) == 0.0
+    # At C = 0 every update is clipped to 0 (a zero update too: no 0/0 NaN).
+    ups0 = jax.tree_util.tree_map(lambda a: a.at[0].set(0.0), ups)
+    mean, _, info0 = agg.apply(ups0, state, key=jax.random.key(2))
+    assert all(not np.any(np.asarray(a)) for a in jax.tree_util.tree_leaves(mean))
+    assert int(info0["nonfinite"]) == 0
     noisy = quantile_dp_fedavg(0.0, 4, clipped_count_stddev=1e4, clip_learning_rate=0.2)
     fractions = [float(noisy.apply(ups, noisy.init(), key=jax.random.key(s))[2][
         "noised_unclipped_fraction"]) for s in range(6)]
