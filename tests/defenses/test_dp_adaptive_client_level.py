@@ -227,11 +227,11 @@ def _run_config(tmp_path, out, rounds, *extra):
 
 
 def test_the_example_config_runs_reports_epsilon_at_z_and_resumes_with_its_clip_norm(tmp_path):
-    """configs/dp_fedavg_adaptive.yaml shrunk to synthetic data: ε at z = 0.5
+    """configs/dp_fedavg_adaptive.yaml shrunk to synthetic data: ε at z = 1
     per round, and a run resumed after round 2 of 3 ends where one run does
     (the clip norm is in every client's checkpointed state)."""
     whole = _run_config(tmp_path, "whole", 3)
-    expected = [dp_fedavg_epsilon(0.5, 0.2, 0.01, sampled_rounds=r + 1).epsilon
+    expected = [dp_fedavg_epsilon(1.0, 0.2, 0.01, sampled_rounds=r + 1).epsilon
                 for r in range(3)]
     assert [r["client_level_epsilon"] for r in whole] == pytest.approx(expected, rel=1e-9)
     clips = [r["adaptive_clip_norm"] for r in whole]
