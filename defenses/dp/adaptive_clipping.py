@@ -73,6 +73,7 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from defenses.accounting._validation import check_nonnegative, check_positive
 from defenses.dp._flat import flatten_batched
@@ -288,6 +289,12 @@ def _check_present(present, count: int) -> jax.Array:
     if shape != (count,):
         raise ValueError(f"present must have shape ({count},), one entry per client update; "
                          f"got shape {shape}")
+    if not isinstance(present, jax.core.Tracer):  # under jit the values are not known here
+        values = np.asarray(present, np.float64)
+        if not np.all((values == 0) | (values == 1)):
+            raise ValueError("present must hold 0 (not sampled) or 1 (sampled) per client; a "
+                             "weight, NaN or other value would scale that client's "
+                             f"sensitivity; got {sorted(set(values.tolist()))[:5]}")
     return jnp.asarray(present).astype(jnp.float32)
 
 

@@ -104,6 +104,10 @@ def test_a_present_mask_of_the_wrong_shape_is_named():
     ups = _updates(jax.random.key(0), 4, jnp.ones(4))
     with pytest.raises(ValueError, match=r"present must have shape \(4,\)"):
         agg.apply(ups, agg.init(), key=jax.random.key(1), present=jnp.ones(3))
+    for bad in ([1, 2, 1, 0], [1, float("nan"), 1, 1], [0.5, 1, 1, 1]):
+        with pytest.raises(ValueError, match="present must hold 0 .* or 1"):
+            agg.apply(ups, agg.init(), key=jax.random.key(1), present=jnp.asarray(bad))
+    agg.apply(ups, agg.init(), key=jax.random.key(1), present=jnp.asarray([1, 0, 1, 1]))
 
 
 # --- one round against numpy -------------------------------------------------
