@@ -11,7 +11,7 @@ from attacks.api import ATTACK_REGISTRY, Reconstruction, register_attack, run_at
 # Each area's modules register themselves on import; a module not written yet
 # is skipped (ModuleNotFoundError for that module only).
 for _name in ("metrics", "labels", "gradient_inversion", "dlg", "inverting_gradients",
-              "fedavg_inversion", "model_inversion", "representation", "membership", "sgi"):
+              "fedavg_inversion", "model_inversion", "representation", "membership", "sgi", "analytic"):
     try:
         _importlib.import_module(f"attacks.{_name}")
     except ModuleNotFoundError as _e:

@@ -24,7 +24,7 @@ BASE = {
 }
 WEIRD = [None, -1, 0, 1, 2, 2.5, -3.7, 1e9, "", "zzz", True, False, [], [1, "a"], {}, {"k": 1},
          "1e-3", float("nan"), float("inf"), "dlg", "sgi", "fedavg_inversion", "model_inversion",
-         "weights", "l2", "lbfgs", "joint", "gaussian", "soteria", "dp_gaussian"]
+         "analytic", "weights", "l2", "lbfgs", "joint", "gaussian", "soteria", "dp_gaussian"]
 
 
 def _check(seed, tmp_path, capsys):

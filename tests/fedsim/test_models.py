@@ -10,6 +10,8 @@ from fedsim.models import build_model, count_params, init_params, make_apply_fn
 # Conv-2 on 28×28 is LEAF's 6.6 M FEMNIST CNN.
 EXPECTED = [
     ("mlp", (16, 16, 1), 10, 13_700),
+    # McMahan et al. 2017 §3: the MNIST 2NN "(199,210 total parameters)".
+    ("mlp_2nn", (28, 28, 1), 10, 199_210),
     ("lenet", (28, 28, 1), 10, 17_038),
     ("lenet", (32, 32, 3), 10, 19_438),
     ("lenet5", (28, 28, 1), 10, 61_706),
@@ -35,7 +37,8 @@ def test_parameter_counts(name, shape, classes, expected):
     assert count_params(params) == expected
 
 
-@pytest.mark.parametrize("name,shape", [("mlp", (16, 16, 1)), ("lenet", (28, 28, 1)),
+@pytest.mark.parametrize("name,shape", [("mlp", (16, 16, 1)), ("mlp_2nn", (16, 16, 1)),
+                                        ("lenet", (28, 28, 1)),
                                         ("lenet5", (28, 28, 1)), ("lenet5_1998", (28, 28, 1)),
                                         ("convnet", (32, 32, 3))])
 def test_forward_shapes(name, shape):

@@ -1,0 +1,392 @@
+"""The closed-form input-layer attack on real Fashion-MNIST: how much of a batch it reads off.
+
+What it measures, for ``attacks.analytic`` against McMahan et al.'s 2NN
+(784-200-200-10, ReLU, biases) on FedSGD gradients of real Fashion-MNIST
+28×28 batches:
+
+1. **Batch size** (B = 1 … 128), at the initial model and after one epoch of
+   SGD: the share of the batch's examples the attack returns exactly (a
+   returned input within half an 8-bit level of the example in every pixel,
+   checked against the truth, not taken from the attack's own flag), the
+   slots it marks exact that are not, the matched PSNR, and two reference
+   shares computed from the true first-layer activations: the examples with
+   at least two exclusively activated units (what the attack's grouping rule
+   is built to find) and with at least one (what an exclusive-unit attack,
+   e.g. Pan et al. 2022, can read). They are not strict ceilings: a unit
+   that other examples reach with a vanishing δ gives one example's input
+   to within rounding too.
+2. **Defenses** on the same victims at B = 1 and 8: per-example clipping
+   alone and DP-SGD's Gaussian noise (``defenses.dp.dp_gaussian``, C = 1,
+   σ = 1e-3 … 1), and gradient compression (``defenses.pruning.magnitude_prune``,
+   p = 0.5 … 0.99).
+3. **The grouping tolerance**: recovered and falsely marked examples at
+   ``match_tolerance`` 1e-3 … 1e-6, B = 4, 8, 16, with how far the marked
+   groups' ratios spread (the measurement behind the default).
+4. **Side by side with Inverting Gradients** (``attacks.inverting_gradients``,
+   its defaults, ``--ig-iterations``) on the first ``--ig-victims`` victims at
+   B = 1 and 8: PSNR and seconds per victim, in the same run.
+
+Victims are drawn from training images the trained model did not train on;
+every state and defense sees the same victims and the same noise keys.
+
+Run:  python benchmarks/analytic_attack_fmnist.py [--quick] [--out DIR]
+Writes ``analytic_attack_fmnist.{json,md,png}`` under ``--out``
+(default ``benchmarks/results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from attacks import run_attack  # noqa: E402
+from attacks.api import observation_from_gradient  # noqa: E402
+from attacks.metrics import score_batch  # noqa: E402
+from benchmarks.provenance import git_state  # noqa: E402
+from benchmarks.results_io import write_json_and_markdown  # noqa: E402
+from defenses.dp import dp_gaussian  # noqa: E402
+from defenses.pruning.gc import magnitude_prune  # noqa: E402
+from fedsim.client import masked_mean_loss  # noqa: E402
+from fedsim.data import load_dataset  # noqa: E402
+from fedsim.models import build_model, init_params, make_apply_fn  # noqa: E402
+
+NAME = "analytic_attack_fmnist"
+# A returned input within half an 8-bit level of an example in every pixel recovers it: the
+# 8-bit image is then read exactly.
+EXACT_PIXEL_ERROR = 0.5 / 255
+CLIP_NORM = 1.0
+
+
+def train_one_epoch(apply_fn, params, x, y, batch: int, lr: float, key):
+    """One epoch of plain SGD (the "trained" model the victims did not train on)."""
+    steps = len(y) // batch
+    order = np.asarray(jax.random.permutation(key, len(y)))[:steps * batch].reshape(steps, batch)
+    opt = optax.sgd(lr)
+
+    @jax.jit
+    def epoch(p):
+        def step(carry, idx):
+            p, s = carry
+            g = jax.grad(masked_mean_loss, argnums=1)(apply_fn, p, x[idx], y[idx],
+                                                      jnp.ones(batch))
+            u, s = opt.update(g, s, p)
+            return (optax.apply_updates(p, u), s), None
+        return jax.lax.scan(step, (p, opt.init(p)), jnp.asarray(order))[0][0]
+
+    return epoch(params)
+
+
+def accuracy(apply_fn, params, x, y) -> float:
+    logits = jax.jit(apply_fn)(params, jnp.asarray(x))
+    return float(np.mean(np.argmax(np.asarray(logits), -1) == y))
+
+
+def per_example_gradients(apply_fn, params, x, y):
+    """[B, ...] per-example gradients (the rows DP-SGD clips), one vmapped grad."""
+    def one(xi, yi):
+        return jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, xi[None], yi[None],
+                                                     jnp.ones(1))
+    return jax.jit(jax.vmap(one))(jnp.asarray(x), jnp.asarray(y))
+
+
+def exclusive_unit_shares(params, x) -> tuple[float, float]:
+    """Shares of examples with ≥ 1 and ≥ 2 first-layer ReLU units active on them alone."""
+    layer = params["Dense_0"]
+    z = np.asarray(x).reshape(len(x), -1) @ np.asarray(layer["kernel"]) + np.asarray(layer["bias"])
+    active = z > 0
+    per_example = (active & (active.sum(0) == 1)[None, :]).sum(1)
+    return float(np.mean(per_example >= 1)), float(np.mean(per_example >= 2))
+
+
+def recovered(x_rec, x_true, exact_flags) -> tuple[int, np.ndarray]:
+    """(examples returned within EXACT_PIXEL_ERROR, [B] slots marked exact that are not)."""
+    b = len(x_true)
+    err = np.abs(x_true.reshape(b, 1, -1) - x_rec.reshape(1, b, -1)).max(-1)  # [true, slot]
+    hits = err <= EXACT_PIXEL_ERROR
+    return int(hits.any(1).sum()), np.asarray(exact_flags) & ~hits.any(0)
+
+
+def defenses(args) -> list[tuple[str, str, float]]:
+    rows = [("none", "none", 0.0), ("dp_gaussian", "clip only (σ = 0)", 0.0)]
+    rows += [("dp_gaussian", f"σ = {s:g}", s) for s in args.sigmas]
+    rows += [("gc", f"p = {p:g}", p) for p in args.gc_rates]
+    return rows
+
+
+def defended_gradient(kind: str, param: float, apply_fn, params, x, y, key):
+    per_example = per_example_gradients(apply_fn, params, x, y)
+    if kind == "dp_gaussian":
+        return dp_gaussian(param, CLIP_NORM, "flat").apply(per_example, (), key=key)[0]
+    mean = jax.tree_util.tree_map(lambda g: jnp.mean(g, 0), per_example)
+    return magnitude_prune(mean, param) if kind == "gc" else mean
+
+
+def attack_one(name, config, apply_fn, params, grad, x, y, key, num_classes):
+    obs = observation_from_gradient(grad, params, apply_fn, input_shape=x.shape[1:],
+                                    num_classes=num_classes, lr=0.1, batch_size=len(y))
+    t0 = time.perf_counter()
+    rec = run_attack(name, obs, config, key)
+    x_rec = np.asarray(rec.x)
+    seconds = time.perf_counter() - t0
+    score = score_batch(x_rec, x, np.asarray(rec.labels), y)
+    extras = rec.extras or {}
+    flags = np.asarray(extras.get("exact", np.zeros(len(y), bool)))
+    hits, false_slots = recovered(x_rec, x, flags)
+    spreads = np.asarray(extras.get("group_spreads", np.full(len(y), np.nan)))
+    return {"psnr": score.psnr, "ssim": score.ssim, "label_acc": score.label_acc,
+            "recovered": hits, "marked_exact": int(np.sum(flags)),
+            "false_exact": int(np.sum(false_slots)), "seconds": seconds,
+            # how closely each marked group's ratios agreed, for groups that are / are not
+            # an example
+            "spreads_true": spreads[flags & ~false_slots].tolist(),
+            "spreads_false": spreads[false_slots].tolist()}
+
+
+def run(args) -> dict:
+    ds = load_dataset(args.dataset, seed=args.seed)
+    x_all, y_all = ds.x_train, ds.y_train.astype(np.int32)
+    if args.train_examples + max(args.batch_sizes) > len(y_all):
+        raise SystemExit(f"{NAME}: --train-examples {args.train_examples} leaves fewer than "
+                         f"{max(args.batch_sizes)} images for the victims")
+    model = build_model("mlp_2nn", ds.num_classes)
+    apply_fn = make_apply_fn(model)
+    init_key, train_key, victim_key, noise_key, attack_key = jax.random.split(
+        jax.random.key(args.seed), 5)
+    params0 = init_params(model, x_all.shape[1:], init_key)
+    n = args.train_examples
+    train_x, train_y = jnp.asarray(x_all[:n]), jnp.asarray(y_all[:n])
+    states = {"initial": params0,
+              "trained": train_one_epoch(apply_fn, params0, train_x, train_y, 64, 0.1, train_key)}
+    pool_x, pool_y = x_all[args.train_examples:], y_all[args.train_examples:]
+    test_acc = {s: accuracy(apply_fn, p, ds.x_test, ds.y_test) for s, p in states.items()}
+
+    def victim(b, v):
+        idx = np.asarray(jax.random.permutation(jax.random.fold_in(victim_key, 1000 * b + v),
+                                                len(pool_y)))[:b]
+        return pool_x[idx], pool_y[idx]
+
+    rows = []
+    for state, params in states.items():
+        for b in args.batch_sizes:
+            defended = b in args.defense_batch_sizes
+            for kind, label, param in (defenses(args) if defended else [("none", "none", 0.0)]):
+                per_victim = []
+                for v in range(args.victims):
+                    x, y = victim(b, v)
+                    k = jax.random.fold_in(jax.random.fold_in(noise_key, b), v)
+                    grad = defended_gradient(kind, param, apply_fn, params, x, y, k)
+                    r = attack_one("analytic", {}, apply_fn, params, grad, x, y,
+                                   jax.random.fold_in(attack_key, v), ds.num_classes)
+                    if kind == "none":
+                        r["exclusive_1"], r["exclusive_2"] = exclusive_unit_shares(params, x)
+                    per_victim.append(r)
+                rows.append(summarise(state, b, kind, label, param, per_victim))
+                print(f"{state} B={b} {kind} {label}: recovered "
+                      f"{rows[-1]['recovered_share']:.3f}", flush=True)
+
+    tolerance = []
+    for state, params in states.items():
+        for b in args.tolerance_batch_sizes:
+            grads = [(victim(b, v), defended_gradient("none", 0.0, apply_fn, params,
+                                                       *victim(b, v), None))
+                     for v in range(args.victims)]
+            for tol in args.tolerances:
+                per_victim = [attack_one("analytic", {"match_tolerance": tol}, apply_fn, params,
+                                         g, x, y, jax.random.fold_in(attack_key, v),
+                                         ds.num_classes)
+                              for v, ((x, y), g) in enumerate(grads)]
+                tolerance.append({"state": state, "batch_size": b, "match_tolerance": tol,
+                                  **{k: sum(r[k] for r in per_victim)
+                                     for k in ("recovered", "marked_exact", "false_exact")},
+                                  "examples": b * len(per_victim),
+                                  "spreads_true": sum((r["spreads_true"] for r in per_victim), []),
+                                  "spreads_false": sum((r["spreads_false"] for r in per_victim),
+                                                       [])})
+
+    reference = []
+    for state, params in states.items():
+        for b in args.ig_batch_sizes:
+            for name, config in (("analytic", {}),
+                                 ("inverting_gradients", {"iterations": args.ig_iterations})):
+                per_victim = []
+                for v in range(args.ig_victims):
+                    x, y = victim(b, v)
+                    grad = defended_gradient("none", 0.0, apply_fn, params, x, y, None)
+                    per_victim.append(attack_one(name, config, apply_fn, params, grad, x, y,
+                                                 jax.random.fold_in(attack_key, v),
+                                                 ds.num_classes))
+                reference.append({"state": state, "batch_size": b, "attack": name,
+                                  "victims": per_victim,
+                                  **{k: float(np.median([r[k] for r in per_victim]))
+                                     for k in ("psnr", "seconds")}})
+                print(f"{state} B={b} {name}: median PSNR {reference[-1]['psnr']:.1f} dB",
+                      flush=True)
+    return {"setting": {k: v for k, v in vars(args).items() if k != "out"},
+            "model": "mlp_2nn", "test_accuracy": test_acc, "clip_norm": CLIP_NORM,
+            "exact_pixel_error": EXACT_PIXEL_ERROR, "rows": rows, "tolerance": tolerance,
+            "reference": reference,
+            "device": jax.devices()[0].device_kind, **git_state(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def summarise(state, b, kind, label, param, per_victim) -> dict:
+    n = len(per_victim) * b
+    row = {"state": state, "batch_size": b, "defense": kind, "setting": label, "param": param,
+           "victims": per_victim,
+           "recovered_share": sum(r["recovered"] for r in per_victim) / n,
+           "false_exact": sum(r["false_exact"] for r in per_victim),
+           "median_psnr": float(np.median([r["psnr"] for r in per_victim])),
+           "median_ms": 1e3 * float(np.median([r["seconds"] for r in per_victim]))}
+    if kind == "none":
+        for k in ("exclusive_1", "exclusive_2"):
+            row[k] = float(np.mean([r[k] for r in per_victim]))
+    return row
+
+
+def markdown(result: dict) -> str:
+    s = result["setting"]
+    acc = result["test_accuracy"]
+    lines = [
+        "# The closed-form input-layer attack on Fashion-MNIST (`attacks.analytic`)", "",
+        f"Written by `benchmarks/analytic_attack_fmnist.py` on {result['date']} "
+        f"({result['device']}, commit {result.get('commit', '?')}"
+        f"{', dirty' if result.get('dirty') else ''}). Model: McMahan et al.'s 2NN "
+        f"(784-200-200-10 ReLU, biases), FedSGD gradients of {s['dataset']} batches; "
+        f"{s['victims']} victims per batch size, seed {s['seed']}. Test accuracy: "
+        f"{acc['initial']:.4f} at the initial model, {acc['trained']:.4f} after one epoch of "
+        f"SGD on the first {s['train_examples']} training images (the victims are drawn from "
+        "the others).", "",
+        f"*Recovered*: a returned input within {result['exact_pixel_error']:.3g} (half an 8-bit "
+        "level) of the example in every pixel, checked against the truth. *Exclusive ≥ 2 / "
+        "≥ 1*: the share of examples with at least two / one first-layer units active on "
+        "them alone, from the true activations: what the attack's grouping rule is built to "
+        "find / what an exclusive-unit attack can read (not strict ceilings: a unit that "
+        "other examples reach with a vanishing δ also gives one input to within rounding). "
+        "*False exact*: slots the attack marked exact that "
+        "match no example. PSNR: the median over victims of the batch's matched mean "
+        "(capped at 100 dB per image).", "",
+        "## Batch size, no defense", "",
+        "| model | B | recovered | exclusive ≥ 2 | exclusive ≥ 1 | false exact | "
+        "median PSNR (dB) | median ms |",
+        "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if r["defense"] == "none":
+            lines.append(f"| {r['state']} | {r['batch_size']} | {r['recovered_share']:.3f} | "
+                         f"{r['exclusive_2']:.3f} | {r['exclusive_1']:.3f} | "
+                         f"{r['false_exact']} | {r['median_psnr']:.1f} | {r['median_ms']:.0f} |")
+    lines += ["", f"## Defenses (per-example clip C = {result['clip_norm']:g}; GC prunes the "
+              "whole model's smallest gradient entries)", "",
+              "| model | B | defense | setting | recovered | false exact | median PSNR (dB) |",
+              "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if r["batch_size"] in s["defense_batch_sizes"]:
+            lines.append(f"| {r['state']} | {r['batch_size']} | {r['defense']} | {r['setting']} "
+                         f"| {r['recovered_share']:.3f} | {r['false_exact']} | "
+                         f"{r['median_psnr']:.1f} |")
+    lines += ["", "## The grouping tolerance (`match_tolerance`), no defense", "",
+              "Two units' ratios are grouped when their relative distance is below the "
+              "tolerance. *Spread*: how far a marked group's ratios lie from its estimate "
+              "(relative), for the groups that are an example and for those that are not.", "",
+              "| model | B | tolerance | recovered | marked exact | false exact | "
+              "largest spread, true groups | smallest spread, false groups |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in result["tolerance"]:
+        true_max = f"{max(r['spreads_true']):.2g}" if r["spreads_true"] else "–"
+        false_min = f"{min(r['spreads_false']):.2g}" if r["spreads_false"] else "–"
+        lines.append(f"| {r['state']} | {r['batch_size']} | {r['match_tolerance']:g} | "
+                     f"{r['recovered']}/{r['examples']} | {r['marked_exact']} | "
+                     f"{r['false_exact']} | {true_max} | {false_min} |")
+    lines += ["", f"## Side by side with Inverting Gradients ({s['ig_iterations']} iterations, "
+              f"its defaults otherwise; first {s['ig_victims']} victims, same run)", "",
+              "| model | B | attack | median PSNR (dB) | median seconds per victim |",
+              "|---|---|---|---|---|"]
+    for r in result["reference"]:
+        lines.append(f"| {r['state']} | {r['batch_size']} | {r['attack']} | {r['psnr']:.1f} | "
+                     f"{r['seconds']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for state, colour in (("initial", "C0"), ("trained", "C1")):
+        rows = [r for r in result["rows"] if r["state"] == state and r["defense"] == "none"]
+        bs = [r["batch_size"] for r in rows]
+        ax.plot(bs, [r["recovered_share"] for r in rows], "o-", color=colour,
+                label=f"{state}: recovered")
+        ax.plot(bs, [r["exclusive_2"] for r in rows], "--", color=colour,
+                label=f"{state}: ≥ 2 exclusive units")
+        ax.plot(bs, [r["exclusive_1"] for r in rows], ":", color=colour,
+                label=f"{state}: ≥ 1 exclusive unit")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("share of the batch")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("closed-form attack on the 2NN's input layer (Fashion-MNIST)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="5 victims, B up to 32, 200 IG iterations on 2 victims")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--dataset", default="fashion_mnist")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--victims", type=int, default=None)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=None)
+    ap.add_argument("--defense-batch-sizes", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--sigmas", type=float, nargs="+", default=[1e-3, 1e-2, 1e-1, 1.0])
+    ap.add_argument("--gc-rates", type=float, nargs="+", default=[0.5, 0.9, 0.99])
+    ap.add_argument("--train-examples", type=int, default=50_000)
+    ap.add_argument("--tolerance-batch-sizes", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--tolerances", type=float, nargs="+", default=[1e-3, 1e-4, 1e-5, 1e-6])
+    ap.add_argument("--ig-batch-sizes", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--ig-victims", type=int, default=None)
+    ap.add_argument("--ig-iterations", type=int, default=None)
+    args = ap.parse_args(argv)
+    quick = args.quick
+    for name, full, short in (("victims", 25, 5), ("ig_victims", 5, 2),
+                              ("ig_iterations", 1000, 200),
+                              ("batch_sizes", [1, 2, 4, 8, 16, 32, 64, 128],
+                               [1, 2, 4, 8, 16, 32])):
+        if getattr(args, name) is None:
+            setattr(args, name, short if quick else full)
+    for name in ("victims", "ig_victims", "ig_iterations", "train_examples"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if any(b < 1 for b in args.batch_sizes + args.ig_batch_sizes + args.tolerance_batch_sizes):
+        ap.error("batch sizes must be >= 1")
+    missing = set(args.defense_batch_sizes) - set(args.batch_sizes)
+    if missing:
+        ap.error(f"--defense-batch-sizes {sorted(missing)} are not in --batch-sizes")
+    if any(not s > 0 for s in args.sigmas) or any(not 0 <= p <= 1 for p in args.gc_rates):
+        ap.error("--sigmas must be > 0 and --gc-rates in [0, 1]")
+    if any(not t > 0 for t in args.tolerances):
+        ap.error("--tolerances must be > 0")
+    result = run(args)
+    out = pathlib.Path(args.out)
+    name = NAME + ("_quick" if quick else "")
+    write_json_and_markdown(out, name, result, markdown(result))
+    plot(result, out / f"{name}.png")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""The closed-form attack on a biased fully connected input layer (attacks/analytic.py).
+
+The batch checks compare the attack with an independent count: from the
+victims' true first-layer activations, the examples that reach at least two
+units no other example reaches (exclusively activated neurons, Pan et al.
+2022) are exactly those whose input two units' ratios give.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from attacks import ATTACK_REGISTRY, run_attack
+from attacks.analytic import check_config, group_ratios, input_layer, recover_inputs
+from attacks.api import observation_from_gradient
+from attacks.gradient_inversion import AttackConfigError
+from attacks.metrics import psnr
+from fedsim.client import masked_mean_loss
+from fedsim.models import build_model, init_params, make_apply_fn
+from fedsim.typing import Observation
+
+SHAPE = (8, 8, 1)
+
+
+@pytest.fixture(scope="module")
+def net():
+    model = build_model("mlp_2nn")
+    params = init_params(model, SHAPE, jax.random.key(0))
+    return make_apply_fn(model), params
+
+
+def _batch(seed, b):
+    rng = np.random.default_rng(seed)
+    return (rng.uniform(size=(b, *SHAPE)).astype(np.float32),
+            rng.integers(0, 10, b).astype(np.int32))
+
+
+def _gradient(apply_fn, params, x, y):
+    return jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, jnp.asarray(x), jnp.asarray(y),
+                                                 jnp.ones(len(y)))
+
+
+def _fedsgd(apply_fn, params, x, y, **grants):
+    g = _gradient(apply_fn, params, x, y)
+    return observation_from_gradient(g, params, apply_fn, input_shape=SHAPE, num_classes=10,
+                                     lr=0.1, batch_size=len(y), **grants)
+
+
+def _examples_with_two_exclusive_units(params, x):
+    """Independent of the attack: from the true pre-activations of the first layer."""
+    layer = params["Dense_0"]
+    z = np.asarray(x).reshape(len(x), -1) @ np.asarray(layer["kernel"]) + np.asarray(layer["bias"])
+    active = z > 0
+    exclusive = active & (active.sum(0) == 1)[None, :]
+    return set(np.flatnonzero(exclusive.sum(1) >= 2))
+
+
+def test_registered_and_one_example_is_read_off_exactly(net):
+    apply_fn, params = net
+    x, y = _batch(0, 1)
+    rec = run_attack("analytic", _fedsgd(apply_fn, params, x, y), {}, jax.random.key(1))
+    assert "analytic" in ATTACK_REGISTRY
+    np.testing.assert_allclose(np.asarray(rec.x), x, rtol=0, atol=1e-5)
+    assert rec.x.shape == x.shape and rec.x.dtype == jnp.float32
+    assert int(rec.labels[0]) == int(y[0])  # iDLG
+    assert bool(rec.extras["exact"][0]) and rec.extras["input_layer"] == "Dense_0"
+    assert float(rec.loss) < 1e-6
+
+
+@pytest.mark.parametrize("seed,b", [(1, 2), (2, 4), (3, 8), (4, 16)])
+def test_a_batch_recovers_exactly_the_examples_with_two_exclusive_units(net, seed, b):
+    apply_fn, params = net
+    x, y = _batch(seed, b)
+    rec = run_attack("analytic", _fedsgd(apply_fn, params, x, y), {}, jax.random.key(1))
+    exact = np.asarray(rec.extras["exact"])
+    # which true example each exact slot is: the nearest
+    flat, rx = x.reshape(b, -1), np.asarray(rec.x).reshape(b, -1)
+    found = []
+    for slot in np.flatnonzero(exact):
+        d = np.abs(flat - rx[slot]).max(1)
+        assert d.min() < 1e-4, f"slot {slot} is marked exact but matches no example ({d.min()})"
+        found.append(int(np.argmin(d)))
+    expected = _examples_with_two_exclusive_units(params, x)
+    assert len(found) == len(set(found))
+    assert set(found) == expected
+    # the filled slots are not marked exact and not sized as groups
+    assert np.all(np.asarray(rec.extras["group_sizes"])[~exact] == 0)
+
+
+def test_the_batches_above_really_mix_some_examples(net):
+    """The count above is not trivial: at B = 16 some examples have no two
+    exclusive units, and the attack marks fewer than B slots exact."""
+    apply_fn, params = net
+    x, y = _batch(4, 16)
+    assert len(_examples_with_two_exclusive_units(params, x)) < 16
+    rec = run_attack("analytic", _fedsgd(apply_fn, params, x, y), {}, jax.random.key(1))
+    assert 0 < int(np.sum(rec.extras["exact"])) < 16
+    assert float(rec.loss) > 1e-3  # the returned batch does not explain the kernel update
+
+
+def test_a_fedavg_update_of_momentum_sgd_steps_still_gives_one_example_exactly(net):
+    apply_fn, params = net
+    x, y = _batch(5, 1)
+    opt = optax.sgd(0.05, momentum=0.9)
+    p, state = params, opt.init(params)
+    for _ in range(5):
+        u, state = opt.update(_gradient(apply_fn, p, x, y), state, p)
+        p = optax.apply_updates(p, u)
+    delta = jax.tree_util.tree_map(lambda a, b: a - b, p, params)
+    obs = Observation(update=delta, params=params, apply_fn=apply_fn, algorithm="fedavg",
+                      lr=0.05, local_steps=5, batch_size=1, num_examples=1, labels=None,
+                      input_shape=SHAPE, num_classes=10)
+    rec = run_attack("analytic", obs, {}, jax.random.key(1))
+    np.testing.assert_allclose(np.asarray(rec.x), x, rtol=0, atol=1e-4)
+    assert bool(rec.extras["exact"][0])
+
+
+def test_noise_leaves_no_slot_marked_exact_and_more_noise_recovers_less(net):
+    apply_fn, params = net
+    x, y = _batch(6, 1)
+    g = _gradient(apply_fn, params, x, y)
+    scores = []
+    for sigma in (1e-4, 1e-3, 1e-2):
+        keys = iter(jax.random.split(jax.random.key(7), 8))
+        noisy = jax.tree_util.tree_map(
+            lambda a: a + sigma * jax.random.normal(next(keys), a.shape), g)
+        obs = observation_from_gradient(noisy, params, apply_fn, input_shape=SHAPE,
+                                        num_classes=10, lr=0.1, batch_size=1)
+        rec = run_attack("analytic", obs, {"label_mode": "infer"}, jax.random.key(1))
+        assert not np.any(rec.extras["exact"])
+        scores.append(float(psnr(np.clip(np.asarray(rec.x), 0, 1), x)[0]))
+    assert scores[0] > scores[1] > scores[2], scores
+
+
+def test_fedsim_attack_runs_it_on_observed_uploads(tmp_path):
+    """End to end, the example config on synthetic data: a FedSGD round of the
+    2NN, observed, stripped to the threat model's grants (the number of
+    examples only), attacked and scored by ``fedsim attack``."""
+    from attacks.cli import main
+    from tests.attacks.test_cli import BASE
+
+    overrides = [s for s in BASE if not s.startswith(("model.name", "attack.",
+                                                      "data.examples_per_client"))]
+    overrides += ["data.examples_per_client=2", f"output.dir={tmp_path}"]
+    assert main(["configs/attack_analytic.yaml", "--quiet"]
+                + sum((["--set", s] for s in overrides), [])) == 0
+    summary = json.loads((tmp_path / "attack_summary.json").read_text())
+    assert [v["client"] for v in summary["victims"]] == [0, 1]
+    for v in summary["victims"]:
+        assert v["psnr"] >= 80.0 and v["label_acc"] == 1.0, v  # two examples read off exactly
+        assert v["loss"] < 1e-5
+
+
+def test_given_labels_are_the_granted_ones(net):
+    apply_fn, params = net
+    x, y = _batch(8, 4)
+    obs = _fedsgd(apply_fn, params, x, y, labels=jnp.asarray(y))
+    rec = run_attack("analytic", obs, {"label_mode": "given"}, jax.random.key(1))
+    np.testing.assert_array_equal(np.asarray(rec.labels), y)
+    obs = _fedsgd(apply_fn, params, x, y)
+    with pytest.raises(AttackConfigError, match="grant 'labels'"):
+        run_attack("analytic", obs, {"label_mode": "given"}, jax.random.key(1))
+
+
+def test_grouping_is_single_linkage_and_largest_first():
+    r = np.array([[1.0, 0.0], [1.0, 5e-4], [1.0, 1e-3], [0.0, 1.0], [0.0, 1.0 + 1e-4], [5, 5]])
+    groups = group_ratios(r, 6e-4)  # 0–1 and 1–2 agree, 0–2 do not: one group by linkage
+    assert [g.tolist() for g in groups] == [[0, 1, 2], [3, 4], [5]]
+    # all-zero ratios (a kernel update pruned away) agree with nothing, not with each other
+    assert [g.tolist() for g in group_ratios(np.zeros((3, 2)), 1e-5)] == [[0], [1], [2]]
+
+
+def test_recover_inputs_against_a_hand_made_update():
+    """Two examples; units 0–1 reach only example a, units 2–3 only b, unit 4 both."""
+    a, b = np.array([1.0, 2.0, 3.0]), np.array([-1.0, 0.5, 4.0])
+    delta = np.array([[0.3, -0.2, 0.0, 0.0, 0.5],   # δ of example a at each unit
+                      [0.0, 0.0, 0.7, 0.1, -0.2]])  # δ of example b
+    kernel = np.outer(a, delta[0]) + np.outer(b, delta[1])
+    out = recover_inputs(kernel, delta.sum(0), 2)
+    np.testing.assert_allclose(out["x"], np.stack([a, b]), rtol=1e-12)
+    assert out["exact"].tolist() == [True, True] and out["group_sizes"].tolist() == [2, 2]
+    assert out["units"] == 5 and out["residual"] < 1e-12
+    assert np.all(out["group_spreads"] < 1e-12)
+    # asked for three: the third is the rank-one fit of the unit left over (the mixture)
+    mixture = (0.5 * a - 0.2 * b) / 0.3
+    three = recover_inputs(kernel, delta.sum(0), 3)
+    np.testing.assert_allclose(three["x"][2], mixture, rtol=1e-12)
+    assert three["exact"].tolist() == [True, True, False] and np.isnan(three["group_spreads"][2])
+    # a group's spread: the farthest of its ratios from the group's estimate, relative
+    nudged = kernel.copy()
+    nudged[0, 1] += 1e-7 * 0.2  # unit 1's ratio moves by 1e-7 in its first coordinate
+    out = recover_inputs(nudged, delta.sum(0), 2, match_tolerance=1e-6)
+    x0 = out["x"][0]
+    r0, r1 = kernel[:, 0] / 0.3, nudged[:, 1] / -0.2
+    expected = max(np.linalg.norm(r0 - x0), np.linalg.norm(r1 - x0)) / np.linalg.norm(x0)
+    assert out["group_spreads"][0] == pytest.approx(expected, rel=1e-6) and expected > 1e-9
+    # a unit whose bias update is below min_bias_update × the largest is not read
+    bias = delta.sum(0).copy()
+    bias[4] = 1e-9
+    assert recover_inputs(kernel, bias, 2)["units"] == 4
+
+
+@pytest.mark.parametrize("name,match", [
+    ("mlp", "has none"),        # paper 001's MLP has no biases
+    ("lenet5", "has none"),     # a convolution first
+])
+def test_a_model_without_a_biased_input_layer_is_named(name, match):
+    model = build_model(name)
+    shape = (16, 16, 1) if name == "mlp" else (28, 28, 1)
+    params = init_params(model, shape, jax.random.key(0))
+    with pytest.raises(AttackConfigError, match=match):
+        input_layer(params, int(np.prod(shape)))
+
+
+def test_the_input_layer_is_found_named_and_refused_by_name():
+    k = np.zeros((4, 3))
+    tree = {"a": {"kernel": k, "bias": np.zeros(3)}, "b": {"kernel": k, "bias": np.zeros(3)},
+            "c": {"kernel": np.zeros((3, 2)), "bias": np.zeros(2)}}
+    with pytest.raises(AttackConfigError, match=r"has several \(\['a', 'b'\]\)"):
+        input_layer(tree, 4)
+    assert input_layer(tree, 4, "b") == "b"
+    with pytest.raises(AttackConfigError, match="'zz' is not a module"):
+        input_layer(tree, 4, "zz")
+    with pytest.raises(AttackConfigError, match="'c' is not a fully connected layer"):
+        input_layer(tree, 4, "c")
+
+
+@pytest.mark.parametrize("config,match", [
+    ({"match_tolerance": -1.0}, r"attack\.config\.match_tolerance"),
+    ({"match_tolerance": float("nan")}, r"attack\.config\.match_tolerance"),
+    ({"min_bias_update": 1.0}, r"attack\.config\.min_bias_update"),
+    ({"min_bias_update": True}, r"attack\.config\.min_bias_update"),
+    ({"batch_size": 0}, r"attack\.config\.batch_size"),
+    ({"label_mode": "joint"}, r"attack\.config\.label_mode: 'joint' is not allowed"),
+    ({"input_layer": 3}, r"attack\.config\.input_layer"),
+    ({"tolerance": 1e-3}, r"unknown key\(s\) \['tolerance'\]"),
+])
+def test_bad_settings_are_named(config, match):
+    with pytest.raises(AttackConfigError, match=match):
+        check_config(config)
+
+
+def test_the_threat_model_must_give_the_batch_size_and_the_labels_it_uses():
+    with pytest.raises(AttackConfigError, match="batch size is unknown"):
+        check_config({}, {"labels": True})
+    with pytest.raises(AttackConfigError, match="grant 'labels'"):
+        check_config({"label_mode": "given"}, {"batch_size": True})
+    check_config({"batch_size": 2}, {})
+    check_config({}, {"num_examples": True})
+
+
+def test_a_non_finite_or_all_zero_update_is_named():
+    with pytest.raises(ValueError, match="NaN/inf"):
+        recover_inputs(np.full((3, 2), np.nan), np.ones(2), 1)
+    with pytest.raises(ValueError, match="zero at every unit"):
+        recover_inputs(np.ones((3, 2)), np.zeros(2), 1)
