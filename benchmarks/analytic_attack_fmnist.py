@@ -37,6 +37,7 @@ Writes ``analytic_attack_fmnist.{json,md,png}`` under ``--out``
 from __future__ import annotations
 
 import argparse
+import functools
 import pathlib
 import sys
 import time
@@ -90,12 +91,18 @@ def accuracy(apply_fn, params, x, y) -> float:
     return float(np.mean(np.argmax(np.asarray(logits), -1) == y))
 
 
-def per_example_gradients(apply_fn, params, x, y):
-    """[B, ...] per-example gradients (the rows DP-SGD clips), one vmapped grad."""
+@functools.partial(jax.jit, static_argnums=0)
+def _per_example_gradients(apply_fn, params, x, y):
     def one(xi, yi):
         return jax.grad(masked_mean_loss, argnums=1)(apply_fn, params, xi[None], yi[None],
                                                      jnp.ones(1))
-    return jax.jit(jax.vmap(one))(jnp.asarray(x), jnp.asarray(y))
+    return jax.vmap(one)(x, y)
+
+
+def per_example_gradients(apply_fn, params, x, y):
+    """[B, ...] per-example gradients (the rows DP-SGD clips), one vmapped grad
+    (compiled once per batch size)."""
+    return _per_example_gradients(apply_fn, params, jnp.asarray(x), jnp.asarray(y))
 
 
 def exclusive_unit_shares(params, x) -> tuple[float, float]:

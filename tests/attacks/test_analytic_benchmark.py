@@ -1,0 +1,74 @@
+"""benchmarks/analytic_attack_fmnist.py on a tiny synthetic dataset."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import analytic_attack_fmnist as bench
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("aaf")
+    result = bench.main(["--dataset", "synthetic", "--victims", "2", "--batch-sizes", "1", "4",
+                         "--defense-batch-sizes", "1", "--sigmas", "0.1", "--gc-rates", "0.99",
+                         "--train-examples", "256", "--tolerance-batch-sizes", "4",
+                         "--tolerances", "1e-5", "1e-6", "--ig-batch-sizes", "1",
+                         "--ig-victims", "1", "--ig-iterations", "5", "--out", str(out)])
+    return out, result
+
+
+def _row(result, **match):
+    (row,) = [r for r in result["rows"] if all(r[k] == v for k, v in match.items())]
+    return row
+
+
+def test_every_part_is_written_with_its_setting(tiny):
+    out, result = tiny
+    assert json.loads((out / "analytic_attack_fmnist.json").read_text())["rows"] == json.loads(
+        json.dumps(result["rows"]))
+    assert (out / "analytic_attack_fmnist.png").stat().st_size > 0
+    md = (out / "analytic_attack_fmnist.md").read_text()
+    for heading in ("## Batch size, no defense", "## Defenses", "## The grouping tolerance",
+                    "## Side by side with Inverting Gradients"):
+        assert heading in md
+    # B = 1 carries the defenses, B = 4 only the undefended row, for both models
+    assert [(r["state"], r["batch_size"], r["setting"]) for r in result["rows"]] == [
+        (s, 1, label) for s in ("initial",) for label in
+        ("none", "clip only (σ = 0)", "σ = 0.1", "p = 0.99")] + [("initial", 4, "none")] + [
+        (s, 1, label) for s in ("trained",) for label in
+        ("none", "clip only (σ = 0)", "σ = 0.1", "p = 0.99")] + [("trained", 4, "none")]
+    assert [(r["state"], r["match_tolerance"]) for r in result["tolerance"]] == [
+        ("initial", 1e-5), ("initial", 1e-6), ("trained", 1e-5), ("trained", 1e-6)]
+    assert [(r["state"], r["attack"]) for r in result["reference"]] == [
+        ("initial", "analytic"), ("initial", "inverting_gradients"),
+        ("trained", "analytic"), ("trained", "inverting_gradients")]
+
+
+@pytest.mark.parametrize("state", ["initial", "trained"])
+def test_one_example_is_read_off_and_noise_stops_it(tiny, state):
+    _, result = tiny
+    none = _row(result, state=state, batch_size=1, defense="none")
+    assert none["recovered_share"] == 1.0 and none["false_exact"] == 0
+    assert none["exclusive_1"] == none["exclusive_2"] == 1.0  # one example: every active unit
+    assert none["median_psnr"] >= 80.0
+    # clipping scales the one gradient: the ratios, and so the input, survive it
+    assert _row(result, state=state, batch_size=1, setting="clip only (σ = 0)")[
+        "recovered_share"] == 1.0
+    noised = _row(result, state=state, batch_size=1, setting="σ = 0.1")
+    assert noised["recovered_share"] == 0.0 and noised["median_psnr"] < 40.0
+
+
+def test_recovered_counts_come_from_the_truth_not_the_attacks_flags():
+    import numpy as np
+
+    x = np.zeros((2, 2, 2, 1), np.float32)
+    x[1] += 1.0
+    rec = x.copy()
+    rec[1, 0, 0, 0] -= 0.01  # 2.55 levels off: not recovered
+    hits, false_slots = bench.recovered(rec, x, np.array([True, True]))
+    assert hits == 1 and false_slots.tolist() == [False, True]
+    rec[1, 0, 0, 0] = 1.0 - 0.4 / 255  # within half a level
+    assert bench.recovered(rec, x, np.array([False, False]))[0] == 2
