@@ -158,6 +158,10 @@ def attack_uploads(uploads: list[ObservedUpload], section: dict, key) -> list[di
                             "victims_per_call": (r.extras or {}).get("victims_per_call"),
                             # devices each call's victims were split over (attack.shard_victims)
                             "victim_devices": (r.extras or {}).get("victim_devices"),
+                            # slots a closed-form attack marks as read off exactly
+                            # (attacks.analytic); absent for the others
+                            **({"marked_exact": int(np.sum(r.extras["exact"]))}
+                               if isinstance(r.extras, dict) and "exact" in r.extras else {}),
                             "labels_true": u.y.tolist(), "labels_rec": np.asarray(r.labels).tolist(),
                             "_x": u.x, "_rec": np.clip(x_rec, 0, 1)})
     return results

@@ -21,7 +21,10 @@ What it measures, for ``attacks.analytic`` against McMahan et al.'s 2NN
    p = 0.5 … 0.99).
 3. **The grouping tolerance**: recovered and falsely marked examples at
    ``match_tolerance`` 1e-3 … 1e-6, B = 4, 8, 16, with how far the marked
-   groups' ratios spread (the measurement behind the default).
+   groups' ratios spread (the measurement behind the default), for FedSGD
+   gradients and for FedAvg uploads Δ = w_local − w_global after 5 full-batch
+   momentum-SGD steps at lr 0.05 (whose float32 subtraction rounds the ratios
+   more).
 4. **Side by side with Inverting Gradients** (``attacks.inverting_gradients``,
    its defaults, ``--ig-iterations``) on the first ``--ig-victims`` victims at
    B = 1 and 8: PSNR and seconds per victim, in the same run.
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import pathlib
 import sys
 import time
@@ -59,6 +63,7 @@ from defenses.pruning.gc import magnitude_prune  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.data import load_dataset  # noqa: E402
 from fedsim.models import build_model, init_params, make_apply_fn  # noqa: E402
+from fedsim.typing import Observation  # noqa: E402
 
 NAME = "analytic_attack_fmnist"
 # A returned input within half an 8-bit level of an example in every pixel recovers it: the
@@ -137,9 +142,34 @@ def defended_gradient(kind: str, param: float, apply_fn, params, x, y, key):
     return magnitude_prune(mean, param) if kind == "gc" else mean
 
 
-def attack_one(name, config, apply_fn, params, grad, x, y, key, num_classes):
-    obs = observation_from_gradient(grad, params, apply_fn, input_shape=x.shape[1:],
-                                    num_classes=num_classes, lr=0.1, batch_size=len(y))
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _local_update(apply_fn, params, x, y, lr: float, steps: int):
+    opt = optax.sgd(lr, momentum=0.9)
+
+    def step(carry, _):
+        p, s = carry
+        g = jax.grad(masked_mean_loss, argnums=1)(apply_fn, p, x, y, jnp.ones(len(y)))
+        u, s = opt.update(g, s, p)
+        return (optax.apply_updates(p, u), s), None
+
+    p = jax.lax.scan(step, (params, opt.init(params)), None, length=steps)[0][0]
+    return jax.tree_util.tree_map(lambda a, b: a - b, p, params)
+
+
+def fedavg_observation(apply_fn, params, x, y, num_classes, lr: float, steps: int):
+    """A FedAvg upload Δ = w_local − w_global (float32) after ``steps`` full-batch
+    momentum-SGD steps on the victim's batch."""
+    delta = _local_update(apply_fn, params, jnp.asarray(x), jnp.asarray(y), lr, steps)
+    return Observation(update=delta, params=params, apply_fn=apply_fn, algorithm="fedavg",
+                       lr=lr, local_steps=steps, batch_size=len(y), num_examples=len(y),
+                       labels=None, input_shape=tuple(x.shape[1:]), num_classes=num_classes)
+
+
+def attack_one(name, config, apply_fn, params, grad, x, y, key, num_classes, obs=None):
+    """Attack one victim (a FedSGD observation of ``grad``, or ``obs``) and score it."""
+    if obs is None:
+        obs = observation_from_gradient(grad, params, apply_fn, input_shape=x.shape[1:],
+                                        num_classes=num_classes, lr=0.1, batch_size=len(y))
     t0 = time.perf_counter()
     rec = run_attack(name, obs, config, key)
     x_rec = np.asarray(rec.x)
@@ -201,17 +231,24 @@ def run(args) -> dict:
                       f"{rows[-1]['recovered_share']:.3f}", flush=True)
 
     tolerance = []
+    protocols = ("fedsgd", f"fedavg {args.fedavg_steps} steps")
     for state, params in states.items():
-        for b in args.tolerance_batch_sizes:
-            grads = [(victim(b, v), defended_gradient("none", 0.0, apply_fn, params,
-                                                       *victim(b, v), None))
-                     for v in range(args.victims)]
+        for b, protocol in itertools.product(args.tolerance_batch_sizes, protocols):
+            batches = [victim(b, v) for v in range(args.victims)]
+            if protocol == "fedsgd":
+                uploads = [(defended_gradient("none", 0.0, apply_fn, params, x, y, None), None)
+                           for x, y in batches]
+            else:
+                uploads = [(None, fedavg_observation(apply_fn, params, x, y, ds.num_classes,
+                                                     args.fedavg_lr, args.fedavg_steps))
+                           for x, y in batches]
             for tol in args.tolerances:
                 per_victim = [attack_one("analytic", {"match_tolerance": tol}, apply_fn, params,
-                                         g, x, y, jax.random.fold_in(attack_key, v),
-                                         ds.num_classes)
-                              for v, ((x, y), g) in enumerate(grads)]
-                tolerance.append({"state": state, "batch_size": b, "match_tolerance": tol,
+                                         grad, x, y, jax.random.fold_in(attack_key, v),
+                                         ds.num_classes, obs)
+                              for v, ((x, y), (grad, obs)) in enumerate(zip(batches, uploads))]
+                tolerance.append({"state": state, "batch_size": b, "protocol": protocol,
+                                  "match_tolerance": tol,
                                   **{k: sum(r[k] for r in per_victim)
                                      for k in ("recovered", "marked_exact", "false_exact")},
                                   "examples": b * len(per_victim),
@@ -303,13 +340,14 @@ def markdown(result: dict) -> str:
               "Two units' ratios are grouped when their relative distance is below the "
               "tolerance. *Spread*: how far a marked group's ratios lie from its estimate "
               "(relative), for the groups that are an example and for those that are not.", "",
-              "| model | B | tolerance | recovered | marked exact | false exact | "
+              "| model | B | upload | tolerance | recovered | marked exact | false exact | "
               "largest spread, true groups | smallest spread, false groups |",
-              "|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in result["tolerance"]:
         true_max = f"{max(r['spreads_true']):.2g}" if r["spreads_true"] else "–"
         false_min = f"{min(r['spreads_false']):.2g}" if r["spreads_false"] else "–"
-        lines.append(f"| {r['state']} | {r['batch_size']} | {r['match_tolerance']:g} | "
+        lines.append(f"| {r['state']} | {r['batch_size']} | {r['protocol']} | "
+                     f"{r['match_tolerance']:g} | "
                      f"{r['recovered']}/{r['examples']} | {r['marked_exact']} | "
                      f"{r['false_exact']} | {true_max} | {false_min} |")
     lines += ["", f"## Side by side with Inverting Gradients ({s['ig_iterations']} iterations, "
@@ -364,6 +402,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--train-examples", type=int, default=50_000)
     ap.add_argument("--tolerance-batch-sizes", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--tolerances", type=float, nargs="+", default=[1e-3, 1e-4, 1e-5, 1e-6])
+    ap.add_argument("--fedavg-steps", type=int, default=5,
+                    help="local full-batch momentum-SGD steps of the tolerance part's FedAvg rows")
+    ap.add_argument("--fedavg-lr", type=float, default=0.05)
     ap.add_argument("--ig-batch-sizes", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--ig-victims", type=int, default=None)
     ap.add_argument("--ig-iterations", type=int, default=None)
@@ -375,7 +416,9 @@ def main(argv=None) -> dict:
                                [1, 2, 4, 8, 16, 32])):
         if getattr(args, name) is None:
             setattr(args, name, short if quick else full)
-    for name in ("victims", "ig_victims", "ig_iterations", "train_examples"):
+    if not args.fedavg_lr > 0:
+        ap.error("--fedavg-lr must be > 0")
+    for name in ("victims", "ig_victims", "ig_iterations", "train_examples", "fedavg_steps"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if any(b < 1 for b in args.batch_sizes + args.ig_batch_sizes + args.tolerance_batch_sizes):

@@ -152,7 +152,7 @@ def test_fedsim_attack_runs_it_on_observed_uploads(tmp_path):
     assert [v["client"] for v in summary["victims"]] == [0, 1]
     for v in summary["victims"]:
         assert v["psnr"] >= 80.0 and v["label_acc"] == 1.0, v  # two examples read off exactly
-        assert v["loss"] < 1e-5
+        assert v["loss"] < 1e-5 and v["marked_exact"] == 2
 
 
 def test_given_labels_are_the_granted_ones(net):

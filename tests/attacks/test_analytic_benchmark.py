@@ -14,8 +14,9 @@ def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("aaf")
     result = bench.main(["--dataset", "synthetic", "--victims", "2", "--batch-sizes", "1", "4",
                          "--defense-batch-sizes", "1", "--sigmas", "0.1", "--gc-rates", "0.99",
-                         "--train-examples", "256", "--tolerance-batch-sizes", "4",
-                         "--tolerances", "1e-5", "1e-6", "--ig-batch-sizes", "1",
+                         "--train-examples", "256", "--tolerance-batch-sizes", "1", "4",
+                         "--tolerances", "1e-5", "1e-6", "--fedavg-steps", "2",
+                         "--ig-batch-sizes", "1",
                          "--ig-victims", "1", "--ig-iterations", "5", "--out", str(out)])
     return out, result
 
@@ -40,8 +41,9 @@ def test_every_part_is_written_with_its_setting(tiny):
         ("none", "clip only (σ = 0)", "σ = 0.1", "p = 0.99")] + [("initial", 4, "none")] + [
         (s, 1, label) for s in ("trained",) for label in
         ("none", "clip only (σ = 0)", "σ = 0.1", "p = 0.99")] + [("trained", 4, "none")]
-    assert [(r["state"], r["match_tolerance"]) for r in result["tolerance"]] == [
-        ("initial", 1e-5), ("initial", 1e-6), ("trained", 1e-5), ("trained", 1e-6)]
+    assert [(r["state"], r["protocol"], r["match_tolerance"]) for r in result["tolerance"]] == [
+        (s, p, t) for s in ("initial", "trained") for _ in (1, 4)
+        for p in ("fedsgd", "fedavg 2 steps") for t in (1e-5, 1e-6)]
     assert [(r["state"], r["attack"]) for r in result["reference"]] == [
         ("initial", "analytic"), ("initial", "inverting_gradients"),
         ("trained", "analytic"), ("trained", "inverting_gradients")]
@@ -59,6 +61,16 @@ def test_one_example_is_read_off_and_noise_stops_it(tiny, state):
         "recovered_share"] == 1.0
     noised = _row(result, state=state, batch_size=1, setting="σ = 0.1")
     assert noised["recovered_share"] == 0.0 and noised["median_psnr"] < 40.0
+
+
+def test_a_fedavg_upload_still_gives_one_example_exactly(tiny):
+    _, result = tiny
+    rows = [r for r in result["tolerance"] if r["protocol"] == "fedavg 2 steps"
+            and r["batch_size"] == 1 and r["match_tolerance"] == 1e-5]
+    assert len(rows) == 2  # both models
+    for row in rows:
+        assert row["examples"] == row["recovered"] == row["marked_exact"] == 2
+        assert row["false_exact"] == 0
 
 
 def test_recovered_counts_come_from_the_truth_not_the_attacks_flags():
