@@ -21,10 +21,11 @@ What it measures, for ``attacks.analytic`` against McMahan et al.'s 2NN
    p = 0.5 … 0.99).
 3. **The grouping tolerance**: recovered and falsely marked examples at
    ``match_tolerance`` 1e-3 … 1e-6, B = 4, 8, 16, with how far the marked
-   groups' ratios spread (the measurement behind the default), for FedSGD
-   gradients and for FedAvg uploads Δ = w_local − w_global after 5 full-batch
-   momentum-SGD steps at lr 0.05 (whose float32 subtraction rounds the ratios
-   more).
+   groups' ratios spread (the measurement behind the default), for the
+   gradient itself and for uploads Δ = w_local − w_global subtracted in
+   float32 as the engine forms them: its FedSGD upload (one SGD step at lr
+   0.1) and a FedAvg upload after 5 full-batch momentum-SGD steps at lr 0.05.
+   The subtraction's rounding moves the ratios more than the gradient's.
 4. **Side by side with Inverting Gradients** (``attacks.inverting_gradients``,
    its defaults, ``--ig-iterations``) on the first ``--ig-victims`` victims at
    B = 1 and 8: PSNR and seconds per victim, in the same run.
@@ -157,8 +158,9 @@ def _local_update(apply_fn, params, x, y, lr: float, steps: int):
 
 
 def fedavg_observation(apply_fn, params, x, y, num_classes, lr: float, steps: int):
-    """A FedAvg upload Δ = w_local − w_global (float32) after ``steps`` full-batch
-    momentum-SGD steps on the victim's batch."""
+    """An upload Δ = w_local − w_global (float32, as the engine forms it) after
+    ``steps`` full-batch momentum-SGD steps on the victim's batch (one step: the
+    engine's FedSGD upload, observed as FedAvg with one local step)."""
     delta = _local_update(apply_fn, params, jnp.asarray(x), jnp.asarray(y), lr, steps)
     return Observation(update=delta, params=params, apply_fn=apply_fn, algorithm="fedavg",
                        lr=lr, local_steps=steps, batch_size=len(y), num_examples=len(y),
@@ -231,16 +233,19 @@ def run(args) -> dict:
                       f"{rows[-1]['recovered_share']:.3f}", flush=True)
 
     tolerance = []
-    protocols = ("fedsgd", f"fedavg {args.fedavg_steps} steps")
+    # (name, local steps, lr): the gradient itself, and uploads Δ = w_local − w_global
+    # subtracted in float32 as the engine forms them (its FedSGD upload is one step)
+    protocols = (("gradient", 0, 0.0), ("fedsgd Δ", 1, 0.1),
+                 (f"fedavg Δ, {args.fedavg_steps} steps", args.fedavg_steps, args.fedavg_lr))
     for state, params in states.items():
-        for b, protocol in itertools.product(args.tolerance_batch_sizes, protocols):
+        for b, (protocol, steps, lr) in itertools.product(args.tolerance_batch_sizes, protocols):
             batches = [victim(b, v) for v in range(args.victims)]
-            if protocol == "fedsgd":
+            if steps == 0:
                 uploads = [(defended_gradient("none", 0.0, apply_fn, params, x, y, None), None)
                            for x, y in batches]
             else:
                 uploads = [(None, fedavg_observation(apply_fn, params, x, y, ds.num_classes,
-                                                     args.fedavg_lr, args.fedavg_steps))
+                                                     lr, steps))
                            for x, y in batches]
             for tol in args.tolerances:
                 per_victim = [attack_one("analytic", {"match_tolerance": tol}, apply_fn, params,

@@ -43,7 +43,7 @@ def test_every_part_is_written_with_its_setting(tiny):
         ("none", "clip only (σ = 0)", "σ = 0.1", "p = 0.99")] + [("trained", 4, "none")]
     assert [(r["state"], r["protocol"], r["match_tolerance"]) for r in result["tolerance"]] == [
         (s, p, t) for s in ("initial", "trained") for _ in (1, 4)
-        for p in ("fedsgd", "fedavg 2 steps") for t in (1e-5, 1e-6)]
+        for p in ("gradient", "fedsgd Δ", "fedavg Δ, 2 steps") for t in (1e-5, 1e-6)]
     assert [(r["state"], r["attack"]) for r in result["reference"]] == [
         ("initial", "analytic"), ("initial", "inverting_gradients"),
         ("trained", "analytic"), ("trained", "inverting_gradients")]
@@ -65,7 +65,7 @@ def test_one_example_is_read_off_and_noise_stops_it(tiny, state):
 
 def test_a_fedavg_upload_still_gives_one_example_exactly(tiny):
     _, result = tiny
-    rows = [r for r in result["tolerance"] if r["protocol"] == "fedavg 2 steps"
+    rows = [r for r in result["tolerance"] if r["protocol"] == "fedavg Δ, 2 steps"
             and r["batch_size"] == 1 and r["match_tolerance"] == 1e-5]
     assert len(rows) == 2  # both models
     for row in rows:
