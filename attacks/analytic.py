@@ -45,12 +45,12 @@ prod(input_shape) rows and a bias), ``batch_size`` (else granted),
 largest are left out: their ratio divides by almost 0; default 1e-6),
 ``match_tolerance`` (1e-4; a trade of found inputs against wrong marks,
 measured in ``benchmarks/results/analytic_attack_fmnist.md``, "The grouping
-tolerance": on an exact float32 gradient the ratios of units exclusive to
-one example agree to about 1e-7, but an upload Δ = w_local − w_global
-subtracted in float32, as the engine forms it, moves them by up to about
-1e-4, while ratios of two mixtures dominated by one example can agree to a
-few 1e-6; 1e-5 marks fewer wrong slots on exact gradients and finds far fewer
-inputs in the engine's uploads), ``label_mode``
+tolerance": on an exact float32 gradient the groups found at 1e-6 spread by
+at most 1e-7, but an upload Δ = w_local − w_global subtracted in float32, as
+the engine forms it, moves them by up to about 1e-4, while ratios of two
+mixtures dominated by one example can agree to a few 1e-6; 1e-5 marks fewer
+wrong slots on exact gradients and finds far fewer inputs in the engine's
+uploads), ``label_mode``
 ("infer": :func:`attacks.labels.infer_labels`; "given": the granted labels).
 Loss: the relative residual ‖ΔW − X̂ᵀA‖_F / ‖ΔW‖_F of the kernel update
 after the best A (least squares): 0 when the returned inputs span every
