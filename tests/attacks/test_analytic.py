@@ -170,6 +170,9 @@ def test_grouping_is_single_linkage_and_largest_first():
     r = np.array([[1.0, 0.0], [1.0, 5e-4], [1.0, 1e-3], [0.0, 1.0], [0.0, 1.0 + 1e-4], [5, 5]])
     groups = group_ratios(r, 6e-4)  # 0–1 and 1–2 agree, 0–2 do not: one group by linkage
     assert [g.tolist() for g in groups] == [[0, 1, 2], [3, 4], [5]]
+    # relative to the larger of the two norms
+    assert [g.tolist() for g in group_ratios(np.array([[1.0, 0.0], [2.0, 0.0]]), 0.6)] == [[0, 1]]
+    assert len(group_ratios(np.array([[1.0, 0.0], [2.0, 0.0]]), 0.45)) == 2
     # largest first, whatever the units' order
     r = np.array([[5.0, 5.0], [0.0, 1.0], [0.0, 1.0 + 1e-5], [1.0, 0.0], [1.0, 1e-5],
                   [1.0, 2e-5]])
