@@ -421,6 +421,9 @@ def main(argv=None) -> dict:
                                [1, 2, 4, 8, 16, 32])):
         if getattr(args, name) is None:
             setattr(args, name, short if quick else full)
+    if args.victims > 1000:
+        # victim v of batch size B is drawn with fold_in(key, 1000·B + v)
+        ap.error("--victims must be <= 1000 (victims of different batch sizes would share keys)")
     if not args.fedavg_lr > 0:
         ap.error("--fedavg-lr must be > 0")
     for name in ("victims", "ig_victims", "ig_iterations", "train_examples", "fedavg_steps"):

@@ -84,3 +84,11 @@ def test_recovered_counts_come_from_the_truth_not_the_attacks_flags():
     assert hits == 1 and false_slots.tolist() == [False, True]
     rec[1, 0, 0, 0] = 1.0 - 0.4 / 255  # within half a level
     assert bench.recovered(rec, x, np.array([False, False]))[0] == 2
+
+
+@pytest.mark.parametrize("argv", [["--victims", "1001"], ["--defense-batch-sizes", "3"],
+                                  ["--tolerances", "0"], ["--fedavg-lr", "-1"]])
+def test_bad_arguments_stop_before_anything_runs(argv, capsys):
+    with pytest.raises(SystemExit) as err:
+        bench.main(["--dataset", "synthetic", *argv])
+    assert err.value.code == 2 and "error:" in capsys.readouterr().err
