@@ -14,7 +14,7 @@ numbers are the published versions'.
 For a batch of B, the ratio of unit i is Σ_n δ_ni x_n / Σ_n δ_ni: exactly the
 input of example n where only n reaches the unit (a ReLU unit active on that
 example alone: an "exclusively activated neuron", Pan et al., USENIX
-Security 2022, §4), otherwise a mixture. The server does not see which
+Security 2022, arXiv 2010.13356), otherwise a mixture. The server does not see which
 units those are. **Our identification rule** (not Pan et al.'s algorithm,
 which solves layer by layer from the exclusive units): two units exclusive
 to the same example give the same ratio, and two mixtures generically do
