@@ -42,9 +42,10 @@ from fedsim import preemption
 from fedsim.preemption import Preempted
 from fedsim.results import atomic_write_text, finite_number, write_json
 
+# A column shows only where some cell's summary has the field (write_table).
 TABLE_FIELDS = ("test_accuracy", "test_loss", "final_train_loss", "epsilon",
-                "client_level_epsilon", "local_epsilon", "leakage_total", "client_parallelism",
-                "seconds")
+                "client_level_epsilon", "local_epsilon", "adaptive_clip_norm", "leakage_total",
+                "client_parallelism", "seconds")
 
 
 def parse_grid(items: list[str]) -> list[tuple[str, list]]:

@@ -75,6 +75,26 @@ def test_sweep_runs_grid_skips_finished_and_records_failures(tmp_path):
     assert sum(r["status"] == "done (skipped)" for r in rows2) == 4
 
 
+def test_the_adaptive_clip_norm_is_a_column_only_where_a_cell_reports_it(tmp_path):
+    """adaptive_client_level_dp's released clip norm (summary.json) is tabulated
+    and summarised over seeds; a sweep whose cells do not report it has no such column."""
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE)
+
+    def adaptive(c):
+        return {"test_accuracy": 0.5, "adaptive_clip_norm": 0.25 * (c.seed + 1)}
+
+    run_sweep(cfg, ["seed=0,1"], tmp_path / "a", run_fn=adaptive, log=lambda m: None)
+    table = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert [r["adaptive_clip_norm"] for r in table["rows"]] == [0.25, 0.5]
+    assert table["over_seeds"][0]["adaptive_clip_norm"]["mean"] == pytest.approx(0.375)
+    header = (tmp_path / "a" / "results.md").read_text().splitlines()[0]
+    assert "| adaptive_clip_norm |" in header
+    run_sweep(cfg, ["seed=0,1"], tmp_path / "f", run_fn=lambda c: {"test_accuracy": 0.5},
+              log=lambda m: None)
+    assert "adaptive_clip_norm" not in (tmp_path / "f" / "results.md").read_text()
+
+
 def test_a_seed_axis_is_summarised_over_seeds_per_other_setting(tmp_path):
     import numpy as np
 
