@@ -17,8 +17,11 @@ What it measures, for ``attacks.analytic`` against McMahan et al.'s 2NN
    to within rounding too.
 2. **Defenses** on the same victims at B = 1 and 8: per-example clipping
    alone and DP-SGD's Gaussian noise (``defenses.dp.dp_gaussian``, C = 1,
-   σ = 1e-3 … 1), and gradient compression (``defenses.pruning.magnitude_prune``,
-   p = 0.5 … 0.99).
+   σ = 1e-3 … 1), gradient compression (``defenses.pruning.magnitude_prune``,
+   p = 0.5 … 0.99), and Soteria on the input layer
+   (``defenses.soteria.soteria_gradient``, its exact score per example,
+   p_fc = 0.01 … 0.4). There the representation Soteria prunes is the image
+   itself, so the attack reads the image with the pruned pixels zeroed.
 3. **The grouping tolerance**: recovered and falsely marked examples at
    ``match_tolerance`` 1e-3 … 1e-6, B = 4, 8, 16, with how far the marked
    groups' ratios spread (the measurement behind the default), for the
@@ -61,8 +64,10 @@ from benchmarks.provenance import git_state  # noqa: E402
 from benchmarks.results_io import write_json_and_markdown  # noqa: E402
 from defenses.dp import dp_gaussian  # noqa: E402
 from defenses.pruning.gc import magnitude_prune  # noqa: E402
+from defenses.soteria import soteria_gradient  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
 from fedsim.data import load_dataset  # noqa: E402
+from fedsim.hooks import DefenseContext  # noqa: E402
 from fedsim.models import build_model, init_params, make_apply_fn  # noqa: E402
 from fedsim.typing import Observation  # noqa: E402
 
@@ -132,7 +137,16 @@ def defenses(args) -> list[tuple[str, str, float]]:
     rows = [("none", "none", 0.0), ("dp_gaussian", "clip only (σ = 0)", 0.0)]
     rows += [("dp_gaussian", f"σ = {s:g}", s) for s in args.sigmas]
     rows += [("gc", f"p = {p:g}", p) for p in args.gc_rates]
+    rows += [("soteria", f"p_fc = {p:g}", p) for p in args.soteria_rates]
     return rows
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def _soteria(apply_fn, params, grad, x, y, p_fc: float):
+    """Soteria (paper 003 Alg 1–2, its exact score, per example) on the 2NN's input
+    layer, whose representation is the flattened image itself."""
+    context = DefenseContext(params=params, x=x, y=y, apply_fn=apply_fn)
+    return soteria_gradient(grad, context, p_fc, layer="Dense_0")[0]
 
 
 def defended_gradient(kind: str, param: float, apply_fn, params, x, y, key):
@@ -140,6 +154,8 @@ def defended_gradient(kind: str, param: float, apply_fn, params, x, y, key):
     if kind == "dp_gaussian":
         return dp_gaussian(param, CLIP_NORM, "flat").apply(per_example, (), key=key)[0]
     mean = jax.tree_util.tree_map(lambda g: jnp.mean(g, 0), per_example)
+    if kind == "soteria":
+        return _soteria(apply_fn, params, mean, jnp.asarray(x), jnp.asarray(y), param)
     return magnitude_prune(mean, param) if kind == "gc" else mean
 
 
@@ -333,7 +349,8 @@ def markdown(result: dict) -> str:
                          f"{r['exclusive_2']:.3f} | {r['exclusive_1']:.3f} | "
                          f"{r['false_exact']} | {r['median_psnr']:.1f} | {r['median_ms']:.0f} |")
     lines += ["", f"## Defenses (per-example clip C = {result['clip_norm']:g}; GC prunes the "
-              "whole model's smallest gradient entries)", "",
+              "whole model's smallest gradient entries; Soteria prunes the input layer's "
+              "representation, here the image)", "",
               "| model | B | defense | setting | recovered | false exact | median PSNR (dB) |",
               "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -404,6 +421,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--defense-batch-sizes", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--sigmas", type=float, nargs="+", default=[1e-3, 1e-2, 1e-1, 1.0])
     ap.add_argument("--gc-rates", type=float, nargs="+", default=[0.5, 0.9, 0.99])
+    ap.add_argument("--soteria-rates", type=float, nargs="+", default=[0.01, 0.1, 0.4],
+                    help="Soteria's p_fc on the input layer (paper 003 Table 2: 1-40 %% vs DLG)")
     ap.add_argument("--train-examples", type=int, default=50_000)
     ap.add_argument("--tolerance-batch-sizes", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--tolerances", type=float, nargs="+", default=[1e-3, 1e-4, 1e-5, 1e-6])
@@ -434,8 +453,9 @@ def main(argv=None) -> dict:
     missing = set(args.defense_batch_sizes) - set(args.batch_sizes)
     if missing:
         ap.error(f"--defense-batch-sizes {sorted(missing)} are not in --batch-sizes")
-    if any(not s > 0 for s in args.sigmas) or any(not 0 <= p <= 1 for p in args.gc_rates):
-        ap.error("--sigmas must be > 0 and --gc-rates in [0, 1]")
+    if any(not s > 0 for s in args.sigmas) or any(
+            not 0 <= p <= 1 for p in args.gc_rates + args.soteria_rates):
+        ap.error("--sigmas must be > 0, --gc-rates and --soteria-rates in [0, 1]")
     if any(not t > 0 for t in args.tolerances):
         ap.error("--tolerances must be > 0")
     result = run(args)

@@ -14,6 +14,7 @@ def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("aaf")
     result = bench.main(["--dataset", "synthetic", "--victims", "2", "--batch-sizes", "1", "4",
                          "--defense-batch-sizes", "1", "--sigmas", "0.1", "--gc-rates", "0.99",
+                         "--soteria-rates", "0.4",
                          "--train-examples", "256", "--tolerance-batch-sizes", "1", "4",
                          "--tolerances", "1e-5", "1e-6", "--fedavg-steps", "2",
                          "--ig-batch-sizes", "1",
@@ -37,10 +38,9 @@ def test_every_part_is_written_with_its_setting(tiny):
         assert heading in md
     # B = 1 carries the defenses, B = 4 only the undefended row, for both models
     assert [(r["state"], r["batch_size"], r["setting"]) for r in result["rows"]] == [
-        (s, 1, label) for s in ("initial",) for label in
-        ("none", "clip only (σ = 0)", "σ = 0.1", "p = 0.99")] + [("initial", 4, "none")] + [
-        (s, 1, label) for s in ("trained",) for label in
-        ("none", "clip only (σ = 0)", "σ = 0.1", "p = 0.99")] + [("trained", 4, "none")]
+        (s, b, label) for s in ("initial", "trained") for b, labels in (
+            (1, ("none", "clip only (σ = 0)", "σ = 0.1", "p = 0.99", "p_fc = 0.4")),
+            (4, ("none",))) for label in labels]
     assert [(r["state"], r["protocol"], r["match_tolerance"]) for r in result["tolerance"]] == [
         (s, p, t) for s in ("initial", "trained") for _ in (1, 4)
         for p in ("gradient", "fedsgd Δ", "fedavg Δ, 2 steps") for t in (1e-5, 1e-6)]
@@ -61,6 +61,11 @@ def test_one_example_is_read_off_and_noise_stops_it(tiny, state):
         "recovered_share"] == 1.0
     noised = _row(result, state=state, batch_size=1, setting="σ = 0.1")
     assert noised["recovered_share"] == 0.0 and noised["median_psnr"] < 40.0
+    # Soteria on the input layer: every unit's ratio is the image with 40 % of its
+    # pixels zeroed, so the attack agrees with itself (marks it) and misses the image
+    soteria = _row(result, state=state, batch_size=1, defense="soteria")
+    assert soteria["recovered_share"] == 0.0 and soteria["false_exact"] == 2
+    assert soteria["median_psnr"] < none["median_psnr"]
 
 
 def test_a_fedavg_upload_still_gives_one_example_exactly(tiny):
