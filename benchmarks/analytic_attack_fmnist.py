@@ -133,6 +133,14 @@ def recovered(x_rec, x_true, exact_flags) -> tuple[int, np.ndarray]:
     return int(hits.any(1).sum()), np.asarray(exact_flags) & ~hits.any(0)
 
 
+def pixels_exact(x_rec, x_true) -> float:
+    """Mean over the batch's examples of the largest share of an example's pixels that
+    one returned input gives within EXACT_PIXEL_ERROR (an example partly read off)."""
+    b = len(x_true)
+    close = np.abs(x_true.reshape(b, 1, -1) - x_rec.reshape(1, b, -1)) <= EXACT_PIXEL_ERROR
+    return float(np.mean(close.mean(-1).max(1)))
+
+
 def defenses(args) -> list[tuple[str, str, float]]:
     rows = [("none", "none", 0.0), ("dp_gaussian", "clip only (σ = 0)", 0.0)]
     rows += [("dp_gaussian", f"σ = {s:g}", s) for s in args.sigmas]
@@ -198,7 +206,8 @@ def attack_one(name, config, apply_fn, params, grad, x, y, key, num_classes, obs
     hits, false_slots = recovered(x_rec, x, flags)
     spreads = np.asarray(extras.get("group_spreads", np.full(len(y), np.nan)))
     return {"psnr": score.psnr, "ssim": score.ssim, "label_acc": score.label_acc,
-            "recovered": hits, "marked_exact": int(np.sum(flags)),
+            "recovered": hits, "pixels_exact": pixels_exact(x_rec, x),
+            "marked_exact": int(np.sum(flags)),
             "false_exact": int(np.sum(false_slots)), "seconds": seconds,
             # how closely each marked group's ratios agreed, for groups that are / are not
             # an example
@@ -309,6 +318,7 @@ def summarise(state, b, kind, label, param, per_victim) -> dict:
            "victims": per_victim,
            "recovered_share": sum(r["recovered"] for r in per_victim) / n,
            "false_exact": sum(r["false_exact"] for r in per_victim),
+           "pixels_exact": float(np.mean([r["pixels_exact"] for r in per_victim])),
            "median_psnr": float(np.median([r["psnr"] for r in per_victim])),
            "median_ms": 1e3 * float(np.median([r["seconds"] for r in per_victim]))}
     if kind == "none":
@@ -351,13 +361,16 @@ def markdown(result: dict) -> str:
     lines += ["", f"## Defenses (per-example clip C = {result['clip_norm']:g}; GC prunes the "
               "whole model's smallest gradient entries; Soteria prunes the input layer's "
               "representation, here the image)", "",
-              "| model | B | defense | setting | recovered | false exact | median PSNR (dB) |",
-              "|---|---|---|---|---|---|---|"]
+              "*Pixels exact*: per example, the largest share of its pixels one returned input "
+              "gives within half a level, averaged.", "",
+              "| model | B | defense | setting | recovered | pixels exact | false exact | "
+              "median PSNR (dB) |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if r["batch_size"] in s["defense_batch_sizes"]:
             lines.append(f"| {r['state']} | {r['batch_size']} | {r['defense']} | {r['setting']} "
-                         f"| {r['recovered_share']:.3f} | {r['false_exact']} | "
-                         f"{r['median_psnr']:.1f} |")
+                         f"| {r['recovered_share']:.3f} | {r['pixels_exact']:.3f} | "
+                         f"{r['false_exact']} | {r['median_psnr']:.1f} |")
     lines += ["", "## The grouping tolerance (`match_tolerance`), no defense", "",
               "Two units' ratios are grouped when their relative distance is below the "
               "tolerance. *Spread*: how far a marked group's ratios lie from its estimate "

@@ -66,6 +66,10 @@ def test_one_example_is_read_off_and_noise_stops_it(tiny, state):
     soteria = _row(result, state=state, batch_size=1, defense="soteria")
     assert soteria["recovered_share"] == 0.0 and soteria["false_exact"] == 2
     assert soteria["median_psnr"] < none["median_psnr"]
+    # round(0.4 · 256) = 102 of the 16×16 synthetic image's pixels are zeroed; the rest
+    # are read off (a zeroed pixel that was already within half a level of 0 counts too)
+    assert 1 - 102 / 256 <= soteria["pixels_exact"] < 1.0
+    assert none["pixels_exact"] == 1.0 and noised["pixels_exact"] < 0.5
 
 
 def test_a_fedavg_upload_still_gives_one_example_exactly(tiny):
@@ -87,8 +91,10 @@ def test_recovered_counts_come_from_the_truth_not_the_attacks_flags():
     rec[1, 0, 0, 0] -= 0.01  # 2.55 levels off: not recovered
     hits, false_slots = bench.recovered(rec, x, np.array([True, True]))
     assert hits == 1 and false_slots.tolist() == [False, True]
+    assert bench.pixels_exact(rec, x) == pytest.approx((1.0 + 3 / 4) / 2)
     rec[1, 0, 0, 0] = 1.0 - 0.4 / 255  # within half a level
     assert bench.recovered(rec, x, np.array([False, False]))[0] == 2
+    assert bench.pixels_exact(rec, x) == 1.0
 
 
 @pytest.mark.parametrize("argv", [["--victims", "1001"], ["--defense-batch-sizes", "3"],
