@@ -23,7 +23,26 @@ not, so the ratios are grouped where they agree to within
 of at least two units is read as one recovered input, the largest groups
 first, estimated by least squares over the group's units,
 x̂ = Σ_{i∈g} b_i W[:, i] / Σ_{i∈g} b_i² (b, W: the bias and kernel updates).
-An example with a single exclusive unit is not found this way. Slots of the
+**Peeling (FedSGD uploads; ours too):** a recovered input's own contribution
+to the layer can then be computed and taken off. The server holds the model,
+so for a recovered x̂ it computes δ(x̂, y) = ∂ℓ(x̂, y)/∂b for every class y
+(ℓ: softmax cross-entropy, the engine's loss), fits the one scale s and the
+class y for which s·δ(x̂, y) gives the bias update of the group's units (they
+are exclusive to that example, so there the update is its δ alone), and, where
+that fit's relative residual is at most ``peel_tolerance``, subtracts
+s·δ(x̂, y) from the bias update and x̂·s·δ(x̂, y)ᵀ from the kernel update. A
+unit that example shared with one other example is then exclusive to the
+other, so the grouping is run again on the remainder (the units of groups
+already returned left out) until no new group is found. The fitted s absorbs
+the lr/B of FedSGD and a per-example clipping factor; s and y are in
+``extras``. It is applied to uploads of one gradient step at the global model
+(``algorithm`` "fedsgd", or a granted ``local_steps`` of 1): local training of
+several steps (FedAvg) moves the model between the steps, so one example's
+contribution cannot be computed from the global model, and where the number of
+steps is not granted the server cannot tell. This is not Pan et al.'s
+algorithm either: it needs at least two exclusive units per example at the
+pass that finds it, and an example with a single exclusive unit in every
+pass is still not found. Slots of the
 batch left without a group get the least-squares rank-one estimate over
 every unit not in a returned group (a weighted mixture of the examples not
 recovered; over all units where every unit is in a returned group, and for
@@ -51,7 +70,10 @@ the engine forms it, moves them by up to about 1e-4, while ratios of two
 mixtures dominated by one example can agree to a few 1e-6; 1e-5 marks fewer
 wrong slots on exact gradients and finds far fewer inputs in the engine's
 uploads), ``label_mode``
-("infer": :func:`attacks.labels.infer_labels`; "given": the granted labels).
+("infer": :func:`attacks.labels.infer_labels`; "given": the granted labels),
+``peel`` (true: apply the peeling rule to one-step uploads; false: one pass),
+``peel_tolerance`` (1e-3: the largest relative residual of the scale-and-class
+fit for which a recovered example is peeled off).
 Loss: the relative residual ‖ΔW − X̂ᵀA‖_F / ‖ΔW‖_F of the kernel update
 after the best A (least squares): 0 when the returned inputs span every
 column, as they do for a fully recovered noiseless batch.
@@ -65,8 +87,9 @@ nothing (the benchmark counts them).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy.sparse.csgraph import connected_components
@@ -79,7 +102,8 @@ from attacks.labels import infer_labels
 from fedsim.typing import Observation
 
 DEFAULTS = {"input_layer": None, "batch_size": None, "min_bias_update": 1e-6,
-            "match_tolerance": 1e-4, "label_mode": "infer"}
+            "match_tolerance": 1e-4, "label_mode": "infer", "peel": True,
+            "peel_tolerance": 1e-3}
 
 
 def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = None
@@ -105,7 +129,10 @@ def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = 
                           or b < 1):
         raise AttackConfigError(f"attack.config.batch_size: must be a positive integer (or "
                                 f"absent), got {b!r}")
-    for name, upper in (("min_bias_update", 1.0), ("match_tolerance", math.inf)):
+    if not isinstance(cfg["peel"], (bool, np.bool_)):
+        raise AttackConfigError(f"attack.config.peel: must be true or false, got {cfg['peel']!r}")
+    for name, upper in (("min_bias_update", 1.0), ("match_tolerance", math.inf),
+                        ("peel_tolerance", 1.0)):
         v = cfg[name]
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.floating)) \
                 or not 0 <= v < upper:
@@ -211,9 +238,27 @@ def _rank_one(kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
     return kernel @ bias / np.dot(bias, bias)
 
 
+def _fit_class_and_scale(observed: np.ndarray, candidates: np.ndarray
+                         ) -> tuple[int, float, float]:
+    """The class y and scale s minimising ‖observed − s·candidates[y]‖, and its relative residual.
+
+    Args:
+      observed: [U] the bias update at a group's units.
+      candidates: [C, U] each class's ∂ℓ/∂b at those units.
+    """
+    sq = np.sum(candidates**2, axis=1)
+    scales = np.where(sq > 0, candidates @ observed / np.where(sq > 0, sq, 1.0), 0.0)
+    res = np.linalg.norm(observed[None, :] - scales[:, None] * candidates, axis=1)
+    y = int(np.argmin(res))
+    norm = np.linalg.norm(observed)
+    return y, float(scales[y]), float(res[y] / norm) if norm > 0 else float("inf")
+
+
 def recover_inputs(kernel_update, bias_update, batch_size: int, *,
                    min_bias_update: float = DEFAULTS["min_bias_update"],
-                   match_tolerance: float = DEFAULTS["match_tolerance"]) -> dict[str, Any]:
+                   match_tolerance: float = DEFAULTS["match_tolerance"],
+                   class_bias_grads: Callable[[np.ndarray], np.ndarray] | None = None,
+                   peel_tolerance: float = DEFAULTS["peel_tolerance"]) -> dict[str, Any]:
     """The batch's inputs from a biased input layer's update (the module docstring's rule).
 
     Args:
@@ -222,12 +267,22 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
       batch_size: B, the number of inputs to return.
       min_bias_update: units with |Δb_i| ≤ this × max |Δb| are left out.
       match_tolerance: the relative distance under which two ratios agree.
+      class_bias_grads: for peeling (the module docstring): maps an input
+        [D] to each class's per-example ∂ℓ/∂b of the layer, [C, H]. ``None``:
+        one pass, no peeling.
+      peel_tolerance: the largest relative residual of the class-and-scale fit
+        for which a recovered example is peeled off.
 
     Returns:
       ``{"x": [B, D] float64, "exact": [B] bool (a group of ≥ 2 agreeing units),
       "group_sizes": [B] int (0 for a filled slot), "group_spreads": [B] the
       largest relative distance of a group's ratios from its estimate (NaN for
-      a filled slot), "units": the number of units used, "residual": the
+      a filled slot), "found_in_pass": [B] int (the pass that found the group,
+      0 the first; −1 for a filled slot), "peeled": [B] bool, "peel_labels":
+      [B] int (the fitted class of a peeled slot, else −1), "peel_scales": [B]
+      (its fitted s, else NaN), "peel_residuals": [B] (the fit's relative
+      residual for every group slot, where peeling was tried, else NaN),
+      "units": the number of units used in the first pass, "residual": the
       relative residual of the kernel update}``.
 
     Raises:
@@ -242,30 +297,95 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
     if len(units) == 0:
         raise ValueError("the input layer's bias update is zero at every unit: no unit's ratio "
                          "can be read (a pruned or dead layer?)")
-    groups = [g for g in group_ratios(ratios, match_tolerance) if len(g) >= 2][:batch_size]
-    xs, sizes, spreads = [], [], []
-    for g in groups:
-        cols = units[g]
-        xs.append(_rank_one(w[:, cols], b[cols]))
-        sizes.append(len(g))
-        spreads.append(float(np.max(np.linalg.norm(ratios[g] - xs[-1], axis=1))
-                             / max(np.linalg.norm(xs[-1]), np.finfo(np.float64).tiny)))
-    used = np.zeros(len(units), bool)
-    for g in groups:
-        used[g] = True
-    rest = units[~used] if np.any(~used) else units
-    filler = _rank_one(w[:, rest], b[rest])
-    while len(xs) < batch_size:
-        xs.append(filler)
-        sizes.append(0)
-        spreads.append(float("nan"))
-    x = np.stack(xs)
+    first_units = units
+    usable = np.zeros(len(b), bool)
+    usable[units] = True  # the units the first pass reads; later passes read a subset
+    w_rest, b_rest = w.copy(), b.copy()
+    slots: list[dict[str, Any]] = []
+    for pass_index in range(batch_size):
+        if pass_index:
+            keep = usable[units]
+            units, ratios = units[keep], ratios[keep]
+            # Later passes read the remainder's ratios; a unit emptied by peeling
+            # (bias remainder ~ 0) is left out as in the first pass.
+            live = np.abs(b_rest[units]) > min_bias_update * np.max(np.abs(b))
+            units = units[live]
+            ratios = (w_rest[:, units] / b_rest[units]).T
+        groups = [g for g in group_ratios(ratios, match_tolerance) if len(g) >= 2]
+        groups = groups[:batch_size - len(slots)]
+        peeled_any = False
+        for g in groups:
+            cols = units[g]
+            x = _rank_one(w_rest[:, cols], b_rest[cols])
+            spread = float(np.max(np.linalg.norm(ratios[g] - x, axis=1))
+                           / max(np.linalg.norm(x), np.finfo(np.float64).tiny))
+            usable[cols] = False
+            if any(np.linalg.norm(x - sl["x"]) < match_tolerance
+                   * max(np.linalg.norm(x), np.linalg.norm(sl["x"])) for sl in slots):
+                # an example returned earlier but not peeled (its fit failed) whose
+                # shared units others' peeling emptied: not a new input
+                continue
+            slot = {"x": x, "size": len(g), "spread": spread, "pass": pass_index,
+                    "peeled": False, "label": -1, "scale": float("nan"),
+                    "peel_residual": float("nan")}
+            if class_bias_grads is not None:
+                cand = np.asarray(class_bias_grads(x), np.float64)
+                y, scale, rel = _fit_class_and_scale(b_rest[cols], cand[:, cols])
+                slot["peel_residual"] = rel
+                if rel <= peel_tolerance:
+                    contribution = scale * cand[y]
+                    b_rest -= contribution
+                    w_rest -= np.outer(x, contribution)
+                    slot.update(peeled=True, label=y, scale=scale)
+                    peeled_any = True
+            slots.append(slot)
+        if not peeled_any or len(slots) == batch_size:
+            break
+    filler_units = np.flatnonzero(usable)
+    if len(filler_units) == 0 or not np.any(b_rest[filler_units] != 0):
+        # every unit is in a returned group (or a noised B = 1 update): all of them
+        filler = _rank_one(w[:, first_units], b[first_units])
+    else:
+        filler = _rank_one(w_rest[:, filler_units], b_rest[filler_units])
+    while len(slots) < batch_size:
+        slots.append({"x": filler, "size": 0, "spread": float("nan"), "pass": -1,
+                      "peeled": False, "label": -1, "scale": float("nan"),
+                      "peel_residual": float("nan")})
+    x = np.stack([sl["x"] for sl in slots])
     coef, *_ = np.linalg.lstsq(x.T, w, rcond=None)
     norm = np.linalg.norm(w)
     residual = float(np.linalg.norm(w - x.T @ coef) / norm) if norm > 0 else 0.0
-    return {"x": x, "exact": np.asarray(sizes) > 0, "group_sizes": np.asarray(sizes),
-            "group_spreads": np.asarray(spreads), "units": int(len(units)),
-            "residual": residual}
+    sizes = np.asarray([sl["size"] for sl in slots])
+    return {"x": x, "exact": sizes > 0, "group_sizes": sizes,
+            "group_spreads": np.asarray([sl["spread"] for sl in slots]),
+            "found_in_pass": np.asarray([sl["pass"] for sl in slots]),
+            "peeled": np.asarray([sl["peeled"] for sl in slots]),
+            "peel_labels": np.asarray([sl["label"] for sl in slots]),
+            "peel_scales": np.asarray([sl["scale"] for sl in slots]),
+            "peel_residuals": np.asarray([sl["peel_residual"] for sl in slots]),
+            "units": int(len(first_units)), "residual": residual}
+
+
+def class_bias_grads_fn(apply_fn, params, layer: str, input_shape: tuple[int, ...]
+                        ) -> Callable[[np.ndarray], np.ndarray]:
+    """x [D] ↦ each class's per-example ∂ℓ(x, y)/∂b of ``layer``, [C, H] (float32 model).
+
+    ℓ is the softmax cross-entropy of ``apply_fn(params, x)`` (the engine's
+    loss), so row y is Jᵀ(p − e_y) with J = ∂logits/∂b and p = softmax(logits).
+    """
+    bias = params[layer]["bias"]
+
+    def logits(b, x):
+        return apply_fn({**params, layer: {**params[layer], "bias": b}}, x[None])[0]
+
+    @jax.jit
+    def grads(x):
+        x = x.reshape(input_shape)
+        jac = jax.jacrev(logits)(bias, x)  # [C, H]
+        p = jax.nn.softmax(logits(bias, x))
+        return (p @ jac)[None, :] - jac
+
+    return lambda x: np.asarray(grads(jnp.asarray(x, bias.dtype)))
 
 
 @register_attack("analytic")
@@ -277,9 +397,15 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
     shape = tuple(observation.input_shape)
     name = input_layer(observation.update, int(np.prod(shape)), cfg["input_layer"])
     layer = observation.update[name]
+    # one gradient step at the global model: each example's share is computable
+    peel = bool(cfg["peel"]) and (observation.algorithm == "fedsgd"
+                                  or observation.local_steps == 1)
+    grads = (class_bias_grads_fn(observation.apply_fn, observation.params, name, shape)
+             if peel else None)
     out = recover_inputs(layer["kernel"], layer["bias"], batch,
                          min_bias_update=float(cfg["min_bias_update"]),
-                         match_tolerance=float(cfg["match_tolerance"]))
+                         match_tolerance=float(cfg["match_tolerance"]),
+                         class_bias_grads=grads, peel_tolerance=float(cfg["peel_tolerance"]))
     if cfg["label_mode"] == "given":
         if observation.labels is None:
             raise AttackConfigError(_LABELS_NOT_GRANTED)
@@ -288,7 +414,10 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
         labels = infer_labels(observation, batch, key)
     x = jnp.asarray(out["x"].reshape(batch, *shape), jnp.float32)
     extras = {"exact": out["exact"], "group_sizes": out["group_sizes"],
-              "group_spreads": out["group_spreads"], "units": out["units"], "input_layer": name}
+              "group_spreads": out["group_spreads"], "units": out["units"], "input_layer": name,
+              "found_in_pass": out["found_in_pass"], "peeled": out["peeled"],
+              "peel_labels": out["peel_labels"], "peel_scales": out["peel_scales"],
+              "peel_residuals": out["peel_residuals"]}
     return Reconstruction(x, labels, jnp.float32(out["residual"]), extras)
 
 

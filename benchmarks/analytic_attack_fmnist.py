@@ -10,11 +10,14 @@ What it measures, for ``attacks.analytic`` against McMahan et al.'s 2NN
    checked against the truth, not taken from the attack's own flag), the
    slots it marks exact that are not, the matched PSNR, and two reference
    shares computed from the true first-layer activations: the examples with
-   at least two exclusively activated units (what the attack's grouping rule
-   is built to find) and with at least one (what an exclusive-unit attack,
-   e.g. Pan et al. 2022, can read). They are not strict ceilings: a unit
-   that other examples reach with a vanishing δ gives one example's input
-   to within rounding too.
+   at least two exclusively activated units (what one pass of the attack's
+   grouping rule is built to find), the closure of that count once the
+   examples found are taken out of every unit (what the peeling rule is built
+   to find), and the examples with at least one (what an exclusive-unit
+   attack, e.g. Pan et al. 2022, can read). They are not strict ceilings: a
+   unit that other examples reach with a vanishing δ gives one example's
+   input to within rounding too. The attack runs twice, with peeling (its
+   default) and with one pass (``peel: false``).
 2. **Defenses** on the same victims at B = 1 and 8: per-example clipping
    alone and DP-SGD's Gaussian noise (``defenses.dp.dp_gaussian``, C = 1,
    σ = 1e-3 … 1), gradient compression (``defenses.pruning.magnitude_prune``,
@@ -28,7 +31,10 @@ What it measures, for ``attacks.analytic`` against McMahan et al.'s 2NN
    gradient itself and for uploads Δ = w_local − w_global subtracted in
    float32 as the engine forms them: its FedSGD upload (one SGD step at lr
    0.1) and a FedAvg upload after 5 full-batch momentum-SGD steps at lr 0.05.
-   The subtraction's rounding moves the ratios more than the gradient's.
+   The subtraction's rounding moves the ratios more than the gradient's. The
+   gradient and the FedSGD upload are peeled (one step), the FedAvg upload is
+   not; the peeling fit's relative residuals are recorded for the groups that
+   are an example and for those that are not.
 4. **Side by side with Inverting Gradients** (``attacks.inverting_gradients``,
    its defaults, ``--ig-iterations``) on the first ``--ig-victims`` victims at
    B = 1 and 8: PSNR and seconds per victim, in the same run.
@@ -116,13 +122,23 @@ def per_example_gradients(apply_fn, params, x, y):
     return _per_example_gradients(apply_fn, params, jnp.asarray(x), jnp.asarray(y))
 
 
-def exclusive_unit_shares(params, x) -> tuple[float, float]:
-    """Shares of examples with ≥ 1 and ≥ 2 first-layer ReLU units active on them alone."""
+def exclusive_unit_shares(params, x) -> tuple[float, float, float]:
+    """Shares of examples with ≥ 1 and ≥ 2 first-layer ReLU units active on them alone,
+    and of the closure of the second: an example counts once it has two units that no
+    example not yet counted reaches."""
     layer = params["Dense_0"]
     z = np.asarray(x).reshape(len(x), -1) @ np.asarray(layer["kernel"]) + np.asarray(layer["bias"])
     active = z > 0
     per_example = (active & (active.sum(0) == 1)[None, :]).sum(1)
-    return float(np.mean(per_example >= 1)), float(np.mean(per_example >= 2))
+    found = np.zeros(len(x), bool)
+    while True:
+        rest = active & ~found[:, None]
+        new = ~found & ((rest & (rest.sum(0) == 1)[None, :]).sum(1) >= 2)
+        if not new.any():
+            break
+        found |= new
+    return (float(np.mean(per_example >= 1)), float(np.mean(per_example >= 2)),
+            float(np.mean(found)))
 
 
 def recovered(x_rec, x_true, exact_flags) -> tuple[int, np.ndarray]:
@@ -205,6 +221,8 @@ def attack_one(name, config, apply_fn, params, grad, x, y, key, num_classes, obs
     flags = np.asarray(extras.get("exact", np.zeros(len(y), bool)))
     hits, false_slots = recovered(x_rec, x, flags)
     spreads = np.asarray(extras.get("group_spreads", np.full(len(y), np.nan)))
+    peel_fit = np.asarray(extras.get("peel_residuals", np.full(len(y), np.nan)))
+    tried = flags & ~np.isnan(peel_fit)
     return {"psnr": score.psnr, "ssim": score.ssim, "label_acc": score.label_acc,
             "recovered": hits, "pixels_exact": pixels_exact(x_rec, x),
             "marked_exact": int(np.sum(flags)),
@@ -212,7 +230,12 @@ def attack_one(name, config, apply_fn, params, grad, x, y, key, num_classes, obs
             # how closely each marked group's ratios agreed, for groups that are / are not
             # an example
             "spreads_true": spreads[flags & ~false_slots].tolist(),
-            "spreads_false": spreads[false_slots].tolist()}
+            "spreads_false": spreads[false_slots].tolist(),
+            "peeled": int(np.sum(extras.get("peeled", np.zeros(len(y), bool)))),
+            "passes": int(np.max(extras.get("found_in_pass", np.zeros(1, int)))) + 1,
+            # the peeling fit's relative residual, for groups that are / are not an example
+            "peel_fit_true": peel_fit[tried & ~false_slots].tolist(),
+            "peel_fit_false": peel_fit[tried & false_slots].tolist()}
 
 
 def run(args) -> dict:
@@ -251,7 +274,13 @@ def run(args) -> dict:
                     r = attack_one("analytic", {}, apply_fn, params, grad, x, y,
                                    jax.random.fold_in(attack_key, v), ds.num_classes)
                     if kind == "none":
-                        r["exclusive_1"], r["exclusive_2"] = exclusive_unit_shares(params, x)
+                        r["exclusive_1"], r["exclusive_2"], r["closure_2"] = \
+                            exclusive_unit_shares(params, x)
+                        one = attack_one("analytic", {"peel": False}, apply_fn, params, grad,
+                                         x, y, jax.random.fold_in(attack_key, v),
+                                         ds.num_classes)
+                        r["recovered_one_pass"] = one["recovered"]
+                        r["false_exact_one_pass"] = one["false_exact"]
                     per_victim.append(r)
                 rows.append(summarise(state, b, kind, label, param, per_victim))
                 print(f"{state} B={b} {kind} {label}: recovered "
@@ -280,11 +309,14 @@ def run(args) -> dict:
                 tolerance.append({"state": state, "batch_size": b, "protocol": protocol,
                                   "match_tolerance": tol,
                                   **{k: sum(r[k] for r in per_victim)
-                                     for k in ("recovered", "marked_exact", "false_exact")},
+                                     for k in ("recovered", "marked_exact", "false_exact",
+                                               "peeled")},
                                   "examples": b * len(per_victim),
                                   "spreads_true": sum((r["spreads_true"] for r in per_victim), []),
                                   "spreads_false": sum((r["spreads_false"] for r in per_victim),
-                                                       [])})
+                                                       []),
+                                  **{k: sum((r[k] for r in per_victim), [])
+                                     for k in ("peel_fit_true", "peel_fit_false")}})
 
     reference = []
     for state, params in states.items():
@@ -322,8 +354,12 @@ def summarise(state, b, kind, label, param, per_victim) -> dict:
            "median_psnr": float(np.median([r["psnr"] for r in per_victim])),
            "median_ms": 1e3 * float(np.median([r["seconds"] for r in per_victim]))}
     if kind == "none":
-        for k in ("exclusive_1", "exclusive_2"):
+        for k in ("exclusive_1", "exclusive_2", "closure_2"):
             row[k] = float(np.mean([r[k] for r in per_victim]))
+        row["recovered_share_one_pass"] = sum(r["recovered_one_pass"] for r in per_victim) / n
+        row["false_exact_one_pass"] = sum(r["false_exact_one_pass"] for r in per_victim)
+    row["peeled_share"] = sum(r["peeled"] for r in per_victim) / n
+    row["max_passes"] = max(r["passes"] for r in per_victim)
     return row
 
 
@@ -341,50 +377,67 @@ def markdown(result: dict) -> str:
         f"SGD on the first {s['train_examples']} training images (the victims are drawn from "
         "the others).", "",
         f"*Recovered*: a returned input within {result['exact_pixel_error']:.3g} (half an 8-bit "
-        "level) of the example in every pixel, checked against the truth. *Exclusive ≥ 2 / "
-        "≥ 1*: the share of examples with at least two / one first-layer units active on "
-        "them alone, from the true activations: what the attack's grouping rule is built to "
-        "find / what an exclusive-unit attack can read (not strict ceilings: a unit that "
-        "other examples reach with a vanishing δ also gives one input to within rounding). "
+        "level) of the example in every pixel, checked against the truth; *one pass*: the "
+        "attack without peeling (`peel: false`). *Exclusive ≥ 2 / ≥ 1*: the share of "
+        "examples with at least two / one first-layer units active on them alone, from the "
+        "true activations: what one pass is built to find / what an exclusive-unit attack "
+        "can read; *closure*: the examples counted once the examples counted so far are "
+        "taken out of every unit, what peeling is built to find (not strict ceilings: a "
+        "unit that other examples reach with a vanishing δ also gives one input to within "
+        "rounding). *Passes*: the most passes one victim took. "
         "*False exact*: slots the attack marked exact that "
         "match no example. PSNR: the median over victims of the batch's matched mean "
         "(capped at 100 dB per image).", "",
         "## Batch size, no defense", "",
-        "| model | B | recovered | exclusive ≥ 2 | exclusive ≥ 1 | false exact | "
-        "median PSNR (dB) | median ms |",
-        "|---|---|---|---|---|---|---|---|"]
+        "| model | B | recovered | closure | passes | recovered, one pass | exclusive ≥ 2 | "
+        "exclusive ≥ 1 | false exact | false exact, one pass | median PSNR (dB) | "
+        "median ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if r["defense"] == "none":
             lines.append(f"| {r['state']} | {r['batch_size']} | {r['recovered_share']:.3f} | "
+                         f"{r['closure_2']:.3f} | {r['max_passes']} | "
+                         f"{r['recovered_share_one_pass']:.3f} | "
                          f"{r['exclusive_2']:.3f} | {r['exclusive_1']:.3f} | "
-                         f"{r['false_exact']} | {r['median_psnr']:.1f} | {r['median_ms']:.0f} |")
+                         f"{r['false_exact']} | {r['false_exact_one_pass']} | "
+                         f"{r['median_psnr']:.1f} | {r['median_ms']:.0f} |")
     lines += ["", f"## Defenses (per-example clip C = {result['clip_norm']:g}; GC prunes the "
               "whole model's smallest gradient entries; Soteria prunes the input layer's "
               "representation, here the image)", "",
               "*Pixels exact*: per example, the largest share of its pixels one returned input "
               "gives within half a level, averaged.", "",
-              "| model | B | defense | setting | recovered | pixels exact | false exact | "
-              "median PSNR (dB) |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| model | B | defense | setting | recovered | pixels exact | peeled | "
+              "false exact | median PSNR (dB) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if r["batch_size"] in s["defense_batch_sizes"]:
             lines.append(f"| {r['state']} | {r['batch_size']} | {r['defense']} | {r['setting']} "
                          f"| {r['recovered_share']:.3f} | {r['pixels_exact']:.3f} | "
+                         f"{r['peeled_share']:.3f} | "
                          f"{r['false_exact']} | {r['median_psnr']:.1f} |")
     lines += ["", "## The grouping tolerance (`match_tolerance`), no defense", "",
               "Two units' ratios are grouped when their relative distance is below the "
               "tolerance. *Spread*: how far a marked group's ratios lie from its estimate "
-              "(relative), for the groups that are an example and for those that are not.", "",
-              "| model | B | upload | tolerance | recovered | marked exact | false exact | "
-              "largest spread, true groups | smallest spread, false groups |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "(relative), for the groups that are an example and for those that are not. "
+              "*Peel fit*: the relative residual of the peeling rule's class-and-scale fit "
+              "(peeled where ≤ `peel_tolerance`, 1e-3), likewise; the FedAvg upload is not "
+              "peeled.", "",
+              "| model | B | upload | tolerance | recovered | marked exact | peeled | "
+              "false exact | largest spread, true groups | smallest spread, false groups | "
+              "largest peel fit, true groups | smallest peel fit, false groups |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def extreme(values, pick):
+        return f"{pick(values):.2g}" if values else "–"
+
     for r in result["tolerance"]:
-        true_max = f"{max(r['spreads_true']):.2g}" if r["spreads_true"] else "–"
-        false_min = f"{min(r['spreads_false']):.2g}" if r["spreads_false"] else "–"
         lines.append(f"| {r['state']} | {r['batch_size']} | {r['protocol']} | "
                      f"{r['match_tolerance']:g} | "
                      f"{r['recovered']}/{r['examples']} | {r['marked_exact']} | "
-                     f"{r['false_exact']} | {true_max} | {false_min} |")
+                     f"{r['peeled']} | {r['false_exact']} | "
+                     f"{extreme(r['spreads_true'], max)} | {extreme(r['spreads_false'], min)} | "
+                     f"{extreme(r['peel_fit_true'], max)} | "
+                     f"{extreme(r['peel_fit_false'], min)} |")
     lines += ["", f"## Side by side with Inverting Gradients ({s['ig_iterations']} iterations, "
               f"its defaults otherwise; first {s['ig_victims']} victims, same run)", "",
               "| model | B | attack | median PSNR (dB) | median seconds per victim |",
@@ -406,7 +459,9 @@ def plot(result: dict, path: pathlib.Path) -> None:
         rows = [r for r in result["rows"] if r["state"] == state and r["defense"] == "none"]
         bs = [r["batch_size"] for r in rows]
         ax.plot(bs, [r["recovered_share"] for r in rows], "o-", color=colour,
-                label=f"{state}: recovered")
+                label=f"{state}: recovered (peeling)")
+        ax.plot(bs, [r["recovered_share_one_pass"] for r in rows], "s-", color=colour,
+                alpha=0.5, label=f"{state}: recovered (one pass)")
         ax.plot(bs, [r["exclusive_2"] for r in rows], "--", color=colour,
                 label=f"{state}: ≥ 2 exclusive units")
         ax.plot(bs, [r["exclusive_1"] for r in rows], ":", color=colour,

@@ -3,7 +3,9 @@
 The batch checks compare the attack with an independent count: from the
 victims' true first-layer activations, the examples that reach at least two
 units no other example reaches (exclusively activated neurons, Pan et al.
-2022) are exactly those whose input two units' ratios give.
+2022) are exactly those whose input two units' ratios give. With peeling,
+the count is the closure: an example is found once it has two units that no
+example not yet found reaches.
 """
 
 import json
@@ -59,6 +61,35 @@ def _examples_with_two_exclusive_units(params, x):
     return set(np.flatnonzero(exclusive.sum(1) >= 2))
 
 
+def _examples_found_by_peeling(params, x):
+    """Independent of the attack: the closure of the two-exclusive-unit count
+    when the examples found so far are taken out of every unit."""
+    layer = params["Dense_0"]
+    z = np.asarray(x).reshape(len(x), -1) @ np.asarray(layer["kernel"]) + np.asarray(layer["bias"])
+    active = z > 0
+    found: set[int] = set()
+    while True:
+        rest = np.array([n not in found for n in range(len(x))])
+        exclusive = active & rest[:, None] & ((active & rest[:, None]).sum(0) == 1)[None, :]
+        new = set(np.flatnonzero(exclusive.sum(1) >= 2)) - found
+        if not new:
+            return found
+        found |= new
+
+
+def _match_exact_slots(x, rec):
+    """The true example each slot marked exact is (nearest, to 1e-4), slot by slot."""
+    flat = x.reshape(len(x), -1)
+    rx = np.asarray(rec.x).reshape(len(x), -1)
+    matched = {}
+    for slot in np.flatnonzero(np.asarray(rec.extras["exact"])):
+        d = np.abs(flat - rx[slot]).max(1)
+        assert d.min() < 1e-4, f"slot {slot} is marked exact but matches no example ({d.min()})"
+        matched[int(slot)] = int(np.argmin(d))
+    assert len(set(matched.values())) == len(matched)
+    return matched
+
+
 def test_registered_and_one_example_is_read_off_exactly(net):
     apply_fn, params = net
     x, y = _batch(0, 1)
@@ -73,9 +104,11 @@ def test_registered_and_one_example_is_read_off_exactly(net):
 
 @pytest.mark.parametrize("seed,b", [(1, 2), (2, 4), (3, 8), (4, 16)])
 def test_a_batch_recovers_exactly_the_examples_with_two_exclusive_units(net, seed, b):
+    """One pass (no peeling)."""
     apply_fn, params = net
     x, y = _batch(seed, b)
-    rec = run_attack("analytic", _fedsgd(apply_fn, params, x, y), {}, jax.random.key(1))
+    rec = run_attack("analytic", _fedsgd(apply_fn, params, x, y), {"peel": False},
+                     jax.random.key(1))
     exact = np.asarray(rec.extras["exact"])
     # which true example each exact slot is: the nearest
     flat, rx = x.reshape(b, -1), np.asarray(rec.x).reshape(b, -1)
@@ -91,12 +124,95 @@ def test_a_batch_recovers_exactly_the_examples_with_two_exclusive_units(net, see
     assert np.all(np.asarray(rec.extras["group_sizes"])[~exact] == 0)
 
 
+@pytest.mark.parametrize("seed,b", [(3, 8), (5, 8), (6, 12), (4, 16)])
+def test_peeling_recovers_exactly_the_closure_with_their_labels_and_the_fedsgd_scale(
+        net, seed, b):
+    apply_fn, params = net
+    x, y = _batch(seed, b)
+    rec = run_attack("analytic", _fedsgd(apply_fn, params, x, y), {}, jax.random.key(1))
+    matched = _match_exact_slots(x, rec)
+    assert set(matched.values()) == _examples_found_by_peeling(params, x)
+    peeled = np.asarray(rec.extras["peeled"])
+    assert set(np.flatnonzero(peeled)) == set(matched)  # every group passed the fit
+    for slot, n in matched.items():
+        assert int(rec.extras["peel_labels"][slot]) == int(y[n])
+        # Δ = −lr·mean gradient: each example's share of the bias update is −lr/B·∂ℓ/∂b
+        assert float(rec.extras["peel_scales"][slot]) == pytest.approx(-0.1 / b, rel=1e-4)
+    passes = np.asarray(rec.extras["found_in_pass"])
+    assert np.all(passes[~np.asarray(rec.extras["exact"])] == -1)
+
+
+def test_peeling_finds_examples_one_pass_does_not(net):
+    """The closure above is not the one-pass count: at B = 8 and 12 it finds
+    every example where one pass finds 4, in 2 and 4 passes."""
+    apply_fn, params = net
+    for seed, b, passes in ((3, 8, 2), (6, 12, 4)):
+        x, y = _batch(seed, b)
+        assert len(_examples_with_two_exclusive_units(params, x)) == 4
+        assert len(_examples_found_by_peeling(params, x)) == b
+        rec = run_attack("analytic", _fedsgd(apply_fn, params, x, y), {}, jax.random.key(1))
+        assert bool(np.all(rec.extras["exact"]))
+        assert int(np.max(rec.extras["found_in_pass"])) + 1 == passes
+        assert float(rec.loss) < 1e-5
+
+
+def test_the_fitted_scale_is_each_examples_clipping_factor(net):
+    """Per-example clipping (DP-SGD without noise) rescales each example's
+    gradient; the fitted scale is −lr/B · min(1, C/‖g_n‖), computed here from
+    the per-example gradients."""
+    apply_fn, params = net
+    x, y = _batch(3, 8)
+    per_example = jax.vmap(lambda xi, yi: _gradient(apply_fn, params, xi[None], yi[None]))(
+        jnp.asarray(x), jnp.asarray(y))
+    norms = np.sqrt(sum(np.sum(np.asarray(leaf).reshape(8, -1)**2, axis=1)
+                        for leaf in jax.tree_util.tree_leaves(per_example)))
+    clip = float(np.median(norms))
+    factors = np.minimum(1.0, clip / norms)
+    mean = jax.tree_util.tree_map(
+        lambda leaf: jnp.tensordot(jnp.asarray(factors, leaf.dtype), leaf, axes=1) / 8,
+        per_example)
+    obs = observation_from_gradient(mean, params, apply_fn, input_shape=SHAPE, num_classes=10,
+                                    lr=0.1, batch_size=8)
+    rec = run_attack("analytic", obs, {}, jax.random.key(1))
+    matched = _match_exact_slots(x, rec)
+    assert len(matched) == 8 and np.any(factors < 1)
+    for slot, n in matched.items():
+        assert float(rec.extras["peel_scales"][slot]) == pytest.approx(-0.1 / 8 * factors[n],
+                                                                       rel=1e-4)
+
+
+@pytest.mark.parametrize("steps,peeled", [(2, False), (None, False), (1, True)])
+def test_only_a_one_step_fedavg_update_is_peeled(net, steps, peeled):
+    """Several local steps move the model (and without the ``local_steps``
+    grant the server cannot tell): no example's share can be computed. One
+    step, here as the engine forms it (Δ = w_local − w_global in float32), is
+    a gradient step at the global model."""
+    apply_fn, params = net
+    x, y = _batch(3, 8)
+    opt = optax.sgd(0.05)
+    p, state = params, opt.init(params)
+    for _ in range(steps or 2):
+        u, state = opt.update(_gradient(apply_fn, p, x, y), state, p)
+        p = optax.apply_updates(p, u)
+    delta = jax.tree_util.tree_map(lambda a, b: a - b, p, params)
+    obs = Observation(update=delta, params=params, apply_fn=apply_fn, algorithm="fedavg",
+                      lr=0.05, local_steps=steps, batch_size=8, num_examples=8, labels=None,
+                      input_shape=SHAPE, num_classes=10)
+    rec = run_attack("analytic", obs, {"peel": True}, jax.random.key(1))
+    if peeled:
+        assert set(_match_exact_slots(x, rec).values()) == _examples_found_by_peeling(params, x)
+        assert np.all(rec.extras["peeled"][rec.extras["exact"]])
+    else:
+        assert not np.any(rec.extras["peeled"]) and np.all(rec.extras["found_in_pass"] <= 0)
+        assert np.all(np.isnan(rec.extras["peel_residuals"]))
+
+
 def test_the_batches_above_really_mix_some_examples(net):
     """The count above is not trivial: at B = 16 some examples have no two
     exclusive units, and the attack marks fewer than B slots exact."""
     apply_fn, params = net
     x, y = _batch(4, 16)
-    assert len(_examples_with_two_exclusive_units(params, x)) < 16
+    assert len(_examples_found_by_peeling(params, x)) < 16
     rec = run_attack("analytic", _fedsgd(apply_fn, params, x, y), {}, jax.random.key(1))
     assert 0 < int(np.sum(rec.extras["exact"])) < 16
     assert float(rec.loss) > 1e-3  # the returned batch does not explain the kernel update
@@ -211,6 +327,73 @@ def test_recover_inputs_against_a_hand_made_update():
     assert recover_inputs(kernel, bias, 2)["units"] == 4
 
 
+def _three_example_update():
+    """Units 0–1 reach only a; 2–3 a and b; 4–5 a and c; 6 b and c."""
+    xs = np.array([[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0], [2.0, -3.0, 0.5]])
+    delta = np.array([[0.3, -0.2, 0.4, 0.1, -0.3, 0.2, 0.0],
+                      [0.0, 0.0, 0.7, -0.5, 0.0, 0.0, 0.6],
+                      [0.0, 0.0, 0.0, 0.0, 0.5, 0.9, -0.4]])
+    return xs, delta, xs.T @ delta, delta.sum(0)
+
+
+def _candidates(xs, delta, rows):
+    """A stand-in for the model's ∂ℓ/∂b per class: the nearest example's δ,
+    times 2, as class 1 of 3 (``rows`` gives the other two)."""
+    def grads(x):
+        n = int(np.argmin(np.abs(xs - x).max(1)))
+        return np.stack([rows[0], 2.0 * delta[n], rows[1]])
+    return grads
+
+
+def test_peeling_against_a_hand_made_update():
+    xs, delta, kernel, bias = _three_example_update()
+    rng = np.random.default_rng(0)
+    one_pass = recover_inputs(kernel, bias, 3)
+    assert one_pass["exact"].tolist() == [True, False, False]
+    out = recover_inputs(kernel, bias, 3,
+                         class_bias_grads=_candidates(xs, delta, rng.normal(size=(2, 7))))
+    np.testing.assert_allclose(out["x"], xs, rtol=1e-12)
+    assert out["exact"].tolist() == [True, True, True]
+    assert out["found_in_pass"].tolist() == [0, 1, 1] and out["peeled"].all()
+    assert out["peel_labels"].tolist() == [1, 1, 1]
+    np.testing.assert_allclose(out["peel_scales"], 0.5, rtol=1e-12)
+    assert out["group_sizes"].tolist() == [2, 2, 2] and out["residual"] < 1e-12
+    # candidates that do not fit (none is the example's δ): the group is returned, not peeled
+    wrong = recover_inputs(kernel, bias, 3, class_bias_grads=lambda x: rng.normal(size=(3, 7)))
+    assert wrong["exact"].tolist() == [True, False, False] and not wrong["peeled"].any()
+    assert wrong["peel_residuals"][0] > 1e-3 and np.isnan(wrong["peel_residuals"][1])
+    np.testing.assert_allclose(wrong["x"], one_pass["x"], rtol=1e-12)
+    # the fit must be within peel_tolerance: a δ off by 1 % in one unit is refused at 1e-3
+    off = delta.copy()
+    off[0, 1] *= 1.01
+    refused = recover_inputs(kernel, bias, 3, peel_tolerance=1e-3,
+                             class_bias_grads=_candidates(xs, off, rng.normal(size=(2, 7))))
+    assert not refused["peeled"].any() and refused["peel_residuals"][0] > 1e-3
+    taken = recover_inputs(kernel, bias, 3, peel_tolerance=1e-2,
+                           class_bias_grads=_candidates(xs, off, rng.normal(size=(2, 7))))
+    assert taken["peeled"][0]
+
+
+def test_an_example_whose_fit_failed_is_not_returned_twice():
+    """Units 0–1 reach only a, 2–3 only d, 4–5 both. a's fit fails, d is
+    peeled: units 4–5 then give a again, which is not a new input."""
+    xs = np.array([[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]])
+    delta = np.array([[0.3, -0.2, 0.0, 0.0, 0.4, 0.1],
+                      [0.0, 0.0, 0.7, 0.1, -0.5, 0.2]])
+    rng = np.random.default_rng(1)
+
+    def grads(x):
+        if np.allclose(x, xs[1]):
+            return np.stack([delta[1], rng.normal(size=6)])
+        return rng.normal(size=(2, 6))
+
+    out = recover_inputs(xs.T @ delta, delta.sum(0), 3, class_bias_grads=grads)
+    np.testing.assert_allclose(out["x"][:2], xs, rtol=1e-12)
+    assert out["exact"].tolist() == [True, True, False]
+    assert out["peeled"].tolist() == [False, True, False]
+    assert out["found_in_pass"].tolist() == [0, 0, -1]
+
+
 @pytest.mark.parametrize("name,match", [
     ("mlp", "has none"),        # paper 001's MLP has no biases
     ("lenet5", "has none"),     # a convolution first
@@ -244,6 +427,9 @@ def test_the_input_layer_is_found_named_and_refused_by_name():
     ({"batch_size": 0}, r"attack\.config\.batch_size"),
     ({"label_mode": "joint"}, r"attack\.config\.label_mode: 'joint' is not allowed"),
     ({"input_layer": 3}, r"attack\.config\.input_layer"),
+    ({"peel": "yes"}, r"attack\.config\.peel: must be true or false"),
+    ({"peel_tolerance": 1.0}, r"attack\.config\.peel_tolerance"),
+    ({"peel_tolerance": -1e-3}, r"attack\.config\.peel_tolerance"),
     ({"tolerance": 1e-3}, r"unknown key\(s\) \['tolerance'\]"),
 ])
 def test_bad_settings_are_named(config, match):

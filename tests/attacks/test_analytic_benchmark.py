@@ -82,6 +82,39 @@ def test_a_fedavg_upload_still_gives_one_example_exactly(tiny):
         assert row["false_exact"] == 0
 
 
+@pytest.mark.parametrize("state", ["initial", "trained"])
+def test_the_batch_rows_carry_one_pass_and_the_closure(tiny, state):
+    out, result = tiny
+    row = _row(result, state=state, batch_size=4, defense="none")
+    assert row["closure_2"] >= row["exclusive_2"]
+    assert row["recovered_share"] >= row["recovered_share_one_pass"]
+    assert row["max_passes"] >= 1 and 0 <= row["peeled_share"] <= 1
+    md = (out / "analytic_attack_fmnist.md").read_text()
+    assert "| recovered | closure | passes | recovered, one pass |" in md
+    assert "largest peel fit, true groups" in md
+    # the FedAvg upload of several steps is never peeled; the gradient is
+    for r in result["tolerance"]:
+        if r["protocol"].startswith("fedavg"):
+            assert r["peeled"] == 0 and not r["peel_fit_true"] and not r["peel_fit_false"]
+        elif r["protocol"] == "gradient" and r["batch_size"] == 1:
+            assert r["peeled"] == 2 and len(r["peel_fit_true"]) == 2
+
+
+def test_the_closure_takes_found_examples_out_of_every_unit():
+    """Units 0–1 reach only a, 2–4 a and b, 5 only c: a then b are counted, c never."""
+    import numpy as np
+
+    kernel = np.array([[1, 1, 1, 1, 1, 0],    # example a is the first basis input
+                       [0, 0, 1, 1, 1, 0],    # b
+                       [0, 0, 0, 0, 0, 1]],   # c: one exclusive unit
+                      np.float32)
+    params = {"Dense_0": {"kernel": kernel, "bias": np.full(6, -0.5, np.float32)}}
+    x = np.eye(3, dtype=np.float32)
+    ex1, ex2, closure = bench.exclusive_unit_shares(params, x)
+    assert ex1 == pytest.approx(2 / 3) and ex2 == pytest.approx(1 / 3)
+    assert closure == pytest.approx(2 / 3)
+
+
 def test_recovered_counts_come_from_the_truth_not_the_attacks_flags():
     import numpy as np
 
