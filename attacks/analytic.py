@@ -35,7 +35,10 @@ unit that example shared with one other example is then exclusive to the
 other, so the grouping is run again on the remainder (the units of groups
 already returned left out) until no new group is found. The fitted s absorbs
 the lr/B of FedSGD and a per-example clipping factor; s and y are in
-``extras``. It is applied to uploads of one gradient step at the global model
+``extras``. Where the rule applies, a group is marked exact only where its
+fit passes: a group whose bias update no single example's δ explains is
+returned but not marked (in ``benchmarks/results/analytic_attack_fmnist.md``
+such groups were the wrongly marked ones, which is why). It is applied to uploads of one gradient step at the global model
 (``algorithm`` "fedsgd", or a granted ``local_steps`` of 1): local training of
 several steps (FedAvg) moves the model between the steps, so one example's
 contribution cannot be computed from the global model, and where the number of
@@ -86,6 +89,7 @@ nothing (the benchmark counts them).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Mapping
 
@@ -274,7 +278,8 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
         for which a recovered example is peeled off.
 
     Returns:
-      ``{"x": [B, D] float64, "exact": [B] bool (a group of ≥ 2 agreeing units),
+      ``{"x": [B, D] float64, "exact": [B] bool (a group of ≥ 2 agreeing units,
+      and where ``class_bias_grads`` is given one whose fit passed: peeled),
       "group_sizes": [B] int (0 for a filled slot), "group_spreads": [B] the
       largest relative distance of a group's ratios from its estimate (NaN for
       a filled slot), "found_in_pass": [B] int (the pass that found the group,
@@ -356,14 +361,34 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
     norm = np.linalg.norm(w)
     residual = float(np.linalg.norm(w - x.T @ coef) / norm) if norm > 0 else 0.0
     sizes = np.asarray([sl["size"] for sl in slots])
-    return {"x": x, "exact": sizes > 0, "group_sizes": sizes,
+    peeled = np.asarray([sl["peeled"] for sl in slots])
+    exact = sizes > 0 if class_bias_grads is None else peeled
+    return {"x": x, "exact": exact, "group_sizes": sizes,
             "group_spreads": np.asarray([sl["spread"] for sl in slots]),
             "found_in_pass": np.asarray([sl["pass"] for sl in slots]),
-            "peeled": np.asarray([sl["peeled"] for sl in slots]),
+            "peeled": peeled,
             "peel_labels": np.asarray([sl["label"] for sl in slots]),
             "peel_scales": np.asarray([sl["scale"] for sl in slots]),
             "peel_residuals": np.asarray([sl["peel_residual"] for sl in slots]),
             "units": int(len(first_units)), "residual": residual}
+
+
+@functools.lru_cache(maxsize=8)
+def _class_bias_grads(apply_fn, layer: str, input_shape: tuple[int, ...]):
+    """The jitted (params, x [D]) ↦ [C, H] of :func:`class_bias_grads_fn`, compiled once
+    per model, layer and input shape (not once per victim)."""
+    def logits(params, b, x):
+        return apply_fn({**params, layer: {**params[layer], "bias": b}}, x[None])[0]
+
+    @jax.jit
+    def grads(params, x):
+        x = x.reshape(input_shape)
+        bias = params[layer]["bias"]
+        jac = jax.jacrev(logits, argnums=1)(params, bias, x)  # [C, H]
+        p = jax.nn.softmax(logits(params, bias, x))
+        return (p @ jac)[None, :] - jac
+
+    return grads
 
 
 def class_bias_grads_fn(apply_fn, params, layer: str, input_shape: tuple[int, ...]
@@ -373,19 +398,9 @@ def class_bias_grads_fn(apply_fn, params, layer: str, input_shape: tuple[int, ..
     ℓ is the softmax cross-entropy of ``apply_fn(params, x)`` (the engine's
     loss), so row y is Jᵀ(p − e_y) with J = ∂logits/∂b and p = softmax(logits).
     """
-    bias = params[layer]["bias"]
-
-    def logits(b, x):
-        return apply_fn({**params, layer: {**params[layer], "bias": b}}, x[None])[0]
-
-    @jax.jit
-    def grads(x):
-        x = x.reshape(input_shape)
-        jac = jax.jacrev(logits)(bias, x)  # [C, H]
-        p = jax.nn.softmax(logits(bias, x))
-        return (p @ jac)[None, :] - jac
-
-    return lambda x: np.asarray(grads(jnp.asarray(x, bias.dtype)))
+    grads = _class_bias_grads(apply_fn, layer, tuple(input_shape))
+    dtype = params[layer]["bias"].dtype
+    return lambda x: np.asarray(grads(params, jnp.asarray(x, dtype)))
 
 
 @register_attack("analytic")

@@ -358,9 +358,11 @@ def test_peeling_against_a_hand_made_update():
     assert out["peel_labels"].tolist() == [1, 1, 1]
     np.testing.assert_allclose(out["peel_scales"], 0.5, rtol=1e-12)
     assert out["group_sizes"].tolist() == [2, 2, 2] and out["residual"] < 1e-12
-    # candidates that do not fit (none is the example's δ): the group is returned, not peeled
+    # candidates that do not fit (none is the example's δ): the group is returned, neither
+    # peeled nor marked exact
     wrong = recover_inputs(kernel, bias, 3, class_bias_grads=lambda x: rng.normal(size=(3, 7)))
-    assert wrong["exact"].tolist() == [True, False, False] and not wrong["peeled"].any()
+    assert not wrong["exact"].any() and not wrong["peeled"].any()
+    assert wrong["group_sizes"].tolist() == [2, 0, 0]
     assert wrong["peel_residuals"][0] > 1e-3 and np.isnan(wrong["peel_residuals"][1])
     np.testing.assert_allclose(wrong["x"], one_pass["x"], rtol=1e-12)
     # the fit must be within peel_tolerance: a δ off by 1 % in one unit is refused at 1e-3
@@ -372,6 +374,20 @@ def test_peeling_against_a_hand_made_update():
     taken = recover_inputs(kernel, bias, 3, peel_tolerance=1e-2,
                            class_bias_grads=_candidates(xs, off, rng.normal(size=(2, 7))))
     assert taken["peeled"][0]
+
+
+def test_a_slot_without_a_group_is_the_fit_of_what_peeling_left():
+    """Units 0–1 reach only a, 2–3 a and b, 4 a and c. Peeling a leaves b two
+    units and c one: c is no group, but unit 4's remainder is c alone, so the
+    filled slot is c (from the update before peeling it would be a mixture)."""
+    xs = np.array([[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0], [2.0, -3.0, 0.5]])
+    delta = np.array([[0.3, -0.2, 0.4, 0.1, -0.3],
+                      [0.0, 0.0, 0.7, -0.5, 0.0],
+                      [0.0, 0.0, 0.0, 0.0, 0.5]])
+    out = recover_inputs(xs.T @ delta, delta.sum(0), 3,
+                         class_bias_grads=_candidates(xs, delta, np.ones((2, 5))))
+    assert out["exact"].tolist() == [True, True, False]
+    np.testing.assert_allclose(out["x"], xs, rtol=1e-9)
 
 
 def test_an_example_whose_fit_failed_is_not_returned_twice():
@@ -389,8 +405,9 @@ def test_an_example_whose_fit_failed_is_not_returned_twice():
 
     out = recover_inputs(xs.T @ delta, delta.sum(0), 3, class_bias_grads=grads)
     np.testing.assert_allclose(out["x"][:2], xs, rtol=1e-12)
-    assert out["exact"].tolist() == [True, True, False]
+    assert out["exact"].tolist() == [False, True, False]  # a's group failed its fit
     assert out["peeled"].tolist() == [False, True, False]
+    assert out["group_sizes"].tolist() == [2, 2, 0]
     assert out["found_in_pass"].tolist() == [0, 0, -1]
 
 
