@@ -73,7 +73,9 @@ the engine forms it, moves them by up to about 1e-4, while ratios of two
 mixtures dominated by one example can agree to a few 1e-6; 1e-5 marks fewer
 wrong slots on exact gradients and finds far fewer inputs in the engine's
 uploads), ``label_mode``
-("infer": :func:`attacks.labels.infer_labels`; "given": the granted labels),
+("infer": a peeled slot's fitted class, the other slots from what is left of
+:func:`attacks.labels.infer_labels`'s multiset once the fitted classes are
+taken out of it; "given": the granted labels),
 ``peel`` (true: apply the peeling rule to one-step uploads; false: one pass),
 ``peel_tolerance`` (1e-3: the largest relative residual of the scale-and-class
 fit for which a recovered example is peeled off).
@@ -403,6 +405,29 @@ def class_bias_grads_fn(apply_fn, params, layer: str, input_shape: tuple[int, ..
     return lambda x: np.asarray(grads(params, jnp.asarray(x, dtype)))
 
 
+def merge_labels(fitted: np.ndarray, inferred: np.ndarray) -> np.ndarray:
+    """Slot labels: a peeled slot's fitted class, the others filled from ``inferred``.
+
+    Args:
+      fitted: [B] each slot's fitted class, −1 where the slot was not peeled.
+      inferred: [B] a label multiset for the batch (count-based inference).
+
+    Returns:
+      [B] int: ``fitted`` where ≥ 0; the other slots take, in order, the
+      labels of ``inferred`` left once each fitted class is taken out of it
+      once (where it is there: the fit is checked against the update, the
+      count is an estimate).
+    """
+    rest = [int(v) for v in inferred]
+    for y in fitted:
+        if y >= 0 and int(y) in rest:
+            rest.remove(int(y))
+    out = np.asarray(fitted, np.int64).copy()
+    empty = np.flatnonzero(out < 0)
+    out[empty] = rest[:len(empty)]  # len(rest) >= len(empty): at most one removal per fit
+    return out
+
+
 @register_attack("analytic")
 def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruction:
     """Closed-form recovery of the inputs to a biased fully connected input layer."""
@@ -426,7 +451,9 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
             raise AttackConfigError(_LABELS_NOT_GRANTED)
         labels = jnp.asarray(observation.labels, jnp.int32)
     else:
-        labels = infer_labels(observation, batch, key)
+        labels = jnp.asarray(merge_labels(out["peel_labels"],
+                                          np.asarray(infer_labels(observation, batch, key))),
+                             jnp.int32)
     x = jnp.asarray(out["x"].reshape(batch, *shape), jnp.float32)
     extras = {"exact": out["exact"], "group_sizes": out["group_sizes"],
               "group_spreads": out["group_spreads"], "units": out["units"], "input_layer": name,

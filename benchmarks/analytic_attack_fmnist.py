@@ -284,6 +284,7 @@ def run(args) -> dict:
                                          ds.num_classes)
                         r["recovered_one_pass"] = one["recovered"]
                         r["false_exact_one_pass"] = one["false_exact"]
+                        r["label_acc_one_pass"] = one["label_acc"]
                     per_victim.append(r)
                 rows.append(summarise(state, b, kind, label, param, per_victim))
                 print(f"{state} B={b} {kind} {label}: recovered "
@@ -361,6 +362,8 @@ def summarise(state, b, kind, label, param, per_victim) -> dict:
             row[k] = float(np.mean([r[k] for r in per_victim]))
         row["recovered_share_one_pass"] = sum(r["recovered_one_pass"] for r in per_victim) / n
         row["false_exact_one_pass"] = sum(r["false_exact_one_pass"] for r in per_victim)
+        for k in ("label_acc", "label_acc_one_pass"):
+            row[k] = float(np.mean([r[k] for r in per_victim]))
     row["peeled_share"] = sum(r["peeled"] for r in per_victim) / n
     row["max_passes"] = max(r["passes"] for r in per_victim)
     return row
@@ -387,16 +390,19 @@ def markdown(result: dict) -> str:
         "can read; *closure*: the examples counted once the examples counted so far are "
         "taken out of every unit, what peeling is built to find (not strict ceilings: a "
         "unit that other examples reach with a vanishing δ also gives one input to within "
-        "rounding). *Passes*: the most passes one victim took. "
+        "rounding). *Passes*: the most passes one victim took. *Label accuracy*: the "
+        "mean over victims of the share of the batch's label multiset the attack returns "
+        "(with peeling a peeled slot's label is its fitted class, the others come from "
+        "the count-based inference; one pass: the count-based inference alone). "
         "*False exact*: slots the attack marked exact (with peeling: groups whose "
         "peeling fit passed) that "
         "match no example. PSNR: the median over victims of the batch's matched mean "
         "(capped at 100 dB per image).", "",
         "## Batch size, no defense", "",
         "| model | B | recovered | closure | passes | recovered, one pass | exclusive ≥ 2 | "
-        "exclusive ≥ 1 | false exact | false exact, one pass | median PSNR (dB) | "
-        "median ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "exclusive ≥ 1 | false exact | false exact, one pass | label accuracy | "
+        "label accuracy, one pass | median PSNR (dB) | median ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if r["defense"] == "none":
             lines.append(f"| {r['state']} | {r['batch_size']} | {r['recovered_share']:.3f} | "
@@ -404,6 +410,7 @@ def markdown(result: dict) -> str:
                          f"{r['recovered_share_one_pass']:.3f} | "
                          f"{r['exclusive_2']:.3f} | {r['exclusive_1']:.3f} | "
                          f"{r['false_exact']} | {r['false_exact_one_pass']} | "
+                         f"{r['label_acc']:.3f} | {r['label_acc_one_pass']:.3f} | "
                          f"{r['median_psnr']:.1f} | {r['median_ms']:.0f} |")
     lines += ["", f"## Defenses (per-example clip C = {result['clip_norm']:g}; GC prunes the "
               "whole model's smallest gradient entries; Soteria prunes the input layer's "

@@ -17,7 +17,7 @@ import optax
 import pytest
 
 from attacks import ATTACK_REGISTRY, run_attack
-from attacks.analytic import check_config, group_ratios, input_layer, recover_inputs
+from attacks.analytic import check_config, group_ratios, input_layer, merge_labels, recover_inputs
 from attacks.api import observation_from_gradient
 from attacks.gradient_inversion import AttackConfigError
 from attacks.metrics import psnr
@@ -135,7 +135,7 @@ def test_peeling_recovers_exactly_the_closure_with_their_labels_and_the_fedsgd_s
     peeled = np.asarray(rec.extras["peeled"])
     assert set(np.flatnonzero(peeled)) == set(matched)  # every group passed the fit
     for slot, n in matched.items():
-        assert int(rec.extras["peel_labels"][slot]) == int(y[n])
+        assert int(rec.extras["peel_labels"][slot]) == int(y[n]) == int(rec.labels[slot])
         # Δ = −lr·mean gradient: each example's share of the bias update is −lr/B·∂ℓ/∂b
         assert float(rec.extras["peel_scales"][slot]) == pytest.approx(-0.1 / b, rel=1e-4)
     passes = np.asarray(rec.extras["found_in_pass"])
@@ -388,6 +388,14 @@ def test_a_slot_without_a_group_is_the_fit_of_what_peeling_left():
                          class_bias_grads=_candidates(xs, delta, np.ones((2, 5))))
     assert out["exact"].tolist() == [True, True, False]
     np.testing.assert_allclose(out["x"], xs, rtol=1e-9)
+
+
+def test_fitted_classes_take_their_slots_and_the_count_fills_the_rest():
+    # the count says {1, 3, 3, 7}; the fits say slot 0 is 3 and slot 2 is 5 (not counted)
+    out = merge_labels(np.array([3, -1, 5, -1]), np.array([1, 3, 3, 7]))
+    assert out.tolist() == [3, 1, 5, 3]
+    assert merge_labels(np.full(3, -1), np.array([2, 0, 9])).tolist() == [2, 0, 9]
+    assert merge_labels(np.array([4, 4]), np.array([1, 2])).tolist() == [4, 4]
 
 
 def test_an_example_whose_fit_failed_is_not_returned_twice():

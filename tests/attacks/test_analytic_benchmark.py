@@ -92,8 +92,10 @@ def test_the_batch_rows_carry_one_pass_and_the_closure(tiny, state):
     assert row["closure_2"] >= row["exclusive_2"]
     assert row["recovered_share"] >= row["recovered_share_one_pass"]
     assert row["max_passes"] >= 1 and 0 <= row["peeled_share"] <= 1
+    assert 0 <= row["label_acc"] <= 1 and 0 <= row["label_acc_one_pass"] <= 1
     md = (out / "analytic_attack_fmnist.md").read_text()
     assert "| recovered | closure | passes | recovered, one pass |" in md
+    assert "| label accuracy | label accuracy, one pass |" in md
     assert "largest peel fit, true groups" in md
     # the FedAvg upload of several steps is never peeled; the gradient is
     for r in result["tolerance"]:
