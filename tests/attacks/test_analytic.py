@@ -376,6 +376,33 @@ def test_peeling_against_a_hand_made_update():
     assert taken["peeled"][0]
 
 
+def test_a_later_pass_fills_only_the_slots_left():
+    """Pass 0 finds a, pass 1 finds b and c; asked for two inputs, it returns two."""
+    xs, delta, kernel, bias = _three_example_update()
+    out = recover_inputs(kernel, bias, 2,
+                         class_bias_grads=_candidates(xs, delta, np.ones((2, 7))))
+    assert out["x"].shape == (2, 3) and out["exact"].tolist() == [True, True]
+    assert out["found_in_pass"].tolist() == [0, 1]
+
+
+def test_a_unit_that_peeling_emptied_is_not_read():
+    """Units 0–1 reach only a, 2–3 only b, 4 both (dyadic numbers: peeling both
+    leaves unit 4 exactly 0). Asked for a third input, the attack does not divide
+    unit 4's 0 by 0: the third slot is the fit of the whole update."""
+    import warnings
+
+    xs = np.array([[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]])
+    delta = np.array([[0.5, -0.25, 0.0, 0.0, 0.75],
+                      [0.0, 0.0, 0.5, 0.125, -0.25]])
+    kernel, bias = xs.T @ delta, delta.sum(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a 0/0 ratio would warn
+        out = recover_inputs(kernel, bias, 3,
+                             class_bias_grads=_candidates(xs, delta, np.ones((2, 5))))
+    assert out["exact"].tolist() == [True, True, False]
+    np.testing.assert_allclose(out["x"][2], kernel @ bias / (bias @ bias), rtol=1e-12)
+
+
 def test_a_slot_without_a_group_is_the_fit_of_what_peeling_left():
     """Units 0–1 reach only a, 2–3 a and b, 4 a and c. Peeling a leaves b two
     units and c one: c is no group, but unit 4's remainder is c alone, so the
@@ -394,6 +421,9 @@ def test_fitted_classes_take_their_slots_and_the_count_fills_the_rest():
     # the count says {1, 3, 3, 7}; the fits say slot 0 is 3 and slot 2 is 5 (not counted)
     out = merge_labels(np.array([3, -1, 5, -1]), np.array([1, 3, 3, 7]))
     assert out.tolist() == [3, 1, 5, 3]
+    # a fitted class is taken out of the count once: the first 1 is the fit's
+    out = merge_labels(np.array([1, -1, -1, 5]), np.array([1, 3, 3, 7]))
+    assert out.tolist() == [1, 3, 3, 5]
     assert merge_labels(np.full(3, -1), np.array([2, 0, 9])).tolist() == [2, 0, 9]
     assert merge_labels(np.array([4, 4]), np.array([1, 2])).tolist() == [4, 4]
 
