@@ -23,12 +23,12 @@ not, so the ratios are grouped where they agree to within
 of at least two units is read as one recovered input, the largest groups
 first, estimated by least squares over the group's units,
 x̂ = Σ_{i∈g} b_i W[:, i] / Σ_{i∈g} b_i² (b, W: the bias and kernel updates).
-**Peeling (FedSGD uploads; ours too):** a recovered input's own contribution
-to the layer can then be computed and taken off. The server holds the model,
-so for a recovered x̂ it computes δ(x̂, y) = ∂ℓ(x̂, y)/∂b for every class y
-(ℓ: softmax cross-entropy, the engine's loss), fits the one scale s and the
-class y for which s·δ(x̂, y) gives the bias update of the group's units (they
-are exclusive to that example, so there the update is its δ alone), and, where
+**Peeling (ours too)** — a recovered input's own contribution to the layer
+can then be computed and taken off. The server holds the model, so for a
+recovered x̂ it computes δ(x̂, y) = ∂ℓ(x̂, y)/∂b for every class y (ℓ:
+softmax cross-entropy, the engine's loss), fits the one scale s and the class
+y for which s·δ(x̂, y) gives the bias update of the group's units (they are
+exclusive to that example, so there the update is its δ alone), and, where
 that fit's relative residual is at most ``peel_tolerance``, subtracts
 s·δ(x̂, y) from the bias update and x̂·s·δ(x̂, y)ᵀ from the kernel update. A
 unit that example shared with one other example is then exclusive to the
@@ -36,16 +36,18 @@ other, so the grouping is run again on the remainder (the units of groups
 already returned left out) until no new group is found. The fitted s absorbs
 the lr/B of FedSGD and a per-example clipping factor; s and y are in
 ``extras``. Where the rule applies, a group is marked exact only where its
-fit passes: a group whose bias update no single example's δ explains is
-returned but not marked (in ``benchmarks/results/analytic_attack_fmnist.md``
-such groups were the wrongly marked ones, which is why). It is applied to uploads of one gradient step at the global model
-(``algorithm`` "fedsgd", or a granted ``local_steps`` of 1): local training of
-several steps (FedAvg) moves the model between the steps, so one example's
-contribution cannot be computed from the global model, and where the number of
-steps is not granted the server cannot tell. This is not Pan et al.'s
-algorithm either: it needs at least two exclusive units per example at the
-pass that finds it, and an example with a single exclusive unit in every
-pass is still not found. Slots of the
+fit passes: one whose bias update no single example's δ explains is returned
+but not marked (in the benchmark's tolerance part most such groups matched
+no example: ``benchmarks/results/analytic_attack_fmnist.md``, "groups
+(false)" against "marked exact" and "false exact"). It is
+applied to uploads of one gradient step at the global model (``algorithm``
+"fedsgd", or a granted ``local_steps`` of 1): local training of several steps
+(FedAvg) moves the model between the steps, so one example's contribution
+cannot be computed from the global model, and where the number of steps is
+not granted the server cannot tell. This is not Pan et al.'s algorithm
+either: it needs at least two exclusive units per example at the pass that
+finds it, and an example with a single exclusive unit in every pass is still
+not found. Slots of the
 batch left without a group get the least-squares rank-one estimate over
 every unit not in a returned group (a weighted mixture of the examples not
 recovered; over all units where every unit is in a returned group, and for
@@ -85,8 +87,8 @@ column, as they do for a fully recovered noiseless batch.
 Guarantee: none proven. In a noiseless FedSGD or FedAvg-SGD update a group of
 exclusive units gives its example to within float rounding; that the slots
 marked ``exact`` are such groups is measured, not proven (two mixtures could
-agree to within the tolerance), and under noise or pruning the marks mean
-nothing (the benchmark counts them).
+agree to within the tolerance, and pass the peeling fit), and under noise or
+pruning the marks mean little (the benchmark counts them).
 """
 
 from __future__ import annotations

@@ -230,7 +230,7 @@ def attack_one(name, config, apply_fn, params, grad, x, y, key, num_classes, obs
             "recovered": hits, "pixels_exact": pixels_exact(x_rec, x),
             "marked_exact": int(np.sum(flags)), "groups": int(np.sum(groups)),
             "false_exact": int(np.sum(false_slots)), "seconds": seconds,
-            # how closely each marked group's ratios agreed, for groups that are / are not
+            # how closely each group's ratios agreed, for groups that are / are not
             # an example
             "spreads_true": spreads[groups & ~false_groups].tolist(),
             "spreads_false": spreads[false_groups].tolist(),
@@ -428,12 +428,14 @@ def markdown(result: dict) -> str:
                          f"{r['false_exact']} | {r['median_psnr']:.1f} |")
     lines += ["", "## The grouping tolerance (`match_tolerance`), no defense", "",
               "Two units' ratios are grouped when their relative distance is below the "
-              "tolerance. *Spread*: how far a marked group's ratios lie from its estimate "
-              "(relative), for the groups that are an example and for those that are not. "
-              "*Peel fit*: the relative residual of the peeling rule's class-and-scale fit, "
-              "likewise; a group is peeled and marked exact where it is ≤ `peel_tolerance` "
-              "(1e-3). The FedAvg upload is not peeled, and there every group is marked.", "",
-              "| model | B | upload | tolerance | recovered | groups | marked exact | "
+              "tolerance. *Groups (false)*: groups of ≥ 2 agreeing units, and in brackets "
+              "those that match no example, marked or not. *Spread*: how far a group's "
+              "ratios lie from its estimate (relative), for the groups that are an example "
+              "and for those that are not. *Peel fit*: the relative residual of the peeling "
+              "rule's class-and-scale fit, likewise; a group is peeled and marked exact where "
+              "it is ≤ `peel_tolerance` (1e-3). The FedAvg upload is not peeled, and there "
+              "every group is marked.", "",
+              "| model | B | upload | tolerance | recovered | groups (false) | marked exact | "
               "false exact | largest spread, true groups | smallest spread, false groups | "
               "largest peel fit, true groups | smallest peel fit, false groups |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -444,7 +446,8 @@ def markdown(result: dict) -> str:
     for r in result["tolerance"]:
         lines.append(f"| {r['state']} | {r['batch_size']} | {r['protocol']} | "
                      f"{r['match_tolerance']:g} | "
-                     f"{r['recovered']}/{r['examples']} | {r['groups']} | "
+                     f"{r['recovered']}/{r['examples']} | "
+                     f"{r['groups']} ({len(r['spreads_false'])}) | "
                      f"{r['marked_exact']} | {r['false_exact']} | "
                      f"{extreme(r['spreads_true'], max)} | {extreme(r['spreads_false'], min)} | "
                      f"{extreme(r['peel_fit_true'], max)} | "
