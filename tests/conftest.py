@@ -37,7 +37,14 @@ def pytest_configure(config):
     xdist starts its workers, which inherit the environment, as do the
     subprocesses tests start. A cache directory set by whoever runs the suite
     (``JAX_COMPILATION_CACHE_DIR``) is used as it is.
+
+    Also registers :mod:`tests.crash_rerun`: a test that crashes its xdist
+    worker runs once more, and every crash is listed at the end of the run.
     """
+    from tests import crash_rerun
+
+    if not config.pluginmanager.is_registered(crash_rerun):
+        config.pluginmanager.register(crash_rerun, "fedsim-crash-rerun")
     if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return
     path = tempfile.mkdtemp(prefix="fedsim-tests-xla-")
