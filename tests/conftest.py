@@ -3,6 +3,8 @@ import shutil
 import sys
 import tempfile
 
+import pytest
+
 # Tests run on CPU; keep XLA from grabbing every core's worth of threads.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The command line turns on JAX's persistent compilation cache in the user's
@@ -62,3 +64,26 @@ def pytest_unconfigure(config):
     path = getattr(config, "_fedsim_run_cache", None)
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop JAX's in-memory caches after each test module.
+
+    A worker otherwise keeps every program any earlier module compiled: in a CI
+    rehearsal each of the two xdist workers grew past 5 GiB, and CI once lost a
+    run to a worker that died without a word (``tests/crash_rerun.py``).
+    ``benchmarks/suite_memory.py`` measures the peak memory and time of test
+    modules in one process with and without this: a later module that needs a
+    dropped program compiles it again, or loads it from the run's compilation
+    cache. ``FEDSIM_TESTS_KEEP_JAX_CACHES=1`` keeps them (for that comparison).
+    """
+    yield
+    if os.environ.get("FEDSIM_TESTS_KEEP_JAX_CACHES") == "1":
+        return
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()

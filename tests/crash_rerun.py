@@ -16,6 +16,8 @@ what the controller could find out when it noticed: how the worker process
 ended (exit code or signal), the memory then available, and the kernel log's
 lines about killed processes and segfaults where ``dmesg`` is readable. A
 crash is reported, never hidden; it no longer costs the rest of the run.
+The run also ends with each worker's peak resident memory (workers that
+crashed report none), to set a crash against.
 
 ``tests/conftest.py`` registers this module as a plugin; ``tests/test_crash_rerun.py`` runs
 a small suite through them.
@@ -23,6 +25,7 @@ a small suite through them.
 
 from __future__ import annotations
 
+import resource
 import signal
 import subprocess
 
@@ -30,6 +33,8 @@ import pytest
 
 #: Node id -> what was found out at each crash of it, in order.
 _crashes: dict[str, list[str]] = {}
+#: Worker id -> its peak resident set size in KiB, as it reported at its end.
+_peaks: dict[str, int] = {}
 
 
 def _how_it_ended(worker) -> str:
@@ -84,6 +89,20 @@ def pytest_handlecrashitem(crashitem, report, sched):
         report.outcome = "rerun"
 
 
+def pytest_sessionfinish(session):
+    """In an xdist worker: hand the controller this process's peak resident memory."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["peak_rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    peak = getattr(node, "workeroutput", {}).get("peak_rss_kib")
+    if peak is not None:
+        _peaks[node.gateway.id] = peak
+
+
 def pytest_report_teststatus(report, config):
     if report.outcome == "rerun":
         return "rerun", "R", ("RERUN", {"yellow": True})
@@ -91,6 +110,9 @@ def pytest_report_teststatus(report, config):
 
 
 def pytest_terminal_summary(terminalreporter):
+    if _peaks:
+        terminalreporter.write_line("peak resident memory of the xdist workers: " + ", ".join(
+            f"{w} {kib / 1024**2:.1f} GiB" for w, kib in sorted(_peaks.items())))
     if not _crashes:
         return
     terminalreporter.write_sep("=", "tests that crashed their worker", yellow=True, bold=True)

@@ -64,3 +64,5 @@ def test_a_crashed_test_runs_once_more_and_every_crash_is_listed(tmp_path):
     always_part = section[section.index(always):]
     assert len(re.findall(r"crash [12]: gw\d+: killed by SIGKILL", always_part)) == 2, section
     assert (tmp_path / "mark").read_text() == "crashed once"
+    # the one worker that did not crash reports its peak memory; the three that did, none
+    assert re.search(r"peak resident memory of the xdist workers: gw\d+ [\d.]+ GiB\n", out), out
