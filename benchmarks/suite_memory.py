@@ -3,7 +3,10 @@ JAX's caches after each module (``tests/conftest.py::_release_compiled_programs`
 
 Each setting runs ``pytest -n 0`` over the same modules in a fresh process
 (its own fresh compilation cache, as every run of the suite gets) and reads
-the process's peak resident set size from ``os.wait4``, with its wall time.
+the process's peak resident set size from ``os.wait4``, with its wall time,
+and the most memory mappings it held (``/proc/PID/maps``, read every half
+second: XLA:CPU maps each compiled program's code, and a process past the
+kernel's ``vm.max_map_count`` segfaults, ``benchmarks/diagnose_map_count.py``).
 ``FEDSIM_TESTS_KEEP_JAX_CACHES=1`` is the "keep" setting. The settings run one
 after the other, in the order given, on an otherwise idle machine where the
 wall times are to mean anything (this one is noisy: read a few percent as
@@ -24,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 from benchmarks.provenance import ROOT, git_commit, short_commit
@@ -49,7 +53,22 @@ def run_setting(name: str, modules: list[str], marker: str) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+    most = [0]
+    done = threading.Event()
+
+    def watch_mappings():
+        while not done.wait(0.5):
+            try:
+                with open(f"/proc/{proc.pid}/maps", "rb") as f:
+                    most[0] = max(most[0], sum(1 for _ in f))
+            except OSError:  # ended (or a zombie not yet reaped)
+                pass
+
+    watcher = threading.Thread(target=watch_mappings, daemon=True)
+    watcher.start()
     output = proc.stdout.read()
+    done.set()
+    watcher.join()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     code = os.waitstatus_to_exitcode(status)
@@ -57,7 +76,8 @@ def run_setting(name: str, modules: list[str], marker: str) -> dict:
         raise SystemExit(f"setting {name!r}: pytest exited with {code}:\n{output[-3000:]}")
     passed = _SUMMARY.findall(output)
     return {"setting": name, "peak_rss_gib": round(usage.ru_maxrss / 1024**2, 3),
-            "wall_s": round(wall, 1), "passed": int(passed[-1]) if passed else None}
+            "most_mappings": most[0], "wall_s": round(wall, 1),
+            "passed": int(passed[-1]) if passed else None}
 
 
 def markdown(result: dict) -> str:
@@ -69,13 +89,16 @@ def markdown(result: dict) -> str:
              f"marker `{result['marker']}`, once per setting, in this order. *keep*: "
              "`FEDSIM_TESTS_KEEP_JAX_CACHES=1`, JAX's in-memory caches live for the whole "
              "process; *release*: `jax.clear_caches()` after each module (the suite's "
-             "default). Peak RSS from `os.wait4`.", "",
-             "| setting | tests passed | peak RSS (GiB) | wall (s) |", "|---|---|---|---|"]
+             "default). Peak RSS from `os.wait4`; mappings: the most lines of "
+             "`/proc/PID/maps`, read every 0.5 s.", "",
+             "| setting | tests passed | peak RSS (GiB) | most memory mappings | wall (s) |",
+             "|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['setting']} | {r['passed']} | {r['peak_rss_gib']:.2f} | "
-                     f"{r['wall_s']:.0f} |")
+                     f"{r['most_mappings']:,} | {r['wall_s']:.0f} |")
     if {"keep", "release"} <= rows.keys():
         lines += ["", f"Release / keep: peak RSS {rows['release']['peak_rss_gib'] / rows['keep']['peak_rss_gib']:.2f}, "
+                  f"memory mappings {rows['release']['most_mappings'] / max(rows['keep']['most_mappings'], 1):.2f}, "
                   f"wall time {rows['release']['wall_s'] / rows['keep']['wall_s']:.2f} "
                   "(one run each on a noisy machine)."]
     return "\n".join(lines) + "\n"

@@ -40,13 +40,14 @@ def pytest_configure(config):
     subprocesses tests start. A cache directory set by whoever runs the suite
     (``JAX_COMPILATION_CACHE_DIR``) is used as it is.
 
-    Also registers :mod:`tests.crash_rerun`: a test that crashes its xdist
-    worker runs once more, and every crash is listed at the end of the run.
+    Also registers :mod:`tests.worker_health`: a test that crashes its xdist
+    worker runs once more, and the run ends listing every crash and each
+    worker's peak memory and memory mappings.
     """
-    from tests import crash_rerun
+    from tests import worker_health
 
-    if not config.pluginmanager.is_registered(crash_rerun):
-        config.pluginmanager.register(crash_rerun, "fedsim-crash-rerun")
+    if not config.pluginmanager.is_registered(worker_health):
+        config.pluginmanager.register(worker_health, "fedsim-worker-health")
     if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return
     path = tempfile.mkdtemp(prefix="fedsim-tests-xla-")
@@ -70,15 +71,22 @@ def pytest_unconfigure(config):
 def _release_compiled_programs():
     """Drop JAX's in-memory caches after each test module.
 
-    A worker otherwise keeps every program any earlier module compiled: in a CI
-    rehearsal each of the two xdist workers grew past 5 GiB, and CI once lost a
-    run to a worker that died without a word (``tests/crash_rerun.py``).
-    ``benchmarks/suite_memory.py`` measures the peak memory and time of test
-    modules in one process with and without this: a later module that needs a
-    dropped program compiles it again, or loads it from the run's compilation
-    cache. ``FEDSIM_TESTS_KEEP_JAX_CACHES=1`` keeps them (for that comparison).
+    A worker otherwise keeps every program any earlier module compiled, and
+    XLA:CPU maps each one's code into the process: a CI rehearsal's worker
+    crashed, at about 90 % of the run, with a segmentation fault inside XLA
+    loading one more, the way a process past the kernel's
+    ``vm.max_map_count`` does (``tests/worker_health.py`` has the story,
+    ``benchmarks/diagnose_map_count.py`` the measurements). Dropping the caches
+    unmaps them; a later module that needs a dropped program compiles it
+    again, or loads it from the run's compilation cache.
+    ``benchmarks/suite_memory.py`` measures the peak memory, mappings and time
+    of test modules in one process with and without this;
+    ``FEDSIM_TESTS_KEEP_JAX_CACHES=1`` keeps the caches (for that comparison).
     """
     yield
+    from tests.worker_health import note_mappings
+
+    note_mappings()
     if os.environ.get("FEDSIM_TESTS_KEEP_JAX_CACHES") == "1":
         return
     import gc

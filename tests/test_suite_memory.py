@@ -1,5 +1,5 @@
-"""JAX's caches are dropped after each test module (tests/conftest.py), and
-benchmarks/suite_memory.py measures what that saves."""
+"""JAX's caches are dropped after each test module (tests/conftest.py); benchmarks/suite_memory.py
+measures what that saves and benchmarks/diagnose_map_count.py why it matters."""
 
 import json
 import os
@@ -69,8 +69,28 @@ def test_the_benchmark_runs_each_setting_and_writes_json_and_markdown(tmp_path, 
     assert [r["setting"] for r in result["rows"]] == ["keep", "release"]
     for r in result["rows"]:
         assert r["passed"] >= 1 and 0.05 < r["peak_rss_gib"] < 20 and r["wall_s"] > 0
+        assert r["most_mappings"] > 100  # a Python process with JAX loaded holds hundreds
     md = (tmp_path / "suite_memory.md").read_text()
     assert "| keep |" in md and "| release |" in md and "Release / keep: peak RSS" in md
     with pytest.raises(SystemExit):
         suite_memory.main(["--out", str(tmp_path), "--modules", "tests/no_such_test.py"])
     assert "--modules: no such test file(s): ['tests/no_such_test.py']" in capsys.readouterr().err
+
+
+def test_the_map_count_diagnosis_counts_mappings_per_program_and_their_release(tmp_path, capsys):
+    from benchmarks import diagnose_map_count
+
+    diagnose_map_count.main(["--out", str(tmp_path), "--programs", "100"])
+    result = json.loads((tmp_path / "diagnose_map_count.json").read_text())
+    points = result["per_program"]["points"]
+    assert [p["programs"] for p in points] == [0, 100, 100] and points[-1]["cleared"]
+    assert points[1]["mappings"] - points[0]["mappings"] > 400  # several per program
+    assert points[2]["mappings"] < points[0]["mappings"] + 200  # let go again
+    assert "at_the_limit" not in result  # only where asked, as root
+    md = (tmp_path / "diagnose_map_count.md").read_text()
+    assert "mappings per program held" in md and "after `jax.clear_caches()`" in md
+    for argv, message in ((["--programs", "10"], "--programs: at least 100"),
+                          (["--lower-max-map-count", "10"], "--lower-max-map-count: at least")):
+        with pytest.raises(SystemExit):
+            diagnose_map_count.main(["--out", str(tmp_path), *argv])
+        assert message in capsys.readouterr().err

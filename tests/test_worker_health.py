@@ -1,4 +1,5 @@
-"""A test that crashes its xdist worker is run once more and reported (tests/crash_rerun.py)."""
+"""The xdist workers' health (tests/worker_health.py): a crashed test runs once more, every crash
+is listed, and each worker reports its peak memory and memory mappings."""
 
 import os
 import re
@@ -37,8 +38,8 @@ def test_a_crashed_test_runs_once_more_and_every_crash_is_listed(tmp_path):
     (suite / "pytest.ini").write_text("[pytest]\n")
     (suite / "conftest.py").write_text(
         "def pytest_configure(config):\n"
-        "    from tests import crash_rerun\n"
-        "    config.pluginmanager.register(crash_rerun, 'fedsim-crash-rerun')\n")
+        "    from tests import worker_health\n"
+        "    config.pluginmanager.register(worker_health, 'fedsim-worker-health')\n")
     (suite / "test_inner.py").write_text(textwrap.dedent(INNER_TESTS))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CRASH_MARK": str(tmp_path / "mark")}
     env.pop("PYTEST_ADDOPTS", None)
@@ -65,4 +66,33 @@ def test_a_crashed_test_runs_once_more_and_every_crash_is_listed(tmp_path):
     assert len(re.findall(r"crash [12]: gw\d+: killed by SIGKILL", always_part)) == 2, section
     assert (tmp_path / "mark").read_text() == "crashed once"
     # the one worker that did not crash reports its peak memory; the three that did, none
-    assert re.search(r"peak resident memory of the xdist workers: gw\d+ [\d.]+ GiB\n", out), out
+    assert re.search(r"xdist workers' peak memory, and most memory mappings at a module's end "
+                     r"\(vm\.max_map_count (\d+|unknown)\): gw\d+ [\d.]+ GiB, [1-9]\d* mappings\n",
+                     out), out
+
+
+def test_dropping_jax_caches_unmaps_the_compiled_programs():
+    """The mechanism tests/conftest.py relies on: each compiled XLA:CPU program
+    holds memory mappings until JAX's caches let it go."""
+    import gc
+
+    import jax
+    import jax.numpy as jnp
+
+    from tests.worker_health import count_mappings, note_mappings
+
+    jax.clear_caches()
+    gc.collect()
+    before = note_mappings()
+    programs = [jax.jit(lambda x, i=i: jnp.sin(x @ x.T).sum() * i + jnp.cumsum(x, axis=0))
+                for i in range(100)]
+    for f in programs:
+        f(jnp.ones((4, 4))).block_until_ready()
+    held = note_mappings()
+    del programs, f
+    jax.clear_caches()
+    gc.collect()
+    after = count_mappings()
+    assert held - before > 400, (before, held)  # about 9 per program measured here
+    # what stays (some tens of mappings: allocator arenas, threads) does not grow with them
+    assert after - before < (held - before) / 4, (before, held, after)

@@ -1,26 +1,37 @@
-"""Run a test that crashed its xdist worker once more, and say so.
+"""The xdist workers' health: a crashed test runs once more, and the run says
+how each worker fared.
 
-CI once lost a whole run (2,082 tests passed) to one crashed worker:
+CI lost a whole run (2,082 tests passed) to one crashed worker:
 ``worker 'gw0' crashed while running
 tests/fedsim/test_simulation.py::test_rounds_evaluation_and_calibration_run_under_the_configured_precision[highest-vmap]``,
-a test that passes alone and passed in every earlier CI run, with nothing
-in the part of the output CI keeps that says why the process ended (a
-segfault's faulthandler dump, a kernel OOM kill and an ``os._exit`` leave
-different traces, and none was kept).
+a test that passes alone. A CI rehearsal here crashed the same way in the
+same test (``[highest-auto]``, at about 90 % of the run), and its output held
+the faulthandler dump: a segmentation fault inside XLA, loading an
+executable from the compilation cache. A worker never freed what it
+compiled: XLA:CPU maps each executable's code into the process (about 9
+memory mappings per small program, ``benchmarks/diagnose_map_count.py``),
+and a process past the kernel's ``vm.max_map_count`` (65,530 here) segfaults
+in XLA's compile (the same script, with the limit lowered). The suite now
+drops JAX's caches after each module (``tests/conftest.py``), which unmaps
+them.
 
-So a test that ends its worker process is run once more, on the worker xdist
-starts in its place (the pattern of xdist's ``pytest_handlecrashitem`` hook):
-it then passes or fails on its own merits, and a second crash fails it. Every
-crash is listed at the end of the run, whatever came of the second run, with
-what the controller could find out when it noticed: how the worker process
-ended (exit code or signal), the memory then available, and the kernel log's
-lines about killed processes and segfaults where ``dmesg`` is readable. A
-crash is reported, never hidden; it no longer costs the rest of the run.
-The run also ends with each worker's peak resident memory (workers that
-crashed report none), to set a crash against.
+What this module adds, so that a crash no longer costs the rest of the run
+and says what it can of its cause:
 
-``tests/conftest.py`` registers this module as a plugin; ``tests/test_crash_rerun.py`` runs
-a small suite through them.
+- A test that ends its worker process is run once more, on the worker xdist
+  starts in its place (the pattern of xdist's ``pytest_handlecrashitem``
+  hook): it then passes or fails on its own merits, and a second crash fails
+  it. Every crash is listed at the end of the run, whatever came of the
+  second run, with how the worker process ended (exit code or signal), the
+  memory then available, and the kernel log's lines about killed processes
+  and segfaults where ``dmesg`` is readable. A crash is reported, never
+  hidden.
+- Each worker reports its peak resident memory and the most memory mappings
+  it held at the end of a test module (:func:`note_mappings`), against
+  ``vm.max_map_count``; workers that crashed report nothing.
+
+``tests/conftest.py`` registers this module as a plugin;
+``tests/test_worker_health.py`` runs small suites through it.
 """
 
 from __future__ import annotations
@@ -33,8 +44,37 @@ import pytest
 
 #: Node id -> what was found out at each crash of it, in order.
 _crashes: dict[str, list[str]] = {}
-#: Worker id -> its peak resident set size in KiB, as it reported at its end.
-_peaks: dict[str, int] = {}
+#: Worker id -> (peak resident set size in KiB, most memory mappings noted), as it
+#: reported at its end.
+_peaks: dict[str, tuple[int, int]] = {}
+#: The most memory mappings this process held when :func:`note_mappings` looked.
+_most_mappings = 0
+
+
+def count_mappings() -> int:
+    """How many memory mappings this process holds (0 where /proc cannot tell)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def note_mappings() -> int:
+    """Count this process's memory mappings and keep the most seen; returns the count."""
+    global _most_mappings
+    now = count_mappings()
+    _most_mappings = max(_most_mappings, now)
+    return now
+
+
+def max_map_count() -> int | None:
+    """The kernel's limit on one process's memory mappings, where readable."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 def _how_it_ended(worker) -> str:
@@ -93,14 +133,16 @@ def pytest_sessionfinish(session):
     """In an xdist worker: hand the controller this process's peak resident memory."""
     output = getattr(session.config, "workeroutput", None)
     if output is not None:
+        note_mappings()
         output["peak_rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        output["most_mappings"] = _most_mappings
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    peak = getattr(node, "workeroutput", {}).get("peak_rss_kib")
-    if peak is not None:
-        _peaks[node.gateway.id] = peak
+    output = getattr(node, "workeroutput", {})
+    if "peak_rss_kib" in output:
+        _peaks[node.gateway.id] = (output["peak_rss_kib"], output.get("most_mappings", 0))
 
 
 def pytest_report_teststatus(report, config):
@@ -111,8 +153,12 @@ def pytest_report_teststatus(report, config):
 
 def pytest_terminal_summary(terminalreporter):
     if _peaks:
-        terminalreporter.write_line("peak resident memory of the xdist workers: " + ", ".join(
-            f"{w} {kib / 1024**2:.1f} GiB" for w, kib in sorted(_peaks.items())))
+        limit = max_map_count()
+        terminalreporter.write_line(
+            "xdist workers' peak memory, and most memory mappings at a module's end "
+            f"(vm.max_map_count {limit if limit is not None else 'unknown'}): " + ", ".join(
+                f"{w} {kib / 1024**2:.1f} GiB, {maps} mappings"
+                for w, (kib, maps) in sorted(_peaks.items())))
     if not _crashes:
         return
     terminalreporter.write_sep("=", "tests that crashed their worker", yellow=True, bold=True)
