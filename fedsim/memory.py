@@ -265,3 +265,49 @@ def check_cohort_step(sim) -> None:
     if not fits(need, free):
         warnings.warn(f"{what}: more than {HEADROOM:.0%} of it; the round may run out of memory",
                       RuntimeWarning, stacklevel=3)
+
+
+#: Share of the kernel's ``vm.max_map_count`` from which a long-lived process
+#: (a sweep, between its cells) drops JAX's compiled programs.
+MAP_COUNT_RELEASE_FRACTION = 0.5
+_MAX_MAP_COUNT = "/proc/sys/vm/max_map_count"
+
+
+def memory_mappings() -> int | None:
+    """How many memory mappings this process holds (``/proc/self/maps``; None elsewhere).
+
+    XLA:CPU maps each compiled program's code into the process, about 9
+    mappings for a small program (``benchmarks/results/diagnose_map_count``),
+    and JAX keeps every program it compiled while its caches hold it. A process
+    past the kernel's limit (:func:`max_map_count`) segfaults in XLA's next
+    compile or cache load ("LLVM compilation error: Cannot allocate memory",
+    then SIGSEGV): a test-suite worker did, after thousands of programs.
+    """
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def max_map_count() -> int | None:
+    """The kernel's limit on one process's memory mappings (None where unreadable)."""
+    try:
+        with open(_MAX_MAP_COUNT) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def near_map_limit(fraction: float | None = None) -> tuple[bool, int | None, int | None]:
+    """Whether this process holds at least ``fraction`` (default
+    :data:`MAP_COUNT_RELEASE_FRACTION`) of :func:`max_map_count` mappings.
+
+    Returns:
+      ``(near, mappings, limit)``; never near where either count is unknown.
+    """
+    fraction = MAP_COUNT_RELEASE_FRACTION if fraction is None else fraction
+    held, limit = memory_mappings(), max_map_count()
+    if held is None or limit is None:
+        return False, held, limit
+    return held >= fraction * limit, held, limit

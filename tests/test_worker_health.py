@@ -79,7 +79,8 @@ def test_dropping_jax_caches_unmaps_the_compiled_programs():
     import jax
     import jax.numpy as jnp
 
-    from tests.worker_health import count_mappings, note_mappings
+    from fedsim.memory import memory_mappings
+    from tests.worker_health import note_mappings
 
     jax.clear_caches()
     gc.collect()
@@ -92,7 +93,7 @@ def test_dropping_jax_caches_unmaps_the_compiled_programs():
     del programs, f
     jax.clear_caches()
     gc.collect()
-    after = count_mappings()
+    after = memory_mappings()
     assert held - before > 400, (before, held)  # about 9 per program measured here
     # what stays (some tens of mappings: allocator arenas, threads) does not grow with them
     assert after - before < (held - before) / 4, (before, held, after)

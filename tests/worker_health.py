@@ -51,30 +51,14 @@ _peaks: dict[str, tuple[int, int]] = {}
 _most_mappings = 0
 
 
-def count_mappings() -> int:
-    """How many memory mappings this process holds (0 where /proc cannot tell)."""
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            return sum(1 for _ in f)
-    except OSError:
-        return 0
-
-
 def note_mappings() -> int:
     """Count this process's memory mappings and keep the most seen; returns the count."""
+    from fedsim.memory import memory_mappings  # not at import: it imports JAX
+
     global _most_mappings
-    now = count_mappings()
+    now = memory_mappings() or 0
     _most_mappings = max(_most_mappings, now)
     return now
-
-
-def max_map_count() -> int | None:
-    """The kernel's limit on one process's memory mappings, where readable."""
-    try:
-        with open("/proc/sys/vm/max_map_count") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return None
 
 
 def _how_it_ended(worker) -> str:
@@ -153,6 +137,8 @@ def pytest_report_teststatus(report, config):
 
 def pytest_terminal_summary(terminalreporter):
     if _peaks:
+        from fedsim.memory import max_map_count
+
         limit = max_map_count()
         terminalreporter.write_line(
             "xdist workers' peak memory, and most memory mappings at a module's end "

@@ -160,3 +160,17 @@ def test_a_check_leaves_its_plan_on_the_simulation():
     plan = sim.memory_plan
     assert plan["strategy"] == "vmap" and plan["clients"] == 8
     assert plan["planned_bytes"] == memory.cohort_step_bytes(sim, 8) and plan["free_bytes"] > 0
+
+
+def test_near_map_limit_compares_the_mappings_held_with_the_kernels_limit(monkeypatch):
+    from fedsim import memory
+
+    assert memory.memory_mappings() > 100  # a Python process with JAX loaded holds hundreds
+    monkeypatch.setattr(memory, "max_map_count", lambda: 200)
+    for held, fraction, near in ((100, 0.5, True), (99, 0.5, False), (99, None, False),
+                                 (100, None, True), (None, 0.5, False)):
+        monkeypatch.setattr(memory, "memory_mappings", lambda held=held: held)
+        assert memory.near_map_limit(fraction) == (near, held, 200)
+    monkeypatch.setattr(memory, "memory_mappings", lambda: 100)
+    monkeypatch.setattr(memory, "max_map_count", lambda: None)  # unreadable: never near
+    assert memory.near_map_limit(0.0) == (False, 100, None)

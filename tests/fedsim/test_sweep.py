@@ -419,3 +419,27 @@ def test_a_defense_value_a_cell_would_refuse_and_a_stray_comma_stop_the_sweep_be
     # Before: "seed=0," swept seed 0 alone without a word.
     with pytest.raises(ConfigError, match=r"--grid seed: an empty value in '0,' \(a stray comma"):
         parse_grid(["seed=0,"])
+
+
+def test_a_sweep_drops_compiled_programs_between_cells_only_near_the_map_limit(tmp_path,
+                                                                             monkeypatch):
+    import jax
+
+    from fedsim import memory
+
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(BASE)
+    cleared, logs = [], []
+    monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(len(logs)))
+    monkeypatch.setattr(memory, "max_map_count", lambda: 65530)
+    monkeypatch.setattr(memory, "memory_mappings", lambda: 32764)  # just under half
+    run_sweep(cfg, ["seed=0,1,2"], tmp_path / "far", run_fn=lambda c: {}, log=logs.append)
+    assert cleared == [] and not any("dropped" in m for m in logs)
+    monkeypatch.setattr(memory, "memory_mappings", lambda: 32765)
+    logs.clear()
+    run_sweep(cfg, ["seed=0,1,2"], tmp_path / "near", run_fn=lambda c: {}, log=logs.append)
+    # after cells 1 and 2, each after its progress line; not after the last
+    dropped = [i for i, m in enumerate(logs) if "dropped JAX's compiled programs" in m]
+    assert len(cleared) == 2 and cleared == dropped
+    assert logs[dropped[0]] == ("after cell 1: 32765 memory mappings of the kernel's "
+                                "vm.max_map_count 65530; dropped JAX's compiled programs")
