@@ -106,15 +106,15 @@ def pytest_handlecrashitem(crashitem, report, sched):
     found = [f"{getattr(getattr(worker, 'gateway', None), 'id', '?')}: "
              f"{_how_it_ended(worker)}, {_memory_available()}"]
     found += [f"  kernel: {line}" for line in _kernel_lines()]
-    _crashes.setdefault(crashitem, []).append("; ".join(found[:1]) + "".join(
-        "\n" + line for line in found[1:]))
+    _crashes.setdefault(crashitem, []).append("\n".join(found))
     if len(_crashes[crashitem]) == 1 and hasattr(sched, "mark_test_pending"):
         sched.mark_test_pending(crashitem)
         report.outcome = "rerun"
 
 
 def pytest_sessionfinish(session):
-    """In an xdist worker: hand the controller this process's peak resident memory."""
+    """In an xdist worker: hand the controller this process's peak resident memory
+    and the most memory mappings noted."""
     output = getattr(session.config, "workeroutput", None)
     if output is not None:
         note_mappings()
