@@ -280,8 +280,10 @@ def memory_mappings() -> int | None:
     mappings for a small program (``benchmarks/results/diagnose_map_count``),
     and JAX keeps every program it compiled while its caches hold it. A process
     past the kernel's limit (:func:`max_map_count`) segfaults in XLA's next
-    compile or cache load ("LLVM compilation error: Cannot allocate memory",
-    then SIGSEGV): a test-suite worker did, after thousands of programs.
+    compile ("LLVM compilation error: Cannot allocate memory", then SIGSEGV,
+    with the limit lowered in that script); a test-suite worker that kept all
+    its programs crashed inside XLA late in a run, as fits this
+    (``tests/worker_health.py``).
     """
     try:
         with open("/proc/self/maps", "rb") as f:
