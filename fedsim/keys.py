@@ -65,3 +65,31 @@ def numpy_generator(seed: int, name: str) -> np.random.Generator:
         name: what the draws are for, e.g. ``"chu2023/A/victims"``.
     """
     return np.random.default_rng([seed, stream_index(name)])
+
+
+def require_key(key, who: str) -> None:
+    """Refuse a missing or malformed key before JAX does, naming who needed it.
+
+    JAX's own messages ("unexpected PRNG key type <class 'NoneType'>") do not
+    say which of a chain of defenses drew from the key nor what to pass. Under
+    ``jit`` a key is a tracer with a dtype, and passes; only its kind is
+    checked here, JAX checks a raw key's shape.
+
+    Args:
+      key: what the caller passed: a typed key (``jax.random.key``) or a raw
+        uint32 key (``jax.random.PRNGKey``) is accepted.
+      who: the randomised step, e.g. the defense's name, for the message.
+
+    Raises:
+      TypeError: ``key`` is None, not an array, or an array of another dtype.
+    """
+    hint = "pass key=jax.random.key(seed), split afresh for every call"
+    if key is None:
+        raise TypeError(f"{who} draws random numbers and needs a key; got key=None ({hint})")
+    dtype = getattr(key, "dtype", None)
+    if dtype is None:
+        raise TypeError(f"{who} needs a JAX random key; got a {type(key).__name__} ({hint})")
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) or dtype == np.uint32:
+        return
+    raise TypeError(f"{who} needs a JAX random key; got an array of dtype {dtype} and shape "
+                    f"{tuple(np.shape(key))} ({hint})")

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 
 from fedsim.hooks import Defense
+from fedsim.keys import require_key
 
 __all__ = ["additive_data_channel", "check_kappa"]
 
@@ -50,6 +51,7 @@ def additive_data_channel(name: str, shape: tuple[int, ...],
                              f"channel was calibrated for {tuple(shape)} (d = {d}); calibrate "
                              "it on inputs of the simulation's shape (with dataset=, give "
                              "image_size= the simulation's data.image_size)")
+        require_key(key, name)
         b = x.shape[0]
         xi = sample(key, b).astype(x.dtype).reshape(x.shape)
         if context is not None and context.mask is not None:

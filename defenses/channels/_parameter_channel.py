@@ -19,6 +19,7 @@ from defenses.channels._guarantee import ChannelGuarantee
 from defenses.channels._noise import check_kappa
 from fedsim.client import cross_entropy
 from fedsim.hooks import Defense, register_defense
+from fedsim.keys import require_key
 
 __all__ = ["parameter_channel", "solve_natural_log_sigma", "solve_natural_sigma"]
 
@@ -106,6 +107,7 @@ def parameter_channel(kappa: float) -> Defense:
         return ()
 
     def apply(grads, state, *, key, context=None):
+        require_key(key, "parameter_channel")
         if context is None or context.x is None or context.apply_fn is None:
             raise ValueError("parameter_channel needs the step context (params, x, y, mask, "
                              "apply_fn); use it as a stage 'layer' defense in local training")

@@ -81,6 +81,7 @@ from defenses.dp.clipping import check_noise_multiplier
 from defenses.dp._params import DPParameters
 from defenses.dp.update_noise import check_client_level_dp
 from fedsim.hooks import Defense, register_defense, register_simulation_plugin
+from fedsim.keys import require_key
 from fedsim.typing import PRNGKey, PyTree, Updates
 
 __all__ = ["QuantileClipState", "QuantileDPFedAvg", "adaptive_client_level_dp",
@@ -239,7 +240,7 @@ def quantile_dp_fedavg(noise_multiplier: float, expected_clients_per_round: floa
 
     def aggregate(clipped_sum: Updates, shifted_bit_sum, state: QuantileClipState, *,
                   key: PRNGKey, nonfinite=0):
-        _check_key(key)
+        require_key(key, "quantile_dp_fedavg")
         clip = state.clip_norm
         value_key, count_key = jax.random.split(key)
         flat, unflatten = flatten_batched(
@@ -276,12 +277,6 @@ def quantile_dp_fedavg(noise_multiplier: float, expected_clients_per_round: floa
         return aggregate(total, shifted, state, key=key, nonfinite=nonfinite)
 
     return QuantileDPFedAvg(init, apply, server_aggregate, z, z_delta, sigma_b, m)
-
-
-def _check_key(key) -> None:
-    if key is None or not hasattr(key, "dtype"):
-        raise ValueError(f"key must be a jax.random.key (the round's noise is drawn from it), "
-                         f"got {key!r}")
 
 
 def _check_present(present, count: int) -> jax.Array:

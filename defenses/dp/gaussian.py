@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
+from fedsim.keys import require_key
 from defenses.dp._flat import batched_rows, check_mask, real_count
 from defenses.dp._params import DPParameters
 from defenses.dp.clipping import (check_clipping, check_noise_multiplier, check_positive,
@@ -81,6 +82,7 @@ def dp_gaussian(noise_multiplier: float, clip_norm: float = 1.0,
         mask = None if context is None else context.mask
         total, sensitivity, unflatten, count = clipped_sum(per_example, mask, clip_norm, clipping)
         if sigma > 0:
+            require_key(key, name)
             # One draw over all P coordinates (not one per leaf).
             total = total + sigma * sensitivity * jax.random.normal(key, total.shape, total.dtype)
         return unflatten(total / count), state

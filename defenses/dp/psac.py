@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
+from fedsim.keys import require_key
 from defenses.dp._flat import batched_rows, check_mask, real_count
 from defenses.dp._params import DPParameters
 from defenses.dp.clipping import check_noise_multiplier, check_positive
@@ -66,6 +67,7 @@ def dp_psac(noise_multiplier: float, clip_norm: float = 1.0, r: float = 0.1) -> 
         weights = clip_norm * psac_weights(norms, r)
         total = jnp.concatenate([jnp.sum(b * weights[:, None], axis=0) for b in blocks])
         if sigma > 0:
+            require_key(key, "dp_psac")
             total = total + sigma * clip_norm * jax.random.normal(key, total.shape, total.dtype)
         return unflatten(total / real_count(mask, blocks[0].shape[0])), state
 

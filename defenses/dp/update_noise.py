@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
+from fedsim.keys import require_key
 from defenses.dp._flat import flatten_batched
 from defenses.dp._params import DPParameters
 from defenses.dp.clipping import check_positive
@@ -67,6 +68,7 @@ def _noisy_upload(noise, clip_norm: float | None, ord_: int, name: str,
     """
 
     def apply(update, state, *, key, context=None):
+        require_key(key, name)
         v, unflatten = _flat(update)
         if clip_norm is not None:
             v = _clip(v, clip_norm, ord_)
@@ -131,6 +133,7 @@ def client_level_dp(clip_norm: float, noise_multiplier: float,
 
     def apply(update, state, *, key, context=None):
         v, unflatten = _flat(update)
+        require_key(key, "client_level_dp")
         v = _clip(v, clip, 2)
         return unflatten(v + share * jax.random.normal(key, v.shape, v.dtype)), state
 

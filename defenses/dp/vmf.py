@@ -38,6 +38,7 @@ import jax.numpy as jnp
 
 from fedsim import random_draws
 from fedsim.hooks import Defense, register_defense
+from fedsim.keys import require_key
 from defenses.dp._params import DPParameters
 from defenses.dp.clipping import check_clipping, check_positive
 from defenses.dp.gaussian import clipped_sum
@@ -174,6 +175,7 @@ def dp_vmf(kappa: float, clip_norm: float = 1.0, clipping: str = "flat") -> Defe
         mask = None if context is None else context.mask
         total, _, unflatten, count = clipped_sum(per_example, mask, clip_norm, clipping)
         mean = total / count
+        require_key(key, name)
         k_dir, k_sample = jax.random.split(key)
         norm = jnp.linalg.norm(mean)
         fallback = jax.random.normal(k_dir, mean.shape, mean.dtype)

@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 
 from fedsim.hooks import Defense, register_defense
+from fedsim.keys import require_key
 from defenses.pruning.masks import check_rate, check_upload, magnitude_mask, \
     mask_pruning_count, num_params, pseudo_pruning_begin, rate_count, unflatten, withhold
 
@@ -103,6 +104,8 @@ def make_defense_pruning(p_largest: float, p_random: float, pseudo: bool, name: 
             lambda l: jnp.zeros(jnp.shape(l), jnp.float32), params)}
 
     def apply(update, state, *, key, context=None):
+        if p_random > 0:
+            require_key(key, name)
         keep = defense_mask(update, key, p_largest, p_random)
         out = withhold(update, keep, upload,
                        None if context is None else context.global_params)
