@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedsim import distributed
 from fedsim.config import ConfigError
 
 #: Strategies with one jitted cohort step, whose memory :func:`cohort_step_bytes` plans.
@@ -313,3 +314,32 @@ def near_map_limit(fraction: float | None = None) -> tuple[bool, int | None, int
     if held is None or limit is None:
         return False, held, limit
     return held >= fraction * limit, held, limit
+
+
+def release_compiled_programs_near_map_limit(where: str) -> str | None:
+    """Drop JAX's compiled programs where this process nears the mapping limit.
+
+    XLA:CPU maps each compiled program's code into the process and JAX keeps
+    every program it compiled; a process that builds many simulations or runs
+    many attacks one after another (a sweep, a reproduction script, a notebook)
+    grows towards ``vm.max_map_count``, past which XLA segfaults
+    (``benchmarks/results/diagnose_map_count/``). Once :func:`near_map_limit`
+    says so, ``jax.clear_caches()`` unmaps them; a program needed again is
+    compiled again (or loaded from the persistent compilation cache), the same
+    program, so no number changes. Every process decides as process 0 does
+    (:func:`fedsim.distributed.agree`), so that they compile alike: call it at
+    the same point in every process.
+
+    Args:
+      where: the point it is called at, for the returned line, e.g. ``"after
+        cell 3"``.
+
+    Returns:
+      A line saying what was dropped and why, or None where nothing was.
+    """
+    near, held, limit = near_map_limit()
+    if not distributed.agree(near):
+        return None
+    jax.clear_caches()
+    return (f"{where}: {held} memory mappings of the kernel's vm.max_map_count {limit}; "
+            "dropped JAX's compiled programs")

@@ -103,6 +103,8 @@ def run_simulation(cfg: Config, *, sim: Simulation | None = None,
     log_line = ((lambda text, echo=True: _log_line(out, text, quiet or not echo)) if primary
                 else (lambda text, echo=True: None))
     log_line(sim.strategy_reason)
+    if sim.memory_note is not None:
+        log_line(sim.memory_note)
     note = pruning_schedule_note(cfg)
     if note is not None:
         log_line(note)

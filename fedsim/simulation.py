@@ -307,6 +307,12 @@ class Simulation:
                             f"builds one), got {type(cfg).__name__}")
         if defenses is not None:
             _check_defense_mapping(defenses)
+        # Before this simulation compiles its programs: a process that builds many
+        # (a reproduction script, a notebook) would otherwise keep every earlier
+        # one's until XLA segfaults at the kernel's mapping limit. The line, if
+        # any, goes to the run log (fedsim.run).
+        self.memory_note = memory.release_compiled_programs_near_map_limit(
+            "building a simulation")
         self.cfg = cfg
         self.donate = donate
         d, t = cfg.data, cfg.training

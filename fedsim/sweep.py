@@ -495,25 +495,16 @@ def _run_cells(built, keys, rows, out_dir, run_fn, read_done, done_file, table_f
 
 
 def _release_compiled_programs_near_map_limit(i: int, cells: int, primary: bool, log) -> None:
-    """Drop JAX's compiled programs after cell ``i`` where the process nears the
-    kernel's limit on memory mappings (:func:`fedsim.memory.near_map_limit`).
+    """Drop JAX's compiled programs after cell ``i`` (not the last) where the
+    process nears the kernel's limit on memory mappings
+    (:func:`fedsim.memory.release_compiled_programs_near_map_limit`): each cell
+    compiles its own programs, and JAX keeps them all."""
+    from fedsim import memory
 
-    Each cell compiles its own programs and JAX keeps them all: a long sweep
-    would otherwise grow towards ``vm.max_map_count``, past which XLA
-    segfaults. A later cell that needs a dropped program compiles it again (or
-    loads it from the command line's compilation cache). Every process decides
-    as process 0 does, so that they compile alike.
-    """
-    import jax
-
-    from fedsim import distributed, memory
-
-    near, held, limit = memory.near_map_limit()
-    if i < cells - 1 and distributed.agree(near):
-        jax.clear_caches()
-        if primary:
-            log(f"after cell {i + 1}: {held} memory mappings of the kernel's "
-                f"vm.max_map_count {limit}; dropped JAX's compiled programs")
+    if i < cells - 1:
+        line = memory.release_compiled_programs_near_map_limit(f"after cell {i + 1}")
+        if line is not None and primary:
+            log(line)
 
 
 def _check_sweep_dir(out_dir: Path) -> None:

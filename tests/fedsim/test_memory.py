@@ -174,3 +174,23 @@ def test_near_map_limit_compares_the_mappings_held_with_the_kernels_limit(monkey
     monkeypatch.setattr(memory, "memory_mappings", lambda: 100)
     monkeypatch.setattr(memory, "max_map_count", lambda: None)  # unreadable: never near
     assert memory.near_map_limit(0.0) == (False, 100, None)
+
+
+def test_building_a_simulation_near_the_map_limit_drops_compiled_programs_and_the_run_logs_it(
+        tmp_path, monkeypatch):
+    from fedsim.run import run_dir_for, run_simulation
+
+    cleared = []
+    monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(True))
+    monkeypatch.setattr(memory, "max_map_count", lambda: 1000)
+    monkeypatch.setattr(memory, "memory_mappings", lambda: 499)  # just under half
+    cfg = small_config(**{"output.dir": str(tmp_path), "training.rounds": 1})
+    far = Simulation(cfg, dataset=small_dataset())
+    assert cleared == [] and far.memory_note is None
+    monkeypatch.setattr(memory, "memory_mappings", lambda: 500)
+    near = Simulation(cfg, dataset=small_dataset())
+    line = ("building a simulation: 500 memory mappings of the kernel's vm.max_map_count "
+            "1000; dropped JAX's compiled programs")
+    assert cleared == [True] and near.memory_note == line
+    run_simulation(cfg, sim=near, quiet=True)
+    assert line in (run_dir_for(cfg) / "run.log").read_text()
