@@ -9,10 +9,11 @@ victim draw):
 
 1. **Precision.** The FedSGD gradient is summed in float32. Peeling subtracts
    a recovered example's contribution computed from its float64 estimate, so
-   every unit keeps that example's float32 rounding (about 1e-7 of its
+   every unit keeps that example's float32 rounding (up to about 6e-8 of its
    contribution). Where a later example's own contribution to the unit is
    orders smaller (a confidently classified example, whose ∂ℓ/∂logits is
-   small), that residue moves its ratios past ``match_tolerance``. Measured by
+   small), that residue would move its ratios past ``match_tolerance``. The
+   float64 run tests the cause as a whole, not this mechanism. Measured by
    attacking the same victims' gradient computed in float64 (``jax.enable_x64``,
    the model's weights cast to float64: the same function, rounded 2⁻⁵³ instead
    of 2⁻²⁴).
