@@ -55,6 +55,7 @@ import itertools
 import pathlib
 import sys
 import time
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -72,7 +73,7 @@ from defenses.dp import dp_gaussian  # noqa: E402
 from defenses.pruning.gc import magnitude_prune  # noqa: E402
 from defenses.soteria import soteria_gradient  # noqa: E402
 from fedsim.client import masked_mean_loss  # noqa: E402
-from fedsim.data import load_dataset  # noqa: E402
+from fedsim.data import Dataset, load_dataset  # noqa: E402
 from fedsim.hooks import DefenseContext  # noqa: E402
 from fedsim.models import build_model, init_params, make_apply_fn  # noqa: E402
 from fedsim.typing import Observation  # noqa: E402
@@ -241,28 +242,53 @@ def attack_one(name, config, apply_fn, params, grad, x, y, key, num_classes, obs
             "peel_fit_false": peel_fit[tried & false_groups].tolist()}
 
 
-def run(args) -> dict:
-    ds = load_dataset(args.dataset, seed=args.seed)
+class Setup(NamedTuple):
+    """The model, its two states, the victims and the keys every part of a run shares."""
+
+    ds: Dataset
+    apply_fn: Callable
+    states: dict  # "initial" and "trained" parameters
+    victim: Callable  # victim(B, v) -> (x [B, ...], y [B]), images the model did not train on
+    noise_key: jax.Array
+    attack_key: jax.Array
+
+
+def setup(dataset: str, seed: int, train_examples: int, largest_batch: int,
+          name: str = NAME) -> Setup:
+    """Load ``dataset``, train the 2NN one epoch on its first ``train_examples`` images,
+    and draw victims from the rest (one key per (B, v)), all from ``seed``.
+
+    Raises:
+      SystemExit: naming ``name`` where the rest holds fewer than ``largest_batch`` images.
+    """
+    ds = load_dataset(dataset, seed=seed)
     x_all, y_all = ds.x_train, ds.y_train.astype(np.int32)
-    if args.train_examples + max(args.batch_sizes) > len(y_all):
-        raise SystemExit(f"{NAME}: --train-examples {args.train_examples} leaves fewer than "
-                         f"{max(args.batch_sizes)} images for the victims")
+    if train_examples + largest_batch > len(y_all):
+        raise SystemExit(f"{name}: --train-examples {train_examples} leaves fewer than "
+                         f"{largest_batch} images for the victims")
     model = build_model("mlp_2nn", ds.num_classes)
     apply_fn = make_apply_fn(model)
     init_key, train_key, victim_key, noise_key, attack_key = jax.random.split(
-        jax.random.key(args.seed), 5)
+        jax.random.key(seed), 5)
     params0 = init_params(model, x_all.shape[1:], init_key)
-    n = args.train_examples
+    n = train_examples
     train_x, train_y = jnp.asarray(x_all[:n]), jnp.asarray(y_all[:n])
     states = {"initial": params0,
               "trained": train_one_epoch(apply_fn, params0, train_x, train_y, 64, 0.1, train_key)}
-    pool_x, pool_y = x_all[args.train_examples:], y_all[args.train_examples:]
-    test_acc = {s: accuracy(apply_fn, p, ds.x_test, ds.y_test) for s, p in states.items()}
+    pool_x, pool_y = x_all[n:], y_all[n:]
 
     def victim(b, v):
         idx = np.asarray(jax.random.permutation(jax.random.fold_in(victim_key, 1000 * b + v),
                                                 len(pool_y)))[:b]
         return pool_x[idx], pool_y[idx]
+
+    return Setup(ds, apply_fn, states, victim, noise_key, attack_key)
+
+
+def run(args) -> dict:
+    ds, apply_fn, states, victim, noise_key, attack_key = setup(
+        args.dataset, args.seed, args.train_examples, max(args.batch_sizes))
+    test_acc = {s: accuracy(apply_fn, p, ds.x_test, ds.y_test) for s, p in states.items()}
 
     rows = []
     for state, params in states.items():

@@ -49,8 +49,6 @@ from attacks.analytic import DEFAULTS  # noqa: E402
 from benchmarks import analytic_attack_fmnist as base  # noqa: E402
 from benchmarks.provenance import git_state  # noqa: E402
 from benchmarks.results_io import write_json_and_markdown  # noqa: E402
-from fedsim.data import load_dataset  # noqa: E402
-from fedsim.models import build_model, init_params, make_apply_fn  # noqa: E402
 
 NAME = "analytic_attack_peeling"
 
@@ -77,27 +75,9 @@ def _attack(params, x, y, key, num_classes, apply_fn, precision: str, config: di
 
 
 def run(args) -> dict:
-    ds = load_dataset(args.dataset, seed=args.seed)
-    x_all, y_all = ds.x_train, ds.y_train.astype(np.int32)
-    model = build_model("mlp_2nn", ds.num_classes)
-    apply_fn = make_apply_fn(model)
-    # The keys and victims of benchmarks/analytic_attack_fmnist.py (its run()).
-    init_key, train_key, victim_key, _, attack_key = jax.random.split(
-        jax.random.key(args.seed), 5)
-    params0 = init_params(model, x_all.shape[1:], init_key)
-    n = args.train_examples
-    if n + max(args.batch_sizes) > len(y_all):
-        raise SystemExit(f"{NAME}: --train-examples {n} leaves fewer than "
-                         f"{max(args.batch_sizes)} images for the victims")
-    states = {"initial": params0,
-              "trained": base.train_one_epoch(apply_fn, params0, jnp.asarray(x_all[:n]),
-                                              jnp.asarray(y_all[:n]), 64, 0.1, train_key)}
-    pool_x, pool_y = x_all[n:], y_all[n:]
-
-    def victim(b, v):
-        idx = np.asarray(jax.random.permutation(jax.random.fold_in(victim_key, 1000 * b + v),
-                                                len(pool_y)))[:b]
-        return pool_x[idx], pool_y[idx]
+    # The model, victims and attack keys of benchmarks/analytic_attack_fmnist.py.
+    ds, apply_fn, states, victim, _, attack_key = base.setup(
+        args.dataset, args.seed, args.train_examples, max(args.batch_sizes), NAME)
 
     settings = [("float32", DEFAULTS["peel_tolerance"]), ("float64", DEFAULTS["peel_tolerance"])]
     settings += [("float32", t) for t in args.peel_tolerances
