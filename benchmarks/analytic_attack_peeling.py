@@ -25,7 +25,10 @@ For each setting: the examples recovered (a returned input within half an
 8-bit level of an example in every pixel, checked against the truth), the
 slots marked exact that are not, the examples peeled, and the closure
 (``analytic_attack_fmnist.exclusive_unit_shares``, from the float32 model's
-true activations; not a strict ceiling, as that benchmark says).
+true activations; not a strict ceiling, as that benchmark says). And, as a
+pointer to what else stops it: the groups whose peeling fit failed (the
+attack leaves their units out of every later pass), and how many of the
+victims with an example missed had one.
 
 Run:  python benchmarks/analytic_attack_peeling.py [--out DIR]
 Writes ``analytic_attack_peeling.{json,md}`` under ``--out``
@@ -98,6 +101,14 @@ def run(args) -> dict:
                              "closure": closure,
                              **{k: sum(r[k] for r in per_victim)
                                 for k in ("recovered", "false_exact", "peeled")},
+                             # groups of >= 2 agreeing units whose peeling fit failed: their
+                             # units are left out of every later pass
+                             "unpeeled_groups": sum(r["groups"] - r["peeled"]
+                                                    for r in per_victim),
+                             "victims_short": sum(r["recovered"] < b for r in per_victim),
+                             "victims_short_with_unpeeled_group": sum(
+                                 r["recovered"] < b and r["groups"] > r["peeled"]
+                                 for r in per_victim),
                              "recovered_per_victim": [r["recovered"] for r in per_victim]})
                 print(f"{state} B={b} {precision} peel_tolerance={tol:g}: "
                       f"{rows[-1]['recovered']}/{rows[-1]['examples']} "
@@ -120,13 +131,19 @@ def markdown(result: dict) -> str:
              "images in float64. *Recovered*: examples returned within half an 8-bit level "
              "in every pixel; *false exact*: slots marked exact that match no example; "
              "*closure*: what peeling is built to find, from the true activations (not a "
-             "strict ceiling).", "",
+             "strict ceiling). *Unpeeled groups*: groups of ≥ 2 agreeing units whose "
+             "peeling fit failed (their units are left out of every later pass); *victims "
+             "short*: victims with an example not recovered, and in brackets those of them "
+             "with an unpeeled group.", "",
              "| model | B | gradient | peel_tolerance | recovered | closure | peeled | "
-             "false exact |", "|---|---|---|---|---|---|---|---|"]
+             "false exact | unpeeled groups | victims short |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['state']} | {r['batch_size']} | {r['precision']} | "
                      f"{r['peel_tolerance']:g} | {r['recovered']}/{r['examples']} | "
-                     f"{r['closure']} | {r['peeled']} | {r['false_exact']} |")
+                     f"{r['closure']} | {r['peeled']} | {r['false_exact']} | "
+                     f"{r['unpeeled_groups']} | {r['victims_short']} "
+                     f"({r['victims_short_with_unpeeled_group']}) |")
     return "\n".join(lines) + "\n"
 
 

@@ -33,11 +33,16 @@ def test_every_setting_is_written_once_with_its_closure(tiny):
     for r in result["rows"]:
         assert 0 <= r["recovered"] <= r["examples"] == 2 * r["batch_size"]
         assert r["recovered"] == sum(r["recovered_per_victim"])
+        assert r["victims_short"] == sum(n < r["batch_size"] for n in r["recovered_per_victim"])
+        assert 0 <= r["victims_short_with_unpeeled_group"] <= r["victims_short"]
+        assert r["unpeeled_groups"] >= 0
         same = [q for q in result["rows"]
                 if (q["state"], q["batch_size"]) == (r["state"], r["batch_size"])]
         assert {q["closure"] for q in same} == {r["closure"]}  # from the activations alone
         assert (f"| {r['state']} | {r['batch_size']} | {r['precision']} | "
-                f"{r['peel_tolerance']:g} | {r['recovered']}/{r['examples']} |") in md
+                f"{r['peel_tolerance']:g} | {r['recovered']}/{r['examples']} | "
+                f"{r['closure']} | {r['peeled']} | {r['false_exact']} | {r['unpeeled_groups']} | "
+                f"{r['victims_short']} ({r['victims_short_with_unpeeled_group']}) |") in md
     assert not jax.config.jax_enable_x64  # the float64 rows leave x64 off behind them
 
 
