@@ -32,14 +32,18 @@ exclusive to that example, so there the update is its δ alone), and, where
 that fit's relative residual is at most ``peel_tolerance``, subtracts
 s·δ(x̂, y) from the bias update and x̂·s·δ(x̂, y)ᵀ from the kernel update. A
 unit that example shared with one other example is then exclusive to the
-other, so the grouping is run again on the remainder (the units of groups
-already returned left out) until no new group is found. The fitted s absorbs
-the lr/B of FedSGD and a per-example clipping factor; s and y are in
-``extras``. Where the rule applies, a group is marked exact only where its
-fit passes: one whose bias update no single example's δ explains is returned
-but not marked (in the benchmark's tolerance part most such groups matched
-no example: ``benchmarks/results/analytic_attack_fmnist.md``, "groups
-(false)" against "marked exact" and "false exact"). It is
+other, so the grouping is run again on the remainder (the units of peeled
+examples left out) until a pass peels nothing. Where the rule applies, a
+group is marked exact only where its fit passes: one whose bias update no
+single example's δ explains (in the benchmark's tolerance part most such
+groups matched no example: ``benchmarks/results/analytic_attack_fmnist.md``,
+"groups (false)" against "marked exact" and "false exact") is not peeled,
+keeps its units for later passes (once its other examples are peeled they
+may be one example's; a group read again from units that this pass's peeling
+changed waits for the next pass), and holds no slot while peeling goes on:
+it is returned, not marked, only where fewer than B examples were peeled, in
+the order found. The fitted s absorbs the lr/B of FedSGD and a per-example
+clipping factor; s and y are in ``extras``. It is
 applied to uploads of one gradient step at the global model (``algorithm``
 "fedsgd", or a granted ``local_steps`` of 1): local training of several steps
 (FedAvg) moves the model between the steps, so one example's contribution
@@ -291,7 +295,8 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
       "group_sizes": [B] int (0 for a filled slot), "group_spreads": [B] the
       largest relative distance of a group's ratios from its estimate (NaN for
       a filled slot), "found_in_pass": [B] int (the pass that found the group,
-      0 the first; −1 for a filled slot), "peeled": [B] bool, "peel_labels":
+      0 the first, its last reading for an unpeeled group read again; −1 for a
+      filled slot), "peeled": [B] bool, "peel_labels":
       [B] int (the fitted class of a peeled slot, else −1), "peel_scales": [B]
       (its fitted s, else NaN), "peel_residuals": [B] (the fit's relative
       residual for every group slot, where peeling was tried, else NaN),
@@ -312,49 +317,87 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
                          "can be read (a pruned or dead layer?)")
     first_units = units
     usable = np.zeros(len(b), bool)
-    usable[units] = True  # the units the first pass reads; later passes read a subset
+    usable[units] = True  # the units a pass may read: not yet peeled off
+    scale = np.max(np.abs(b))
     w_rest, b_rest = w.copy(), b.copy()
-    slots: list[dict[str, Any]] = []
+    slots: list[dict[str, Any]] = []  # in the order found; None: superseded
+
+    def same_input(x, other) -> bool:
+        return bool(np.linalg.norm(x - other) < match_tolerance
+                    * max(np.linalg.norm(x), np.linalg.norm(other)))
+
+    def peeled_count() -> int:
+        return sum(1 for sl in slots if sl is not None and sl["peeled"])
+
     for pass_index in range(batch_size):
         if pass_index:
-            keep = usable[units]
-            units, ratios = units[keep], ratios[keep]
+            units = units[usable[units]]
             # Later passes read the remainder's ratios; a unit emptied by peeling
             # (bias remainder ~ 0) is left out as in the first pass.
-            live = np.abs(b_rest[units]) > min_bias_update * np.max(np.abs(b))
-            units = units[live]
+            units = units[np.abs(b_rest[units]) > min_bias_update * scale]
             ratios = (w_rest[:, units] / b_rest[units]).T
         groups = [g for g in group_ratios(ratios, match_tolerance) if len(g) >= 2]
-        groups = groups[:batch_size - len(slots)]
+        if class_bias_grads is None:
+            groups = groups[:batch_size]  # one pass, every group a slot
         peeled_any = False
+        touched = np.zeros(len(b), bool)  # units this pass's peeling changed
         for g in groups:
+            if peeled_count() == batch_size:
+                break
             cols = units[g]
+            if touched[cols].any():
+                # grouped on ratios peeling has since changed (an example's units
+                # are its alone, so this is no example's group): read them next pass
+                continue
             x = _rank_one(w_rest[:, cols], b_rest[cols])
+            # A group whose peeling fit failed keeps its units in later passes (peeling
+            # another example may leave them to one example); found again there, it
+            # supersedes the earlier slot, unless it is the same units and input.
+            earlier = [i for i, sl in enumerate(slots) if sl is not None and not sl["peeled"]
+                       and np.intersect1d(sl["cols"], cols).size]
+            if any(np.array_equal(slots[i]["cols"], cols) and same_input(x, slots[i]["x"])
+                   for i in earlier):
+                continue
+            if any(sl is not None and i not in earlier and same_input(x, sl["x"])
+                   for i, sl in enumerate(slots)):
+                continue  # an input already returned, read again off a remainder
             spread = float(np.max(np.linalg.norm(ratios[g] - x, axis=1))
                            / max(np.linalg.norm(x), np.finfo(np.float64).tiny))
-            usable[cols] = False
-            if any(np.linalg.norm(x - sl["x"]) < match_tolerance
-                   * max(np.linalg.norm(x), np.linalg.norm(sl["x"])) for sl in slots):
-                # an example returned earlier but not peeled (its fit failed) whose
-                # shared units others' peeling emptied: not a new input
-                continue
-            slot = {"x": x, "size": len(g), "spread": spread, "pass": pass_index,
-                    "peeled": False, "label": -1, "scale": float("nan"),
-                    "peel_residual": float("nan")}
+            slot = {"x": x, "cols": cols, "size": len(g), "spread": spread,
+                    "pass": pass_index, "peeled": False, "label": -1,
+                    "scale": float("nan"), "peel_residual": float("nan")}
             if class_bias_grads is not None:
                 cand = np.asarray(class_bias_grads(x), np.float64)
-                y, scale, rel = _fit_class_and_scale(b_rest[cols], cand[:, cols])
+                y, fit_scale, rel = _fit_class_and_scale(b_rest[cols], cand[:, cols])
                 slot["peel_residual"] = rel
                 if rel <= peel_tolerance:
-                    contribution = scale * cand[y]
+                    contribution = fit_scale * cand[y]
                     b_rest -= contribution
                     w_rest -= np.outer(x, contribution)
-                    slot.update(peeled=True, label=y, scale=scale)
+                    touched |= contribution != 0
+                    usable[cols] = False
+                    slot.update(peeled=True, label=y, scale=fit_scale)
                     peeled_any = True
-            slots.append(slot)
-        if not peeled_any or len(slots) == batch_size:
+            if earlier:
+                slots[earlier[0]] = slot  # in the place of the first it supersedes
+                for i in earlier[1:]:
+                    slots[i] = None
+            else:
+                slots.append(slot)
+        if not peeled_any or peeled_count() == batch_size:
             break
-    filler_units = np.flatnonzero(usable)
+    # Every peeled slot, then the unpeeled groups in the order found, B in all.
+    room = batch_size - peeled_count()
+    kept = []
+    for sl in slots:
+        if sl is not None and (sl["peeled"] or room > 0):
+            room -= not sl["peeled"]
+            kept.append(sl)
+    slots = kept
+    in_group = np.zeros(len(b), bool)
+    for sl in slots:
+        in_group[sl["cols"]] = True
+    filler_units = first_units[~in_group[first_units]]
     if len(filler_units) == 0 or not np.any(b_rest[filler_units] != 0):
         # every unit is in a returned group (or a noised B = 1 update): all of them
         filler = _rank_one(w[:, first_units], b[first_units])

@@ -26,9 +26,10 @@ For each setting: the examples recovered (a returned input within half an
 slots marked exact that are not, the examples peeled, and the closure
 (``analytic_attack_fmnist.exclusive_unit_shares``, from the float32 model's
 true activations; not a strict ceiling, as that benchmark says). And, as a
-pointer to what else stops it: the groups whose peeling fit failed (the
-attack leaves their units out of every later pass), and how many of the
-victims with an example missed had one.
+pointer to what else stops it: the groups whose peeling fit failed that the
+attack returned (it returns one only in a slot no peeled example took; its
+units stay in the later passes), and how many of the victims with an example
+missed had one.
 
 Run:  python benchmarks/analytic_attack_peeling.py [--out DIR]
 Writes ``analytic_attack_peeling.{json,md}`` under ``--out``
@@ -101,8 +102,8 @@ def run(args) -> dict:
                              "closure": closure,
                              **{k: sum(r[k] for r in per_victim)
                                 for k in ("recovered", "false_exact", "peeled")},
-                             # groups of >= 2 agreeing units whose peeling fit failed: their
-                             # units are left out of every later pass
+                             # groups of >= 2 agreeing units whose peeling fit failed,
+                             # returned in slots no peeled example took
                              "unpeeled_groups": sum(r["groups"] - r["peeled"]
                                                     for r in per_victim),
                              "victims_short": sum(r["recovered"] < b for r in per_victim),
@@ -132,7 +133,7 @@ def markdown(result: dict) -> str:
              "in every pixel; *false exact*: slots marked exact that match no example; "
              "*closure*: what peeling is built to find, from the true activations (not a "
              "strict ceiling). *Unpeeled groups*: groups of ≥ 2 agreeing units whose "
-             "peeling fit failed (their units are left out of every later pass); *victims "
+             "peeling fit failed, returned in slots no peeled example took; *victims "
              "short*: victims with an example not recovered, and in brackets those of them "
              "with an unpeeled group.", "",
              "| model | B | gradient | peel_tolerance | recovered | closure | peeled | "

@@ -430,7 +430,8 @@ def test_fitted_classes_take_their_slots_and_the_count_fills_the_rest():
 
 def test_an_example_whose_fit_failed_is_not_returned_twice():
     """Units 0–1 reach only a, 2–3 only d, 4–5 both. a's fit fails, d is
-    peeled: units 4–5 then give a again, which is not a new input."""
+    peeled: units 4–5 then join a's units 0–1 (kept for later passes), which
+    give a again: one slot, its fit tried again, not a new input."""
     xs = np.array([[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]])
     delta = np.array([[0.3, -0.2, 0.0, 0.0, 0.4, 0.1],
                       [0.0, 0.0, 0.7, 0.1, -0.5, 0.2]])
@@ -445,8 +446,50 @@ def test_an_example_whose_fit_failed_is_not_returned_twice():
     np.testing.assert_allclose(out["x"][:2], xs, rtol=1e-12)
     assert out["exact"].tolist() == [False, True, False]  # a's group failed its fit
     assert out["peeled"].tolist() == [False, True, False]
-    assert out["group_sizes"].tolist() == [2, 2, 0]
-    assert out["found_in_pass"].tolist() == [0, 0, -1]
+    assert out["group_sizes"].tolist() == [4, 2, 0]  # a's group, read again in pass 1
+    assert out["found_in_pass"].tolist() == [1, 0, -1]
+
+
+def _peelable_only(xs, delta, seed):
+    """∂ℓ/∂b per class for an input that is one of ``xs`` (its δ times 2, as class 1);
+    for any other input rows that fit nothing."""
+    rng = np.random.default_rng(seed)
+
+    def grads(x):
+        for n, xn in enumerate(xs):
+            if np.allclose(x, xn, rtol=1e-9, atol=0):
+                return np.stack([rng.normal(size=delta.shape[1]), 2.0 * delta[n],
+                                 rng.normal(size=delta.shape[1])])
+        return rng.normal(size=(3, delta.shape[1]))
+    return grads
+
+
+def test_a_group_whose_fit_failed_does_not_take_a_slot_a_later_example_needs():
+    """Units 0–1 reach only a, 2–3 a and b, 4–5 a and c, 6–7 b and c in the same
+    proportion (their ratios agree: a group that is no example, whose fit fails).
+    Pass 0 finds a and the mixture; pass 1, with a peeled, finds b and c. The
+    mixture holds no slot while passes go on, so B = 3 gives a, b and c (dyadic
+    numbers: peeling b and c leaves units 6–7 exactly 0)."""
+    xs = np.array([[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0], [2.0, -3.0, 0.5]])
+    delta = np.array([[0.5, -0.25, 0.25, 0.5, -0.25, 0.25, 0.0, 0.0],
+                      [0.0, 0.0, 0.75, -0.25, 0.0, 0.0, 0.5, 0.25],
+                      [0.0, 0.0, 0.0, 0.0, 0.5, 0.75, 0.25, 0.125]])
+    kernel, bias = xs.T @ delta, delta.sum(0)
+    one_pass = recover_inputs(kernel, bias, 3)
+    assert one_pass["group_sizes"].tolist() == [2, 2, 0]  # a and the mixture
+    np.testing.assert_allclose(one_pass["x"][0], xs[0], rtol=1e-12)
+    mixture = one_pass["x"][1]
+    assert np.abs(mixture[None] - xs).max(1).min() > 0.1
+    out = recover_inputs(kernel, bias, 3, class_bias_grads=_peelable_only(xs, delta, 0))
+    np.testing.assert_allclose(out["x"], xs, rtol=1e-12)
+    assert out["peeled"].all() and out["found_in_pass"].tolist() == [0, 1, 1]
+    # asked for four, the mixture takes the slot left, in the order found, unpeeled
+    four = recover_inputs(kernel, bias, 4, class_bias_grads=_peelable_only(xs, delta, 0))
+    assert four["peeled"].tolist() == [True, False, True, True]
+    assert four["exact"].tolist() == [True, False, True, True]
+    assert four["found_in_pass"].tolist() == [0, 0, 1, 1]
+    np.testing.assert_allclose(four["x"][1], mixture, rtol=1e-12)
+    assert four["peel_residuals"][1] > 1e-3
 
 
 @pytest.mark.parametrize("name,match", [
