@@ -33,7 +33,9 @@ that fit's relative residual is at most ``peel_tolerance``, subtracts
 s·δ(x̂, y) from the bias update and x̂·s·δ(x̂, y)ᵀ from the kernel update. A
 unit that example shared with one other example is then exclusive to the
 other, so the grouping is run again on the remainder (the units of peeled
-examples left out) until a pass peels nothing. Where the rule applies, a
+examples left out) until a pass peels nothing; each pass reads, largest first,
+at most as many groups as examples are left to find (each group read is a
+chance for a wrong group to pass the fit). Where the rule applies, a
 group is marked exact only where its fit passes: one whose bias update no
 single example's δ explains (in the benchmark's tolerance part most such
 groups matched no example: ``benchmarks/results/analytic_attack_fmnist.md``,
@@ -337,12 +339,14 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
             units = units[np.abs(b_rest[units]) > min_bias_update * scale]
             ratios = (w_rest[:, units] / b_rest[units]).T
         groups = [g for g in group_ratios(ratios, match_tolerance) if len(g) >= 2]
-        if class_bias_grads is None:
-            groups = groups[:batch_size]  # one pass, every group a slot
+        # A pass reads at most as many groups as examples are left to find, largest
+        # first (as one pass does): every group read is one more chance for two
+        # mixtures to pass the fit by accident (pruned updates show it).
+        reads_left = batch_size - peeled_count()
         peeled_any = False
         touched = np.zeros(len(b), bool)  # units this pass's peeling changed
         for g in groups:
-            if peeled_count() == batch_size:
+            if reads_left == 0:
                 break
             cols = units[g]
             if touched[cols].any():
@@ -361,6 +365,7 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
             if any(sl is not None and i not in earlier and same_input(x, sl["x"])
                    for i, sl in enumerate(slots)):
                 continue  # an input already returned, read again off a remainder
+            reads_left -= 1
             spread = float(np.max(np.linalg.norm(ratios[g] - x, axis=1))
                            / max(np.linalg.norm(x), np.finfo(np.float64).tiny))
             slot = {"x": x, "cols": cols, "size": len(g), "spread": spread,

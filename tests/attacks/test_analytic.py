@@ -492,6 +492,23 @@ def test_a_group_whose_fit_failed_does_not_take_a_slot_a_later_example_needs():
     assert four["peel_residuals"][1] > 1e-3
 
 
+def test_a_pass_reads_no_more_groups_than_examples_are_left_to_find():
+    """Units 0–2 reach only a, 3–4 only b; a's fit fails, b's would pass. Asked for
+    one input the pass reads only the largest group, a's (as one pass would): each
+    group read is a chance for a false fit. Asked for two, it reads both."""
+    xs = np.array([[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]])
+    delta = np.array([[0.5, -0.25, 0.75, 0.0, 0.0],
+                      [0.0, 0.0, 0.0, 0.25, 0.5]])
+    kernel, bias = xs.T @ delta, delta.sum(0)
+    only_b = _peelable_only(xs[1:], delta[1:], 0)
+    one = recover_inputs(kernel, bias, 1, class_bias_grads=only_b)
+    np.testing.assert_allclose(one["x"], xs[:1], rtol=1e-12)
+    assert one["group_sizes"].tolist() == [3] and not one["peeled"].any()
+    two = recover_inputs(kernel, bias, 2, class_bias_grads=only_b)
+    np.testing.assert_allclose(two["x"], xs, rtol=1e-12)
+    assert two["peeled"].tolist() == [False, True]
+
+
 @pytest.mark.parametrize("name,match", [
     ("mlp", "has none"),        # paper 001's MLP has no biases
     ("lenet5", "has none"),     # a convolution first
