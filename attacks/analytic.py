@@ -87,7 +87,7 @@ taken out of it; "given": the granted labels),
 ``peel`` (true: apply the peeling rule to one-step uploads; false: one pass),
 ``peel_tolerance`` (1e-3: the largest relative residual of the scale-and-class
 fit for which a recovered example is peeled off; at 1e-2 and 1e-1 the
-benchmark's victims give no more examples and more wrong marks,
+benchmark's victims give no more examples, and 1e-1 marks some wrongly,
 ``benchmarks/results/analytic_attack_peeling.md``, which also shows that
 after training the float32 rounding of the upload, not this tolerance, is
 what stops the peeling short).
