@@ -90,7 +90,15 @@ fit for which a recovered example is peeled off; at 1e-2 and 1e-1 the
 benchmark's victims give no more examples, and 1e-1 marks some wrongly,
 ``benchmarks/results/analytic_attack_peeling.md``, which also shows that
 after training the float32 rounding of the upload, not this tolerance, is
-what stops the peeling short).
+what stops the peeling short),
+``rounding_aware`` (true: two ratios agree within ``match_tolerance`` plus
+their own rounding errors, :func:`ratio_rounding`, at the machine epsilon of
+the update's dtype. Ours, for that float32 rounding: an update summed in
+float32 carries about eps·Σ|terms| in each entry, and peeling takes an
+example's terms off but not their rounding, so a later example whose own
+terms are far smaller sees its ratios moved far more than eps. It covers the
+rounding of the sum, not the ~1e-4 of an upload Δ = w_local − w_global,
+which ``match_tolerance`` covers; false: ``match_tolerance`` alone).
 Loss: the relative residual ‖ΔW − X̂ᵀA‖_F / ‖ΔW‖_F of the kernel update
 after the best A (least squares): 0 when the returned inputs span every
 column, as they do for a fully recovered noiseless batch.
@@ -121,7 +129,7 @@ from fedsim.typing import Observation
 
 DEFAULTS = {"input_layer": None, "batch_size": None, "min_bias_update": 1e-6,
             "match_tolerance": 1e-4, "label_mode": "infer", "peel": True,
-            "peel_tolerance": 1e-3}
+            "peel_tolerance": 1e-3, "rounding_aware": True}
 
 
 def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = None
@@ -147,8 +155,10 @@ def check_config(config: Mapping[str, Any], grants: Mapping[str, bool] | None = 
                           or b < 1):
         raise AttackConfigError(f"attack.config.batch_size: must be a positive integer (or "
                                 f"absent), got {b!r}")
-    if not isinstance(cfg["peel"], (bool, np.bool_)):
-        raise AttackConfigError(f"attack.config.peel: must be true or false, got {cfg['peel']!r}")
+    for name in ("peel", "rounding_aware"):
+        if not isinstance(cfg[name], (bool, np.bool_)):
+            raise AttackConfigError(f"attack.config.{name}: must be true or false, "
+                                    f"got {cfg[name]!r}")
     for name, upper in (("min_bias_update", 1.0), ("match_tolerance", math.inf),
                         ("peel_tolerance", 1.0)):
         v = cfg[name]
@@ -230,10 +240,17 @@ def unit_ratios(kernel_update, bias_update, min_bias_update: float = DEFAULTS["m
     return units, (w[:, units] / b[units]).T
 
 
-def group_ratios(ratios: np.ndarray, tolerance: float) -> list[np.ndarray]:
-    """Group units whose ratios agree: ‖r_i − r_j‖ < tolerance · max(‖r_i‖, ‖r_j‖).
+def group_ratios(ratios: np.ndarray, tolerance: float,
+                 rounding: np.ndarray | None = None) -> list[np.ndarray]:
+    """Group units whose ratios agree: ‖r_i − r_j‖ < (tolerance + e_i + e_j) · max(‖r_i‖, ‖r_j‖).
 
     Single linkage (connected components of the agreement graph).
+
+    Args:
+      ratios: [U, D] the units' ratios.
+      tolerance: the relative distance under which two ratios agree.
+      rounding: [U] e_i, each ratio's own relative rounding error where known
+        (:func:`ratio_rounding`); ``None``: 0.
 
     Returns:
       The groups (positions into ``ratios``), largest first, then in order of
@@ -245,10 +262,34 @@ def group_ratios(ratios: np.ndarray, tolerance: float) -> list[np.ndarray]:
     sq = np.sum(ratios**2, axis=1)
     dist = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2.0 * ratios @ ratios.T, 0.0))
     # Strict: two all-zero ratios (units whose kernel update was pruned away) do not agree.
-    agree = dist < tolerance * np.maximum(norms[:, None], norms[None, :])
+    tol = tolerance if rounding is None else tolerance + rounding[:, None] + rounding[None, :]
+    agree = dist < tol * np.maximum(norms[:, None], norms[None, :])
     _, labels = connected_components(agree, directed=False)
     groups = [np.flatnonzero(labels == g) for g in np.unique(labels)]
     return sorted(groups, key=lambda g: (-len(g), g[0]))
+
+
+def ratio_rounding(eps: float, kernel_rest: np.ndarray, bias_rest: np.ndarray,
+                   kernel_terms: np.ndarray, bias_terms: np.ndarray) -> np.ndarray:
+    """Each unit's ratio's relative rounding error, to first order.
+
+    An update summed in a precision of machine epsilon ``eps`` carries an error
+    of about eps·Σ|terms| in each entry. Peeling takes examples' terms off but
+    not their rounding, so what is left of a unit (a remainder much smaller
+    than the terms taken off it) can carry a relative error far above eps. To
+    first order the ratio ΔW[:, i] / Δb_i of the remainder is off by
+    eps·(‖T_W[:, i]‖ / ‖R_W[:, i]‖ + T_b,i / |R_b,i|) relative to it.
+
+    Args:
+      eps: the machine epsilon of the update's precision.
+      kernel_rest, bias_rest: [D, U], [U] the remainder R at the units.
+      kernel_terms, bias_terms: [D, U], [U] T: |update| plus the magnitudes of
+        the contributions peeled off (what the update was summed from, as far
+        as the server knows it).
+    """
+    rest = np.linalg.norm(kernel_rest, axis=0)
+    kernel = np.linalg.norm(kernel_terms, axis=0) / np.where(rest > 0, rest, np.inf)
+    return eps * (kernel + bias_terms / np.abs(bias_rest))
 
 
 def _rank_one(kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
@@ -276,7 +317,8 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
                    min_bias_update: float = DEFAULTS["min_bias_update"],
                    match_tolerance: float = DEFAULTS["match_tolerance"],
                    class_bias_grads: Callable[[np.ndarray], np.ndarray] | None = None,
-                   peel_tolerance: float = DEFAULTS["peel_tolerance"]) -> dict[str, Any]:
+                   peel_tolerance: float = DEFAULTS["peel_tolerance"],
+                   rounding_aware: bool = DEFAULTS["rounding_aware"]) -> dict[str, Any]:
     """The batch's inputs from a biased input layer's update (the module docstring's rule).
 
     Args:
@@ -290,6 +332,9 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
         one pass, no peeling.
       peel_tolerance: the largest relative residual of the class-and-scale fit
         for which a recovered example is peeled off.
+      rounding_aware: widen each pair's tolerance by the two ratios' rounding
+        errors (:func:`ratio_rounding`, at the machine epsilon of
+        ``kernel_update``'s floating dtype; 0 for any other dtype).
 
     Returns:
       ``{"x": [B, D] float64, "exact": [B] bool (a group of ≥ 2 agreeing units,
@@ -311,6 +356,9 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    dtype = np.asarray(kernel_update).dtype
+    eps = float(np.finfo(dtype).eps) if rounding_aware and np.issubdtype(dtype, np.floating) \
+        else 0.0
     w = np.asarray(kernel_update, np.float64)
     b = np.asarray(bias_update, np.float64)
     units, ratios = unit_ratios(w, b, min_bias_update)
@@ -322,6 +370,7 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
     usable[units] = True  # the units a pass may read: not yet peeled off
     scale = np.max(np.abs(b))
     w_rest, b_rest = w.copy(), b.copy()
+    w_terms, b_terms = np.abs(w), np.abs(b)  # for the rounding error: see ratio_rounding
     slots: list[dict[str, Any]] = []  # in the order found; None: superseded
 
     def same_input(x, other) -> bool:
@@ -338,7 +387,9 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
             # (bias remainder ~ 0) is left out as in the first pass.
             units = units[np.abs(b_rest[units]) > min_bias_update * scale]
             ratios = (w_rest[:, units] / b_rest[units]).T
-        groups = [g for g in group_ratios(ratios, match_tolerance) if len(g) >= 2]
+        rounding = ratio_rounding(eps, w_rest[:, units], b_rest[units], w_terms[:, units],
+                                  b_terms[units]) if eps else None
+        groups = [g for g in group_ratios(ratios, match_tolerance, rounding) if len(g) >= 2]
         # A pass reads at most as many groups as examples are left to find, largest
         # first (as one pass does): every group read is one more chance for two
         # mixtures to pass the fit by accident (pruned updates show it).
@@ -379,6 +430,8 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
                     contribution = fit_scale * cand[y]
                     b_rest -= contribution
                     w_rest -= np.outer(x, contribution)
+                    b_terms += np.abs(contribution)
+                    w_terms += np.abs(np.outer(x, contribution))
                     touched |= contribution != 0
                     usable[cols] = False
                     slot.update(peeled=True, label=y, scale=fit_scale)
@@ -499,7 +552,8 @@ def run(observation: Observation, config: Mapping[str, Any], key) -> Reconstruct
     out = recover_inputs(layer["kernel"], layer["bias"], batch,
                          min_bias_update=float(cfg["min_bias_update"]),
                          match_tolerance=float(cfg["match_tolerance"]),
-                         class_bias_grads=grads, peel_tolerance=float(cfg["peel_tolerance"]))
+                         class_bias_grads=grads, peel_tolerance=float(cfg["peel_tolerance"]),
+                         rounding_aware=bool(cfg["rounding_aware"]))
     if cfg["label_mode"] == "given":
         if observation.labels is None:
             raise AttackConfigError(_LABELS_NOT_GRANTED)

@@ -17,7 +17,8 @@ import optax
 import pytest
 
 from attacks import ATTACK_REGISTRY, run_attack
-from attacks.analytic import check_config, group_ratios, input_layer, merge_labels, recover_inputs
+from attacks.analytic import (check_config, group_ratios, input_layer, merge_labels,
+                              ratio_rounding, recover_inputs)
 from attacks.api import observation_from_gradient
 from attacks.gradient_inversion import AttackConfigError
 from attacks.metrics import psnr
@@ -509,6 +510,61 @@ def test_a_pass_reads_no_more_groups_than_examples_are_left_to_find():
     assert two["peeled"].tolist() == [False, True]
 
 
+def test_ratio_rounding_bounds_what_the_float32_sum_leaves_after_peeling():
+    """Two examples summed in float32 at 500 units: a with δ of order 1, c with δ
+    1e-4 of it. Taking a's exact contribution off leaves c's ratio off by the
+    rounding of a's: far above float32's epsilon, and (two terms: one rounding
+    of each product and of the sum, 2u·Σ|terms| ≤ eps·Σ|terms|) within the
+    first-order estimate, computed here from the float32 arithmetic itself."""
+    rng = np.random.default_rng(0)
+    d, units = 20, 500
+    xa, xc = rng.uniform(0.1, 1.0, d), rng.uniform(0.1, 1.0, d)
+    da = rng.uniform(0.5, 1.0, units).astype(np.float32)
+    dc = (da * rng.uniform(0.5, 1.0, units) * 1e-4).astype(np.float32)
+    f32 = np.float32
+    kernel = (xa.astype(f32)[:, None] * da[None]) + (xc.astype(f32)[:, None] * dc[None])
+    bias = da + dc
+    assert kernel.dtype == np.float32 and bias.dtype == np.float32
+    x32a = xa.astype(f32).astype(np.float64)
+    rest_w = kernel.astype(np.float64) - np.outer(x32a, da.astype(np.float64))
+    rest_b = bias.astype(np.float64) - da.astype(np.float64)
+    terms_w = np.abs(kernel.astype(np.float64)) + np.abs(np.outer(x32a, da))
+    terms_b = np.abs(bias.astype(np.float64)) + np.abs(da.astype(np.float64))
+    predicted = ratio_rounding(float(np.finfo(np.float32).eps), rest_w, rest_b, terms_w, terms_b)
+    ratios = rest_w / rest_b
+    x32c = xc.astype(f32).astype(np.float64)
+    actual = np.linalg.norm(ratios - x32c[:, None], axis=0) / np.linalg.norm(x32c)
+    assert np.all(actual <= predicted)
+    assert np.median(actual) > 1e3 * np.finfo(np.float32).eps  # peeling amplified it
+    assert np.median(predicted) < 30 * np.median(actual)  # an estimate, not a loose cap
+
+
+def test_a_tolerance_widened_by_the_rounding_finds_what_the_float32_remainder_hides():
+    """a reaches units 0–3, c (δ 3e-4 of a's) only units 2–3, the update summed in
+    float32. Once a is peeled, c's two ratios carry a's rounding and disagree by
+    more than ``match_tolerance``; widened by their rounding errors they agree,
+    and c is found and peeled."""
+    rng = np.random.default_rng(3)
+    xs = rng.uniform(0.1, 1.0, size=(2, 6))
+    delta = np.array([[0.61, -0.37, 0.83, 0.47], [0.0, 0.0, 0.59 * 3e-4, -0.71 * 3e-4]])
+    kernel = xs.T.astype(np.float32) @ delta.astype(np.float32)
+    bias = delta.astype(np.float32).sum(0)
+
+    def grads(x):
+        n = int(np.argmin(np.abs(xs - x).max(1)))
+        return np.stack([np.ones(4), delta[n], -np.ones(4)])
+
+    plain = recover_inputs(kernel, bias, 2, class_bias_grads=grads, rounding_aware=False)
+    assert plain["peeled"].tolist() == [True, False] and plain["group_sizes"][1] == 0
+    aware = recover_inputs(kernel, bias, 2, class_bias_grads=grads)
+    assert aware["peeled"].tolist() == [True, True]
+    np.testing.assert_allclose(aware["x"], xs, atol=1e-4)
+    # in float64 there is nothing to widen: both find c
+    exact = recover_inputs(xs.T @ delta, delta.sum(0), 2, class_bias_grads=grads,
+                           rounding_aware=False)
+    assert exact["peeled"].all()
+
+
 @pytest.mark.parametrize("name,match", [
     ("mlp", "has none"),        # paper 001's MLP has no biases
     ("lenet5", "has none"),     # a convolution first
@@ -543,6 +599,7 @@ def test_the_input_layer_is_found_named_and_refused_by_name():
     ({"label_mode": "joint"}, r"attack\.config\.label_mode: 'joint' is not allowed"),
     ({"input_layer": 3}, r"attack\.config\.input_layer"),
     ({"peel": "yes"}, r"attack\.config\.peel: must be true or false"),
+    ({"rounding_aware": 1}, r"attack\.config\.rounding_aware: must be true or false"),
     ({"peel_tolerance": 1.0}, r"attack\.config\.peel_tolerance"),
     ({"peel_tolerance": -1e-3}, r"attack\.config\.peel_tolerance"),
     ({"tolerance": 1e-3}, r"unknown key\(s\) \['tolerance'\]"),

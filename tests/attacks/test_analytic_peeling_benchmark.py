@@ -23,12 +23,13 @@ def test_every_setting_is_written_once_with_its_closure(tiny):
     out, result = tiny
     assert json.loads((out / "analytic_attack_peeling.json").read_text())["rows"] == \
         json.loads(json.dumps(result["rows"]))
-    # the default tolerance in float32 and float64, then each other tolerance in float32
-    # (1e-3, the default, is not run twice)
-    assert [(r["state"], r["batch_size"], r["precision"], r["peel_tolerance"])
-            for r in result["rows"]] == [
-        (s, b, p, t) for s in ("initial", "trained") for b in (1, 4)
-        for p, t in (("float32", 1e-3), ("float64", 1e-3), ("float32", 1e-2))]
+    # the default tolerance in float32 and float64, in float32 without the rounding-aware
+    # grouping, then each other tolerance in float32 (1e-3, the default, is not run twice)
+    assert [(r["state"], r["batch_size"], r["precision"], r["peel_tolerance"],
+             r["rounding_aware"]) for r in result["rows"]] == [
+        (s, b, p, t, a) for s in ("initial", "trained") for b in (1, 4)
+        for p, t, a in (("float32", 1e-3, True), ("float64", 1e-3, True),
+                        ("float32", 1e-3, False), ("float32", 1e-2, True))]
     md = (out / "analytic_attack_peeling.md").read_text()
     for r in result["rows"]:
         assert 0 <= r["recovered"] <= r["examples"] == 2 * r["batch_size"]
@@ -40,7 +41,7 @@ def test_every_setting_is_written_once_with_its_closure(tiny):
                 if (q["state"], q["batch_size"]) == (r["state"], r["batch_size"])]
         assert {q["closure"] for q in same} == {r["closure"]}  # from the activations alone
         assert (f"| {r['state']} | {r['batch_size']} | {r['precision']} | "
-                f"{r['peel_tolerance']:g} | {r['recovered']}/{r['examples']} | "
+                f"{'yes' if r['rounding_aware'] else 'no'} | {r['peel_tolerance']:g} | {r['recovered']}/{r['examples']} | "
                 f"{r['closure']} | {r['peeled']} | {r['false_exact']} | {r['unpeeled_groups']} | "
                 f"{r['victims_short']} ({r['victims_short_with_unpeeled_group']}) |") in md
     assert not jax.config.jax_enable_x64  # the float64 rows leave x64 off behind them
