@@ -98,7 +98,9 @@ float32 carries about eps·Σ|terms| in each entry, and peeling takes an
 example's terms off but not their rounding, so a later example whose own
 terms are far smaller sees its ratios moved far more than eps. It covers the
 rounding of the sum, not the ~1e-4 of an upload Δ = w_local − w_global,
-which ``match_tolerance`` covers; false: ``match_tolerance`` alone).
+which ``match_tolerance`` covers. A group's estimate and peeling fit then read
+its units whose own error is within ``match_tolerance``, where it has two or
+more; false: ``match_tolerance`` alone).
 Loss: the relative residual ‖ΔW − X̂ᵀA‖_F / ‖ΔW‖_F of the kernel update
 after the best A (least squares): 0 when the returned inputs span every
 column, as they do for a fully recovered noiseless batch.
@@ -404,7 +406,13 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
                 # grouped on ratios peeling has since changed (an example's units
                 # are its alone, so this is no example's group): read them next pass
                 continue
-            x = _rank_one(w_rest[:, cols], b_rest[cols])
+            # The estimate and the fit read the group's units whose own rounding error
+            # is within match_tolerance, where it has two or more (one unit fits any
+            # scale): a unit that joined only through its wider tolerance is noisier,
+            # and may bridge to a mixture.
+            fit_cols = cols if rounding is None or np.sum(rounding[g] <= match_tolerance) < 2 \
+                else cols[rounding[g] <= match_tolerance]
+            x = _rank_one(w_rest[:, fit_cols], b_rest[fit_cols])
             # A group whose peeling fit failed keeps its units in later passes (peeling
             # another example may leave them to one example); found again there, it
             # supersedes the earlier slot, unless it is the same units and input.
@@ -424,7 +432,7 @@ def recover_inputs(kernel_update, bias_update, batch_size: int, *,
                     "scale": float("nan"), "peel_residual": float("nan")}
             if class_bias_grads is not None:
                 cand = np.asarray(class_bias_grads(x), np.float64)
-                y, fit_scale, rel = _fit_class_and_scale(b_rest[cols], cand[:, cols])
+                y, fit_scale, rel = _fit_class_and_scale(b_rest[fit_cols], cand[:, fit_cols])
                 slot["peel_residual"] = rel
                 if rel <= peel_tolerance:
                     contribution = fit_scale * cand[y]
