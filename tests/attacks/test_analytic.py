@@ -565,6 +565,28 @@ def test_a_tolerance_widened_by_the_rounding_finds_what_the_float32_remainder_hi
     assert exact["peeled"].all()
 
 
+def test_a_group_is_estimated_from_its_units_whose_rounding_is_small():
+    """a reaches units 0–4, with a δ of about 7e3 at unit 4; c reaches units 2–4,
+    summed in float32. Once a is peeled, units 2–3 give c to float32 precision and
+    unit 4 gives it off by a's rounding (about 1e-4): it joins c's group only through
+    its widened tolerance, and c's estimate is read from units 2–3 alone."""
+    rng = np.random.default_rng(0)
+    xs = rng.uniform(0.1, 1.0, size=(2, 6))
+    delta = np.array([[0.61, -0.37, 0.23, 0.41, 7313.7],
+                      [0.0, 0.0, 0.97, 0.73, 0.89]])
+    kernel = xs.T.astype(np.float32) @ delta.astype(np.float32)
+    bias = delta.astype(np.float32).sum(0)
+
+    def grads(x):
+        n = int(np.argmin(np.abs(xs - x).max(1)))
+        return np.stack([np.ones(5), delta[n], -np.ones(5)])
+
+    out = recover_inputs(kernel, bias, 2, class_bias_grads=grads)
+    assert out["group_sizes"].tolist() == [2, 3] and out["peeled"].all()
+    assert out["found_in_pass"].tolist() == [0, 1]
+    np.testing.assert_allclose(out["x"][1], xs[1], atol=1e-6)  # all 3 units: off by ~1e-4
+
+
 @pytest.mark.parametrize("name,match", [
     ("mlp", "has none"),        # paper 001's MLP has no biases
     ("lenet5", "has none"),     # a convolution first
