@@ -282,6 +282,12 @@ def ratio_rounding(eps: float, kernel_rest: np.ndarray, bias_rest: np.ndarray,
     first order the ratio ΔW[:, i] / Δb_i of the remainder is off by
     eps·(‖T_W[:, i]‖ / ‖R_W[:, i]‖ + T_b,i / |R_b,i|) relative to it.
 
+    The entry error is the recursive-summation bound of Higham (Accuracy and
+    Stability of Numerical Algorithms, 2nd ed. 2002, §4.2: |E| ≤ (n−1)·u·Σ|x_k|
+    + O(u²), u = eps/2) for the two or three terms of one product-and-sum; our
+    deviation: a sum of n ≫ 3 terms (a large batch) can exceed it by about
+    n/2, and the estimate is not widened for that.
+
     Args:
       eps: the machine epsilon of the update's precision.
       kernel_rest, bias_rest: [D, U], [U] the remainder R at the units.
