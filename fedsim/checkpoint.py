@@ -32,8 +32,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from fedsim.config import UNROLL_STEPS
+from fedsim.config import SERVER_HYPERPARAMETER_KEYS, UNROLL_STEPS
 from fedsim.hooks import spec_of
+from fedsim.server import SERVER_HYPERPARAMETERS
 from fedsim.typing import ServerState
 
 
@@ -101,7 +102,10 @@ def _as_hashed_before(cfg) -> dict:
     default was hashed away is refused by name, not resumed under another rule).
     ``training.unroll_steps`` (2026-11-28) is hashed only where it is not 32,
     the unrolling every earlier run used; ``training.dtype`` (2026-11-30) only
-    where it is not float32. The ``accounting`` section
+    where it is not float32; the server optimizer's ``training.server_momentum``,
+    ``server_b1``, ``server_b2`` and ``server_tau`` (2026-12-02) only where set
+    to other than the chosen optimizer's default (null or that value builds the
+    optimizer every earlier run used). The ``accounting`` section
     (2026-11-29) is hashed only where it sets a δ: a run's ε rows must keep
     one δ across a resume.
     """
@@ -115,6 +119,12 @@ def _as_hashed_before(cfg) -> dict:
         training.pop("unroll_steps")
     if training.get("dtype") == "float32":  # the only type before the key (2026-11-30)
         training.pop("dtype")
+    defaults = SERVER_HYPERPARAMETERS.get(training.get("server_optimizer"), {})
+    for name, key in SERVER_HYPERPARAMETER_KEYS.items():
+        # null or the optimizer's own default: what every run before the keys
+        # used (2026-12-02), and the same optimizer either way.
+        if key in training and training[key] in (None, defaults.get(name)):
+            training.pop(key)
     if not any(v is not None for v in (d.get("accounting") or {}).values()):
         d.pop("accounting", None)  # the accountants' defaults, the rule before the section
     return d

@@ -111,8 +111,27 @@ class TrainingConfig:
     optimizer: str = _f("sgd", choices=("sgd", "momentum", "adam", "adamw"))
     momentum: float = _f(0.9, min=0.0, lt=1.0)
     weight_decay: float = _f(0.0, min=0.0)
-    server_optimizer: str = _f("sgd", choices=("sgd", "momentum", "adam", "yogi", "adagrad"))
+    server_optimizer: str = _f("sgd", choices=("sgd", "momentum", "adam", "yogi", "adagrad",
+                                               "fedadam", "fedyogi", "fedadagrad"),
+                               doc="optimizer on the pseudo-gradient -mean(update): adam, yogi, "
+                                   "adagrad as optax defines them (bias-corrected); fedadam, "
+                                   "fedyogi, fedadagrad as Reddi et al. 2021 Alg 2 prints them "
+                                   "(fedsim.server)")
     server_lr: float = _f(1.0, gt=0.0)
+    # The server optimizer's hyperparameters; null takes its default
+    # (fedsim.server.SERVER_HYPERPARAMETERS), and one the chosen optimizer does
+    # not take is refused by name.
+    server_momentum: float | None = _f(None, min=0.0, lt=1.0,
+                                       doc="FedAvgM's heavy-ball beta (momentum; default 0.9)")
+    server_b1: float | None = _f(None, min=0.0, lt=1.0,
+                                 doc="first-moment decay beta1 (adam, yogi, fed*; default 0.9, "
+                                     "fedadagrad 0)")
+    server_b2: float | None = _f(None, min=0.0, lt=1.0,
+                                 doc="second-moment decay beta2 (adam, yogi, fedadam, fedyogi; "
+                                     "default 0.999, adam 0.99)")
+    server_tau: float | None = _f(None, gt=0.0,
+                                  doc="adaptivity tau, optax's eps (adam, yogi, adagrad, fed*; "
+                                      "default 1e-3)")
     weighting: str = _f("examples", choices=("examples", "uniform"))
     aggregation: str = _f("mean", choices=("mean", "sender_mean"),
                           doc="server average per coordinate: over the whole cohort (FedAvg) or "
@@ -542,6 +561,7 @@ def validate(cfg: Config) -> None:
                           "FedAvg's local training; a FedSGD client sends one full-batch "
                           "gradient step (use training.algorithm: fedavg for local epochs)")
     _check_data_source(d)
+    _check_server_hyperparameters(t)
     for i, spec in enumerate(cfg.defenses):
         if not isinstance(spec, dict) or "name" not in spec:
             raise ConfigError(f"config key 'defenses[{i}]': expected a mapping with a 'name' key")
@@ -578,6 +598,32 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'model.name': {cfg.model.name!r} is not allowed; allowed "
                           f"values: {', '.join(sorted(MODEL_REGISTRY))}"
                           f"{did_you_mean(cfg.model.name, MODEL_REGISTRY)}")
+
+
+#: The training keys of the server optimizer's hyperparameters, by their name
+#: in :data:`fedsim.server.SERVER_HYPERPARAMETERS`.
+SERVER_HYPERPARAMETER_KEYS = {"momentum": "server_momentum", "b1": "server_b1",
+                              "b2": "server_b2", "tau": "server_tau"}
+
+
+def server_hyperparameters(t: TrainingConfig) -> dict:
+    """The server optimizer's hyperparameters the config sets (None: its default)."""
+    return {name: getattr(t, key) for name, key in SERVER_HYPERPARAMETER_KEYS.items()}
+
+
+def _check_server_hyperparameters(t: TrainingConfig) -> None:
+    """Refuse a server hyperparameter the chosen server optimizer would ignore."""
+    from fedsim.server import SERVER_HYPERPARAMETERS
+
+    takes = SERVER_HYPERPARAMETERS[t.server_optimizer]
+    for name, key in SERVER_HYPERPARAMETER_KEYS.items():
+        value = getattr(t, key)
+        if value is not None and name not in takes:
+            users = [n for n, hp in SERVER_HYPERPARAMETERS.items() if name in hp]
+            taken = ", ".join(f"training.{SERVER_HYPERPARAMETER_KEYS[k]}" for k in takes)
+            raise ConfigError(f"config key 'training.{key}': {value!r} does not apply to "
+                              f"training.server_optimizer {t.server_optimizer!r} (it takes "
+                              f"{taken or 'none of them'}); it applies to {', '.join(users)}")
 
 
 def _check_data_source(d: DataConfig) -> None:

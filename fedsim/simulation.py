@@ -49,7 +49,7 @@ import optax
 from fedsim import distributed, keys, memory, models
 from fedsim import partition as partition_lib
 from fedsim.client import LocalTraining, init_client_state, make_client_update
-from fedsim.config import Config, ConfigError
+from fedsim.config import Config, ConfigError, server_hyperparameters
 from fedsim.data import Dataset, DatasetError, load_dataset
 from fedsim.hooks import (DEFENSE_REGISTRY, SIMULATION_PLUGINS, Defense, _load_defenses,
                           build_defense, build_mask, chain, check_stage_compatibility,
@@ -379,7 +379,8 @@ class Simulation:
         self.settings = LocalTraining(t.algorithm, t.local_epochs, t.batch_size, self.n_max,
                                       unroll_steps=t.unroll_steps)
         self.client_tx = make_client_optimizer(t) if t.algorithm == "fedavg" else optax.sgd(t.lr)
-        self.server_tx = make_server_optimizer(t.server_optimizer, t.server_lr)
+        self.server_tx = make_server_optimizer(t.server_optimizer, t.server_lr,
+                                               **server_hyperparameters(t))
         if self.batch_norm:
             # The running statistics take the clients' mean as it is (FedAvg of
             # statistics); the server optimizer steps the weights only.

@@ -16,11 +16,13 @@ def drop_later_config_keys(d: dict) -> dict:
     """``d`` (a ``cfg.to_dict()``) without the keys configs gained after the
     fingerprints the legacy-fingerprint tests rebuild: ``observer.fill``
     (2026-11-27), ``training.unroll_steps`` (2026-11-28), the ``accounting``
-    section (2026-11-29) and ``training.dtype`` (2026-11-30). A config key added
-    later, and left out of the hash where it keeps the earlier rule, belongs here
-    too."""
+    section (2026-11-29), ``training.dtype`` (2026-11-30) and the server
+    optimizer's hyperparameters (2026-12-02). A config key added later, and left
+    out of the hash where it keeps the earlier rule, belongs here too."""
     del d["observer"]["fill"], d["training"]["unroll_steps"], d["accounting"]
     del d["training"]["dtype"]
+    for key in ("server_momentum", "server_b1", "server_b2", "server_tau"):
+        del d["training"][key]
     return d
 
 

@@ -14,8 +14,9 @@ def _trained_state(cfg):
     return sim, state
 
 
-def test_save_restore_round_trip_with_optimizer_and_client_states(tmp_path):
-    cfg = small_config(**{"training.server_optimizer": "adam"})
+@pytest.mark.parametrize("server_optimizer", ["adam", "fedyogi"])  # optax's state, Alg 2's own
+def test_save_restore_round_trip_with_optimizer_and_client_states(tmp_path, server_optimizer):
+    cfg = small_config(**{"training.server_optimizer": server_optimizer})
     sim, state = _trained_state(cfg)
     ck = Checkpointer(tmp_path / "ck")
     ck.save(1, state, make_meta(cfg, sim, state))

@@ -99,3 +99,24 @@ def test_restore_reads_the_round_it_is_asked_for(tmp_path):
         np.testing.assert_array_equal(np.asarray(latest["w"]), states[2]["w"])
     finally:
         ck.close()
+
+
+def test_a_server_hyperparameter_at_its_default_hashes_as_before_the_keys():
+    """``training.server_b1`` etc. (2026-12-02): null and the chosen optimizer's
+    own default build the optimizer every earlier run used, so both keep the
+    fingerprint a config without the keys had; another value changes it (the
+    parametrized test above), and so does the same value where it is not that
+    optimizer's default (yogi's β2 is 0.999, adam's 0.99)."""
+    from fedsim.config import load_config
+
+    def fingerprint(*overrides):
+        return config_fingerprint(load_config(None, list(overrides)))
+
+    for name, b2 in (("adam", 0.99), ("yogi", 0.999), ("fedyogi", 0.999)):
+        plain = fingerprint(f"training.server_optimizer={name}")
+        assert fingerprint(f"training.server_optimizer={name}", f"training.server_b2={b2}") == plain
+        assert fingerprint(f"training.server_optimizer={name}", "training.server_tau=1e-3") == plain
+    assert fingerprint("training.server_optimizer=yogi", "training.server_b2=0.99") != \
+        fingerprint("training.server_optimizer=yogi")
+    assert fingerprint("training.server_optimizer=momentum", "training.server_momentum=0.9") == \
+        fingerprint("training.server_optimizer=momentum")

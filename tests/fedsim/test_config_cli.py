@@ -84,6 +84,30 @@ def test_data_settings_the_dataset_would_ignore_are_refused(overrides, pattern):
                                     "data.source=tfds"]).data.label_key == "label"
 
 
+@pytest.mark.parametrize("overrides,pattern", [
+    (["training.server_b2=0.5"],
+     r"^config key 'training.server_b2': 0.5 does not apply to training.server_optimizer 'sgd' "
+     r"\(it takes none of them\); it applies to adam, yogi, fedadam, fedyogi$"),
+    (["training.server_optimizer=fedadagrad", "training.server_b2=0.5"],
+     r"'training.server_b2'.*'fedadagrad' \(it takes training.server_b1, training.server_tau\)"),
+    (["training.server_optimizer=adam", "training.server_momentum=0.5"],
+     r"'training.server_momentum'.*it applies to momentum$"),
+    (["training.server_optimizer=momentum", "training.server_tau=0.1"],
+     r"'training.server_tau'.*'momentum' \(it takes training.server_momentum\)"),
+    (["training.server_optimizer=fedyogi", "training.server_b1=1"],
+     r"'training.server_b1': 1.0 is out of range; must be < 1.0"),
+    (["training.server_optimizer=fedadam", "training.server_tau=0"],
+     r"'training.server_tau': 0.0 is out of range; must be > 0.0"),
+])
+def test_a_server_hyperparameter_the_optimizer_would_ignore_is_refused(overrides, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(QUICKSTART, overrides)
+    cfg = load_config(QUICKSTART, ["training.server_optimizer=fedyogi", "training.server_b1=0",
+                                   "training.server_b2=0.9", "training.server_tau=1e-2"])
+    assert (cfg.training.server_b1, cfg.training.server_b2, cfg.training.server_tau) == \
+        (0.0, 0.9, 0.01)
+
+
 def test_unknown_key_in_file(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump({"training": {"rounds": 2, "roundz": 3}}))

@@ -40,11 +40,13 @@ def test_the_default_shards_and_cohort_follow_mcmahan():
 def _hash_without(cfg, *paths):
     """The fingerprint rule written out: sha256 of the sorted JSON config without
     output, name, attack, training.rounds, the dense pruning section, the
-    accounting section (no δ set) and ``paths``."""
+    accounting section (no δ set), the unset server hyperparameters and ``paths``."""
     d = cfg.to_dict()
     for key in ("output", "name", "attack", "pruning", "accounting"):
         del d[key]
     del d["training"]["rounds"], d["training"]["dtype"]
+    for key in ("server_momentum", "server_b1", "server_b2", "server_tau"):
+        del d["training"][key]
     for section, key in paths:
         del d[section][key]
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]

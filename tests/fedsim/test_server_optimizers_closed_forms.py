@@ -14,14 +14,21 @@ rule in numpy (float64) from the papers:
   corrections (1 − β^t) (Kingma & Ba), Yogi starts m and v at τ² = 1e-6 and
   uses β2 = 0.999, Adagrad starts v at 0.1 and adds τ inside the root.
 
+* fedadam / fedyogi / fedadagrad: Alg. 2 as printed, without those details:
+  no bias correction, m₋₁ = 0, v₋₁ = τ², τ outside the root, and the momentum
+  m for all three (Adagrad included).
+
 Two rounds, so the momentum / second-moment state carried from round 1 shapes
 round 2's step. The defaults pinned: momentum 0.9; Adam β1 0.9, β2 0.99, τ 1e-3;
-Yogi τ 1e-3; Adagrad τ 1e-3 (fedsim/server.py).
+Yogi τ 1e-3; Adagrad τ 1e-3; Alg. 2's the authors' experiments' β1 0.9 (0 for
+Adagrad), β2 0.999, τ 1e-3 (fedsim/server.py).
+Other values of the training.server_* keys are checked against the same rules.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.flatten_util import ravel_pytree
 
@@ -30,7 +37,14 @@ from fedsim.simulation import Simulation
 from tests.fedsim.helpers import small_config
 
 CLIENT_LR = 0.05
-SERVER_LR = {"sgd": 1.0, "momentum": 0.5, "adam": 0.1, "yogi": 0.03, "adagrad": 0.03}
+SERVER_LR = {"sgd": 1.0, "momentum": 0.5, "adam": 0.1, "yogi": 0.03, "adagrad": 0.03,
+             "fedadam": 0.03, "fedyogi": 0.03, "fedadagrad": 0.03}
+#: Each rule's hyperparameters when the config leaves them out.
+DEFAULTS = {"momentum": {"momentum": 0.9}, "adam": {"b1": 0.9, "b2": 0.99, "tau": 1e-3},
+            "yogi": {"b1": 0.9, "b2": 0.999, "tau": 1e-3}, "adagrad": {"tau": 1e-3},
+            "fedadam": {"b1": 0.9, "b2": 0.999, "tau": 1e-3},
+            "fedyogi": {"b1": 0.9, "b2": 0.999, "tau": 1e-3},
+            "fedadagrad": {"b1": 0.0, "tau": 1e-3}}
 
 
 def _sim(server_optimizer, **overrides):
@@ -59,9 +73,10 @@ def _mean_delta_fn(sim, ds):
     return lambda flat: -CLIENT_LR * np.asarray(grad(jnp.asarray(flat, jnp.float32)), np.float64)
 
 
-def _reference(name, x0, mean_delta, rounds=2):
+def _reference(name, x0, mean_delta, rounds=2, eta=None, **hyperparameters):
     """The server rule by hand, on pseudo-gradient g = −Δ̄ (as Reddi et al. write x ← x − η·)."""
-    eta = SERVER_LR[name]
+    eta = SERVER_LR[name] if eta is None else eta
+    hp = {**DEFAULTS.get(name, {}), **hyperparameters}
     x = np.array(x0, np.float64)
     m = np.zeros_like(x)
     v = np.zeros_like(x)
@@ -69,32 +84,42 @@ def _reference(name, x0, mean_delta, rounds=2):
         m[:] = v[:] = 1e-6
     if name == "adagrad":
         v[:] = 0.1
+    if name.startswith("fed"):
+        v[:] = hp["tau"] ** 2  # Alg 2: v₋₁ ≥ τ², the least it allows
     for t in range(1, rounds + 1):
         g = -mean_delta(x)
         if name == "sgd":
             x = x - eta * g
         elif name == "momentum":
-            m = 0.9 * m + g
+            m = hp["momentum"] * m + g
             x = x - eta * m
-        elif name == "adam":
-            b1, b2, tau = 0.9, 0.99, 1e-3
+        elif name in ("adam", "yogi"):
+            b1, b2, tau = hp["b1"], hp["b2"], hp["tau"]
             m = b1 * m + (1 - b1) * g
-            v = b2 * v + (1 - b2) * g ** 2
-            x = x - eta * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + tau)
-        elif name == "yogi":
-            b1, b2, tau = 0.9, 0.999, 1e-3
-            m = b1 * m + (1 - b1) * g
-            v = v - (1 - b2) * np.sign(v - g ** 2) * g ** 2
+            if name == "adam":
+                v = b2 * v + (1 - b2) * g ** 2
+            else:
+                v = v - (1 - b2) * np.sign(v - g ** 2) * g ** 2
             x = x - eta * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + tau)
         elif name == "adagrad":
             v = v + g ** 2
-            x = x - eta * g / np.sqrt(v + 1e-3)
+            x = x - eta * g / np.sqrt(v + hp["tau"])
+        else:  # Alg 2 as printed, on Δ = −g: x ← x + η m / (√v + τ)
+            d = -g
+            m = hp["b1"] * m + (1 - hp["b1"]) * d
+            if name == "fedadam":
+                v = hp["b2"] * v + (1 - hp["b2"]) * d ** 2
+            elif name == "fedyogi":
+                v = v - (1 - hp["b2"]) * d ** 2 * np.sign(v - d ** 2)
+            else:
+                v = v + d ** 2
+            x = x + eta * m / (np.sqrt(v) + hp["tau"])
     return x
 
 
-@pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "yogi", "adagrad"])
-def test_two_server_steps_match_the_update_rule_by_hand(name):
-    sim, ds = _sim(name)
+def _two_rounds_against_the_reference(name, lr=None, **hyperparameters):
+    sim, ds = _sim(name, **{f"training.server_{k}": v for k, v in hyperparameters.items()},
+                   **({"training.server_lr": lr} if lr else {}))
     state = sim.init_state()
     x0, _ = ravel_pytree(state.params)
     x0 = np.asarray(x0, np.float64)
@@ -102,11 +127,74 @@ def test_two_server_steps_match_the_update_rule_by_hand(name):
         state, res = sim.run_round(state, r)
         assert sorted(res.cohort.tolist()) == [0, 1, 2]
     got = np.asarray(ravel_pytree(state.params)[0], np.float64)
-    expected = _reference(name, x0, _mean_delta_fn(sim, ds))
+    expected = _reference(name, x0, _mean_delta_fn(sim, ds), eta=lr, **hyperparameters)
     # Compare the two rounds' total movement; float32 engine vs float64 reference.
     moved = np.max(np.abs(expected - x0))
     assert moved > 1e-3
     np.testing.assert_allclose(got - x0, expected - x0, rtol=0, atol=1e-4 * moved)
+    return got - x0
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "yogi", "adagrad", "fedadam",
+                                  "fedyogi", "fedadagrad"])
+def test_two_server_steps_match_the_update_rule_by_hand(name):
+    _two_rounds_against_the_reference(name)
+
+
+@pytest.mark.parametrize("name,hyperparameters", [
+    ("momentum", {"momentum": 0.5}),
+    ("adam", {"b1": 0.5, "b2": 0.9, "tau": 1e-2}),
+    ("yogi", {"b1": 0.0, "b2": 0.9, "tau": 1e-2}),
+    # Adagrad's accumulator starts at 0.1: τ shows only when large, and slows the step.
+    ("adagrad", {"tau": 0.2, "lr": 0.1}),
+    ("fedadam", {"b1": 0.5, "b2": 0.9, "tau": 1e-2}),
+    ("fedyogi", {"b1": 0.0, "b2": 0.9, "tau": 1e-2}),
+    ("fedadagrad", {"b1": 0.5, "tau": 1e-2}),
+])
+def test_the_server_hyperparameter_keys_reach_the_rule(name, hyperparameters):
+    hyperparameters = dict(hyperparameters)
+    lr = hyperparameters.pop("lr", None)
+    moved = _two_rounds_against_the_reference(name, lr=lr, **hyperparameters)
+    # The keys must change the numbers (at the same server lr), or the check
+    # above could pass with them ignored.
+    sim, _ = _sim(name, **({"training.server_lr": lr} if lr else {}))
+    state = sim.init_state()
+    x0 = np.asarray(ravel_pytree(state.params)[0], np.float64)
+    for r in range(2):
+        state, _ = sim.run_round(state, r)
+    at_defaults = np.asarray(ravel_pytree(state.params)[0], np.float64) - x0
+    assert np.max(np.abs(moved - at_defaults)) > 0.05 * np.max(np.abs(moved))
+
+
+@pytest.mark.parametrize("rule", ["adam", "yogi", "adagrad"])
+def test_reddi_alg2_on_a_pytree_matches_the_printed_rule(rule):
+    """Five steps of :func:`fedsim.server.reddi_alg2` on random pseudo-gradients,
+    against Alg 2 in numpy float64; the yogi case sees v both above and below Δ²."""
+    from fedsim.server import reddi_alg2
+
+    rng = np.random.default_rng(0)
+    lr, b1, b2, tau = 0.1, 0.8, 0.95, 0.05
+    tx = reddi_alg2(rule, lr, b1=b1, b2=b2, tau=tau)
+    params = {"a": jnp.zeros((3, 2), jnp.float32), "b": jnp.zeros((4,), jnp.float32)}
+    state = tx.init(params)
+    x = np.zeros(10)
+    m, v = np.zeros(10), np.full(10, tau ** 2)
+    signs = set()
+    for step in range(5):
+        g = rng.normal(size=10) * (0.02 if step % 2 else 1.0)  # small steps push Yogi's v down
+        grads = {"a": jnp.asarray(g[:6].reshape(3, 2), jnp.float32),
+                 "b": jnp.asarray(g[6:], jnp.float32)}
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        d = -g
+        m = b1 * m + (1 - b1) * d
+        signs |= set(np.sign(v - d ** 2))
+        v = {"adam": b2 * v + (1 - b2) * d ** 2, "adagrad": v + d ** 2,
+             "yogi": v - (1 - b2) * d ** 2 * np.sign(v - d ** 2)}[rule]
+        x = x + lr * m / (np.sqrt(v) + tau)
+    got = np.concatenate([np.asarray(params["a"]).ravel(), np.asarray(params["b"])])
+    np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-6)
+    assert {-1.0, 1.0} <= signs
 
 
 def _client_grad(apply_fn, params, x, y):
@@ -146,3 +234,14 @@ def test_uniform_weighting_takes_the_plain_mean_of_the_client_updates():
     # The two rules must differ well beyond float32 noise for the test to mean anything.
     assert np.max(np.abs(uniform - weighted)) > 100 * 1e-6 * np.max(np.abs(uniform))
     np.testing.assert_allclose(got, uniform, rtol=0, atol=1e-6 * np.max(np.abs(uniform)) + 1e-9)
+
+
+def test_make_server_optimizer_refuses_a_hyperparameter_its_optimizer_does_not_take():
+    from fedsim.server import make_server_optimizer
+
+    with pytest.raises(ValueError, match=r"'fedadagrad' takes no 'b2' \(it takes b1, tau; "
+                                         r"'b2' applies to adam, yogi, fedadam, fedyogi\)"):
+        make_server_optimizer("fedadagrad", 0.1, b2=0.9)
+    with pytest.raises(ValueError, match=r"unknown server optimizer 'fedadm'.*did you mean"):
+        make_server_optimizer("fedadm", 0.1)
+    make_server_optimizer("fedadagrad", 0.1, b2=None)  # None: the default, as the config's null
