@@ -245,3 +245,18 @@ def test_make_server_optimizer_refuses_a_hyperparameter_its_optimizer_does_not_t
     with pytest.raises(ValueError, match=r"unknown server optimizer 'fedadm'.*did you mean"):
         make_server_optimizer("fedadm", 0.1)
     make_server_optimizer("fedadagrad", 0.1, b2=None)  # None: the default, as the config's null
+
+
+def test_the_config_offers_exactly_the_server_optimizers_and_keys_the_server_builds():
+    # fedsim.config keeps its own list (it imports no JAX); the two must agree.
+    import dataclasses
+
+    from fedsim.config import SERVER_HYPERPARAMETER_KEYS, TrainingConfig
+    from fedsim.server import SERVER_HYPERPARAMETERS, SERVER_OPTIMIZERS
+
+    fields = {f.name: f for f in dataclasses.fields(TrainingConfig)}
+    assert fields["server_optimizer"].metadata["choices"] == SERVER_OPTIMIZERS
+    assert set(SERVER_HYPERPARAMETERS) == set(SERVER_OPTIMIZERS)
+    used = {k for hp in SERVER_HYPERPARAMETERS.values() for k in hp}
+    assert used == set(SERVER_HYPERPARAMETER_KEYS)
+    assert all(key in fields for key in SERVER_HYPERPARAMETER_KEYS.values())
