@@ -1,4 +1,4 @@
-"""Server optimizers on non-IID Fashion-MNIST: Reddi et al.'s Alg 2 as printed against optax's rules.
+"""Server optimizers on non-IID Fashion-MNIST: Reddi et al.'s Alg 2 as printed and optax's rules.
 
 ``training.server_optimizer`` offers FedAdam, FedYogi and FedAdagrad twice
 (``fedsim/server.py``): ``fedadam``/``fedyogi``/``fedadagrad`` follow Reddi et

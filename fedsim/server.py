@@ -152,8 +152,9 @@ def make_server_optimizer(name: str, lr: float, **hyperparameters) -> optax.Grad
     like optax's, with Adagrad's and Yogi's accumulators started at 0
     (``optimization/docs/hyperparameters.md``), and τ outside the root as in
     Alg 2. The first rounds' steps differ between the rules; the start's weight
-    in the moments fades over the rounds. ``tests/fedsim/test_server_optimizers_closed_forms.py``
-    pins both against the rules written out by hand.
+    in the moments fades over the rounds.
+    ``tests/fedsim/test_server_optimizers_closed_forms.py`` pins both against
+    the rules written out by hand.
 
     Args:
       name: one of :data:`SERVER_OPTIMIZERS`.
@@ -199,13 +200,14 @@ def _server_optimizer(name: str, lr: float, **hp) -> optax.GradientTransformatio
 
 
 class ReddiAlg2State(NamedTuple):
-    """The server's moments in :func:`reddi_alg2`: m (first) and v (second), shaped like the params."""
+    """The server's moments in :func:`reddi_alg2`: m and v, shaped like the params."""
 
     m: optax.Updates
     v: optax.Updates
 
 
-def reddi_alg2(rule: str, lr: float, b1: float, b2: float, tau: float) -> optax.GradientTransformation:
+def reddi_alg2(rule: str, lr: float, b1: float, b2: float,
+               tau: float) -> optax.GradientTransformation:
     """FedAdagrad / FedYogi / FedAdam as Reddi et al. 2021 print them (Alg 2).
 
     On the round's average update Δ (the pseudo-gradient is g = −Δ; the signs
@@ -219,10 +221,11 @@ def reddi_alg2(rule: str, lr: float, b1: float, b2: float, tau: float) -> optax.
 
     No bias correction. Alg 2 asks v_{−1} ≥ τ²; this takes v_{−1} = τ², the
     least it allows. ``b2`` is unused by ``adagrad``; β1 = 0 there gives the
-    momentum-free Adagrad the authors' experiments ran (the config's default). Optax has no
-    transformation for this (its Adam and Yogi always correct the bias, its
-    Adagrad has no momentum), hence by hand; the test above checks it against
-    the rule in numpy.
+    momentum-free Adagrad the authors' experiments ran (the config's default).
+    Optax has no transformation for this (its Adam and Yogi always correct the
+    bias, its Adagrad has no momentum), hence by hand;
+    ``tests/fedsim/test_server_optimizers_closed_forms.py`` checks it against
+    the rule written out in numpy, alone and inside the engine.
 
     Args:
       rule: ``"adam"``, ``"yogi"`` or ``"adagrad"``.
