@@ -182,6 +182,11 @@ def make_server_optimizer(name: str, lr: float, **hyperparameters) -> optax.Grad
                              f"{', '.join(hp) or 'none'}; {key!r} applies to "
                              f"{', '.join(takes) or 'no server optimizer'})")
         hp[key] = value
+    for key, value in hp.items():
+        ok = value > 0 if key == "tau" else 0 <= value < 1  # NaN fails both
+        if not ok:
+            raise ValueError(f"server optimizer {name!r}: {key} must be "
+                             f"{'> 0' if key == 'tau' else 'in [0, 1)'}, got {value!r}")
     return x64_invariant(_server_optimizer(name, lr, **hp))
 
 
@@ -236,6 +241,11 @@ def reddi_alg2(rule: str, lr: float, b1: float, b2: float,
     """
     if rule not in ("adam", "yogi", "adagrad"):
         raise ValueError(f"unknown Alg 2 rule {rule!r}; allowed: adam, yogi, adagrad")
+    for key, value, ok, allowed in (("b1", b1, 0 <= b1 < 1, "in [0, 1)"),
+                                    ("b2", b2, 0 <= b2 < 1, "in [0, 1)"),
+                                    ("tau", tau, tau > 0, "> 0")):
+        if not ok:  # NaN fails every comparison, so it lands here too
+            raise ValueError(f"reddi_alg2: {key} must be {allowed}, got {value!r}")
 
     def init(params):
         return ReddiAlg2State(m=jax.tree_util.tree_map(jnp.zeros_like, params),

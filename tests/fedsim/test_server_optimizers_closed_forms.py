@@ -241,6 +241,15 @@ def test_make_server_optimizer_refuses_a_hyperparameter_its_optimizer_does_not_t
     with pytest.raises(ValueError, match=r"unknown server optimizer 'fedadm'.*did you mean"):
         make_server_optimizer("fedadm", 0.1)
     make_server_optimizer("fedadagrad", 0.1, b2=None)  # None: the default, as the config's null
+    for bad, match in (({"b1": 1.0}, r"b1 must be in \[0, 1\), got 1.0"),
+                       ({"b2": -0.1}, r"b2 must be in \[0, 1\), got -0.1"),
+                       ({"tau": float("nan")}, r"tau must be > 0, got nan")):
+        with pytest.raises(ValueError, match=match):
+            make_server_optimizer("fedyogi", 0.1, **bad)
+        with pytest.raises(ValueError, match=match):
+            make_server_optimizer("yogi", 0.1, **bad)
+    with pytest.raises(ValueError, match=r"'momentum': momentum must be in \[0, 1\), got 1.5"):
+        make_server_optimizer("momentum", 0.1, momentum=1.5)
 
 
 def test_the_config_offers_exactly_the_server_optimizers_and_keys_the_server_builds():
