@@ -1072,9 +1072,20 @@ class Simulation:
             # server step can leave finite weights so large that training on them
             # overflows (caught a round late, as the server step's own check
             # sees only NaN/Inf).
-            every = (" (every client of the round: the global model they started from "
-                     "may have diverged in the last server step; see training.server_lr)"
-                     if len(bad) == len(ids) and round_idx > 0 else "")
+            t = self.cfg.training
+            every = ""
+            if round_idx > 0 and len(bad) == len(ids):
+                every = (" (every client of the round: the global model they started from "
+                         "may have diverged in the last server step; see training.server_lr)")
+            elif round_idx > 0 and (t.server_optimizer != "sgd" or t.server_lr > 1):
+                # A server step other than FedAvg's average can move the model past
+                # every client's own update (fedadagrad at server_lr 1 broke one
+                # client of ten a round later: benchmarks/results/
+                # server_optimizers_fmnist.md); the message blamed training.lr alone.
+                every = (f" (they started from the last server step's model: "
+                         f"training.server_optimizer {t.server_optimizer} at server_lr "
+                         f"{t.server_lr} can move it past the clients' updates; lower "
+                         f"training.server_lr if it diverged)")
             # A defense's setting (σ = 1e30, a huge clip norm) overflows as a
             # large lr does; the message used to blame training.lr alone.
             specs = getattr(self, "defense_specs", None) or []

@@ -193,6 +193,29 @@ def test_a_nonfinite_server_step_stops_the_round_that_made_it(strategy, per_call
     assert not re.search(r"client \d|training\.lr\b", str(e.value)), str(e.value)
 
 
+@pytest.mark.parametrize("server,named", [
+    ({"training.server_optimizer": "fedadagrad", "training.server_lr": 1.0}, True),
+    ({"training.server_optimizer": "sgd", "training.server_lr": 3.0}, True),
+    ({"training.server_optimizer": "sgd", "training.server_lr": 1.0}, False)])
+def test_a_client_that_diverges_after_an_adaptive_server_step_names_the_server_lr(server, named):
+    # One client of three fails in round 1 (fedadagrad at server_lr 1 broke one of
+    # ten on Fashion-MNIST); the message blamed training.lr alone. FedAvg's own
+    # average (sgd at 1) cannot move the model past the clients, so it is not named.
+    sim = Simulation(small_config(**server), dataset=small_dataset())
+    with pytest.raises(NonFiniteError) as e:
+        sim._raise_if_nonfinite(1, np.array([0, 1, 2]), np.array([True, False, True]), True)
+    message = str(e.value)
+    assert message.startswith("round 1: client 1 produced a NaN/Inf loss or update")
+    assert ("last server step's model" in message) is named, message
+    if named:
+        assert f"training.server_optimizer {server['training.server_optimizer']} at " \
+               f"server_lr {server['training.server_lr']}" in message
+    assert "lower training.lr" in message  # the client's own lr stays a suspect
+    with pytest.raises(NonFiniteError) as e0:  # round 0 starts from the initial model
+        sim._raise_if_nonfinite(0, np.array([0, 1, 2]), np.array([True, False, True]), True)
+    assert "server" not in str(e0.value)
+
+
 def test_clients_that_all_diverge_on_a_huge_global_model_point_at_the_server_step():
     # server_lr 1e38 leaves finite weights near 1e37: round 0's server-step check
     # passes, and round 1's clients all overflow. The message named only a
